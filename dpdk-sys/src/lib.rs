@@ -1,0 +1,1 @@
+//! Raw DPDK bindings (placeholder until the foundation work lands).

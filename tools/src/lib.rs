@@ -1,0 +1,1 @@
+//! Shared code for the roce-dp command-line tools.
