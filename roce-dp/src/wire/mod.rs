@@ -78,11 +78,7 @@ pub struct MacAddr(pub [u8; 6]);
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        )
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
     }
 }
 
@@ -166,10 +162,7 @@ pub enum IpAddrs {
 
 impl Default for IpAddrs {
     fn default() -> Self {
-        IpAddrs::V4 {
-            src: [0; 4],
-            dst: [0; 4],
-        }
+        IpAddrs::V4 { src: [0; 4], dst: [0; 4] }
     }
 }
 
@@ -332,24 +325,15 @@ impl AethRepr {
 
     /// An ACK syndrome (no credits advertised).
     pub const fn ack(msn: u32) -> AethRepr {
-        AethRepr {
-            syndrome: Self::ACK_UNLIMITED,
-            msn: msn & 0x00ff_ffff,
-        }
+        AethRepr { syndrome: Self::ACK_UNLIMITED, msn: msn & 0x00ff_ffff }
     }
     /// A NAK syndrome.
     pub const fn nak(code: NakCode, msn: u32) -> AethRepr {
-        AethRepr {
-            syndrome: 0x60 | code.code(),
-            msn: msn & 0x00ff_ffff,
-        }
+        AethRepr { syndrome: 0x60 | code.code(), msn: msn & 0x00ff_ffff }
     }
     /// An RNR NAK syndrome with the RNR timer code.
     pub const fn rnr_nak(timer: u8, msn: u32) -> AethRepr {
-        AethRepr {
-            syndrome: 0x20 | (timer & 0x1f),
-            msn: msn & 0x00ff_ffff,
-        }
+        AethRepr { syndrome: 0x20 | (timer & 0x1f), msn: msn & 0x00ff_ffff }
     }
 }
 

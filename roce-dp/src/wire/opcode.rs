@@ -192,12 +192,7 @@ const fn info(name: &'static str, flags: u32) -> OpInfo {
         off.cnp_rsvd = at as u8;
         at += hdr_len::CNP_RSVD;
     }
-    OpInfo {
-        name,
-        flags,
-        hdr_len: at as u8,
-        off,
-    }
+    OpInfo { name, flags, hdr_len: at as u8, off }
 }
 
 /// A BTH opcode. Unknown values are kept (they parse as "unknown opcode" drops, never as panics).
@@ -357,9 +352,9 @@ mod tests {
     use super::*;
 
     const KNOWN: &[u8] = &[
-        0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
-        0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x16, 0x17, 0x1c, 0x1d, 0x20, 0x21, 0x22, 0x23, 0x24,
-        0x25, 0x26, 0x27, 0x28, 0x29, 0x2a, 0x2b, 0x64, 0x65, 0x81,
+        0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11,
+        0x12, 0x13, 0x14, 0x16, 0x17, 0x1c, 0x1d, 0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x27, 0x28, 0x29, 0x2a,
+        0x2b, 0x64, 0x65, 0x81,
     ];
 
     #[test]
@@ -408,9 +403,7 @@ mod tests {
                         }
                     }
                     assert_eq!(i.hdr_len as usize, len, "{}", i.name);
-                    assert!(i.name.starts_with(
-                        ["RC_", "UC_", "UD_", "CNP"][(t.trailing_zeros() - 24) as usize]
-                    ));
+                    assert!(i.name.starts_with(["RC_", "UC_", "UD_", "CNP"][(t.trailing_zeros() - 24) as usize]));
                 }
                 None => {
                     assert!(!KNOWN.contains(&v), "{v:#x} missing");
@@ -436,14 +429,7 @@ mod tests {
         assert_eq!((u.off.deth, u.off.imm_dt, u.hdr_len), (12, 20, 24));
         let n = Opcode::CNP.info().unwrap();
         assert_eq!((n.off.cnp_rsvd, n.hdr_len), (12, 28));
-        assert_eq!(
-            Opcode::RC_SEND_ONLY_WITH_INVALIDATE
-                .info()
-                .unwrap()
-                .off
-                .ieth,
-            12
-        );
+        assert_eq!(Opcode::RC_SEND_ONLY_WITH_INVALIDATE.info().unwrap().off.ieth, 12);
         let fl = Opcode::RC_FLUSH.info().unwrap();
         assert_eq!((fl.off.feth, fl.off.reth, fl.hdr_len), (12, 16, 32));
     }

@@ -126,16 +126,8 @@ mod tests {
         for start in [0u32, 1, PSN_HALF - 1, PSN_HALF, PSN_MASK - 1, PSN_MASK] {
             let s = Psn::new(start);
             for step in [0u32, 1, 7, 1000, PSN_HALF - 1] {
-                assert_eq!(
-                    s.add(step).diff(s),
-                    step as i32,
-                    "start {start} step {step}"
-                );
-                assert_eq!(
-                    s.sub(step).diff(s),
-                    -(step as i32),
-                    "start {start} step {step}"
-                );
+                assert_eq!(s.add(step).diff(s), step as i32, "start {start} step {step}");
+                assert_eq!(s.sub(step).diff(s), -(step as i32), "start {start} step {step}");
                 assert_eq!(s.add(step).sub(step), s);
             }
         }
