@@ -1,13 +1,24 @@
 //! roce-dp: a user-space RoCEv2 soft-NIC.
 //!
-//! The protocol core is sans-IO: it is fed frames (byte slices plus ECN metadata), time (as an argument) and work
+//! The protocol core is sans-IO: it is fed frames (byte slices plus metadata), time (as an argument) and work
 //! requests; it writes frames into buffers the caller provides and returns completions and its next deadline. It
 //! never reads a clock, sleeps, allocates per packet or touches DPDK, so the whole protocol is testable
-//! deterministically in a simulator. The DPDK layer (feature `dpdk`) is a thin driver around it.
+//! deterministically in a simulator ([`sim`]). The DPDK layer (feature `dpdk`) is a thin driver around it.
 
 #![deny(unsafe_code)]
 
+pub mod engine;
+pub mod mr;
+pub mod qp;
+pub mod sim;
+pub mod stats;
 pub mod time;
+pub mod verbs;
 pub mod wire;
 
+pub use engine::{AckPolicy, Engine, EngineConfig, QpInfo, RxMeta};
+pub use mr::{AccessFlags, MrKeys, Pd};
+pub use qp::{LocalIp, PeerAddr, QpAttr, QpCaps, QpState, VerbsError};
+pub use stats::{EngineStats, QpCounters};
 pub use time::{Duration, Instant};
+pub use verbs::{CqId, Cqe, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};

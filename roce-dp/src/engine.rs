@@ -1,0 +1,669 @@
+//! The engine: many RC QPs behind one sans-IO interface.
+//!
+//! ```text
+//! handle_rx(now, frame, meta)     frames in (byte slices; ECN is read from the IP header)
+//! poll_transmit(now, buf)         one frame out, written into the caller's buffer (an mbuf's data room)
+//! poll_timeout() / handle_timeout(now)
+//! post_send / post_recv / poll_cq and the control verbs
+//! ```
+//! The engine never reads a clock, sleeps, allocates per packet or does I/O. Timers live in one min-heap with at
+//! most one live entry per (QP, timer kind), so `poll_timeout` is O(1) and expiry O(log n). QPs with something to
+//! send sit in a FIFO ready queue (round-robin), so `poll_transmit` never scans idle QPs.
+
+use crate::mr::{AccessFlags, MrKeys, MrTable, Pd};
+use crate::qp::requester::ReqOutcome;
+use crate::qp::{timer::NUM_TIMERS, LocalIp, Qp, QpAttr, QpCaps, QpState, RecvWqe, SendWqe, TimerTable, VerbsError};
+use crate::qp::{TimerKind, WqeState, MAX_MSG_LEN};
+use crate::stats::{EngineStats, QpCounters};
+use crate::time::{Duration, Instant};
+use crate::verbs::{Cq, CqId, Cqe, Sge, SendWr, WcOpcode, WcStatus, WrOpcode};
+use crate::wire::{self, op, BthRepr, Error as WireError, ExtRepr, MacAddr, Psn};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+/// The responder's ACK-coalescing policy. The default ACKs every AckReq'd packet at once (as rxe does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckPolicy {
+    /// Send the ACK once this many AckReq'd packets are waiting (>= 1).
+    pub max_pkts: u32,
+    /// Or once the first of them has waited this long (0 = at once).
+    pub max_delay: Duration,
+}
+
+impl Default for AckPolicy {
+    fn default() -> Self {
+        AckPolicy { max_pkts: 1, max_delay: Duration::ZERO }
+    }
+}
+
+/// Engine configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// The port's MAC.
+    pub local_mac: MacAddr,
+    /// The port's IP addresses (GIDs).
+    pub local_ip: LocalIp,
+    /// QP numbers start here (rxe's first QPN is 0x11).
+    pub qpn_base: u32,
+    /// Most QPs.
+    pub max_qps: u32,
+    /// Most CQs.
+    pub max_cqs: u32,
+    /// Most memory regions.
+    pub max_mrs: u32,
+    /// Requester window: most PSNs sent but not acknowledged per QP (rxe: 128).
+    pub max_unacked_psns: u32,
+    /// Requester sets AckReq at least every this many packets inside a long message (rxe: 64).
+    pub ack_req_every: u32,
+    /// Responder ACK coalescing.
+    pub ack: AckPolicy,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            local_mac: MacAddr([0x02, 0, 0, 0, 0, 1]),
+            local_ip: LocalIp { v4: Some([10, 0, 0, 1]), v6: None },
+            qpn_base: 0x11,
+            max_qps: 1024,
+            max_cqs: 1024,
+            max_mrs: 4096,
+            max_unacked_psns: 256,
+            ack_req_every: 64,
+            ack: AckPolicy::default(),
+        }
+    }
+}
+
+/// Metadata of a received frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxMeta {
+    /// Arrival port.
+    pub port: u16,
+    /// Arrival queue.
+    pub queue: u16,
+}
+
+/// Where a packet's payload comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PayloadSrc {
+    /// No payload.
+    None,
+    /// From send WQE `idx` at message offset `off` (SGL gather or inline copy).
+    Sq { idx: u32, off: u64 },
+    /// From a local region (READ response).
+    Mr { rkey: u32, va: u64 },
+}
+
+/// One packet decided by a QP role, before its bytes are written.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TxPlan {
+    pub(crate) bth: BthRepr,
+    pub(crate) ext: ExtRepr,
+    pub(crate) payload_len: u32,
+    pub(crate) src: PayloadSrc,
+    /// A data-bearing frame (request or READ response), as opposed to an ACK.
+    #[allow(dead_code)]
+    pub(crate) data_frame: bool,
+}
+
+/// What QP roles may touch besides their own QP.
+pub(crate) struct Ctx<'a> {
+    pub(crate) now: Instant,
+    pub(crate) mrs: &'a mut MrTable,
+    pub(crate) cqs: &'a mut [Option<Cq>],
+    pub(crate) cfg: &'a EngineConfig,
+}
+
+impl Ctx<'_> {
+    /// Pushes a completion; false if the CQ is missing or full.
+    pub(crate) fn push_cqe(&mut self, cq: CqId, cqe: Cqe) -> bool {
+        match self.cqs.get_mut(cq.0 as usize) {
+            Some(Some(q)) => q.push(cqe),
+            _ => false,
+        }
+    }
+}
+
+/// A snapshot of a QP for `query_qp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpInfo {
+    /// QP number.
+    pub qpn: u32,
+    /// State.
+    pub state: QpState,
+    /// Path MTU.
+    pub path_mtu: u32,
+    /// Destination QP.
+    pub dest_qpn: u32,
+    /// Next PSN the requester sends.
+    pub sq_psn: u32,
+    /// PSN the responder expects.
+    pub rq_psn: u32,
+    /// Send WRs outstanding.
+    pub sq_outstanding: u32,
+    /// Receive WRs posted.
+    pub rq_posted: u32,
+}
+
+/// The RC engine.
+pub struct Engine {
+    cfg: EngineConfig,
+    mrs: MrTable,
+    cqs: Vec<Option<Cq>>,
+    qps: Vec<Option<Box<Qp>>>,
+    free_qps: Vec<u32>,
+    next_pd: u32,
+    heap: BinaryHeap<Reverse<(Instant, u32, u8)>>,
+    ready: VecDeque<u32>,
+    stats: EngineStats,
+    ip_ident: u16,
+}
+
+/// Bytes of headers around a payload, at most (Ethernet + VLAN, IPv6, UDP, BTH + largest extension, ICRC).
+pub const MAX_HEADER_BYTES: usize = 18 + 40 + 8 + 12 + 28 + 4 + 4;
+
+impl Engine {
+    /// A new engine.
+    pub fn new(cfg: EngineConfig) -> Engine {
+        let max_qps = cfg.max_qps.min(0xff_ffff - cfg.qpn_base) as usize;
+        Engine {
+            mrs: MrTable::new(cfg.max_mrs as usize),
+            cqs: Vec::new(),
+            qps: Vec::new(),
+            free_qps: Vec::new(),
+            next_pd: 1,
+            heap: BinaryHeap::with_capacity(max_qps.min(4096) * NUM_TIMERS * 2),
+            ready: VecDeque::with_capacity(max_qps.min(4096)),
+            stats: EngineStats::default(),
+            ip_ident: 0,
+            cfg: EngineConfig { max_qps: max_qps as u32, ..cfg },
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Engine-level counters.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// Sum of every QP's counters.
+    pub fn qp_totals(&self) -> QpCounters {
+        let mut t = QpCounters::default();
+        for q in self.qps.iter().flatten() {
+            t.add(&q.cnt);
+        }
+        t
+    }
+
+    // ---------------------------------------------------------------- control verbs
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&mut self) -> Pd {
+        let pd = Pd(self.next_pd);
+        self.next_pd += 1;
+        pd
+    }
+
+    /// Registers a zero-filled region of `len` bytes at virtual address `va`.
+    pub fn reg_mr(&mut self, pd: Pd, va: u64, len: usize, access: AccessFlags) -> Result<MrKeys, VerbsError> {
+        self.mrs.register(pd, va, len, access).ok_or(VerbsError::BadMr("too many regions, or range overflows"))
+    }
+
+    /// Deregisters a region.
+    pub fn dereg_mr(&mut self, lkey: u32) -> bool {
+        self.mrs.deregister(lkey)
+    }
+
+    /// A region's bytes.
+    pub fn mr_bytes(&self, lkey: u32) -> Option<&[u8]> {
+        self.mrs.bytes(lkey)
+    }
+
+    /// A region's bytes, writable.
+    pub fn mr_bytes_mut(&mut self, lkey: u32) -> Option<&mut [u8]> {
+        self.mrs.bytes_mut(lkey)
+    }
+
+    /// Creates a completion queue of `depth` entries.
+    pub fn create_cq(&mut self, depth: u32) -> Result<CqId, VerbsError> {
+        if depth == 0 || depth > 1 << 20 {
+            return Err(VerbsError::BadCaps("cq depth", u64::from(depth)));
+        }
+        if let Some(i) = self.cqs.iter().position(Option::is_none) {
+            self.cqs[i] = Some(Cq::new(depth as usize));
+            return Ok(CqId(i as u32));
+        }
+        if self.cqs.len() >= self.cfg.max_cqs as usize {
+            return Err(VerbsError::ResourceExhausted("completion queues"));
+        }
+        self.cqs.push(Some(Cq::new(depth as usize)));
+        Ok(CqId(self.cqs.len() as u32 - 1))
+    }
+
+    /// Polls up to `out.len()` completions; returns how many were written.
+    pub fn poll_cq(&mut self, cq: CqId, out: &mut [Cqe]) -> usize {
+        let Some(Some(q)) = self.cqs.get_mut(cq.0 as usize) else { return 0 };
+        let mut n = 0;
+        while n < out.len() {
+            match q.pop() {
+                Some(c) => {
+                    out[n] = c;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+
+    /// Polls one completion.
+    pub fn poll_cq_one(&mut self, cq: CqId) -> Option<Cqe> {
+        self.cqs.get_mut(cq.0 as usize)?.as_mut()?.pop()
+    }
+
+    /// Completions waiting in a CQ.
+    pub fn cq_len(&self, cq: CqId) -> usize {
+        match self.cqs.get(cq.0 as usize) {
+            Some(Some(q)) => q.len(),
+            _ => 0,
+        }
+    }
+
+    /// Creates an RC QP in RESET; returns its QP number.
+    pub fn create_qp(&mut self, pd: Pd, send_cq: CqId, recv_cq: CqId, caps: QpCaps) -> Result<u32, VerbsError> {
+        for c in [send_cq, recv_cq] {
+            if !matches!(self.cqs.get(c.0 as usize), Some(Some(_))) {
+                return Err(VerbsError::NoSuchCq(c.0));
+            }
+        }
+        let idx = match self.free_qps.pop() {
+            Some(i) => i,
+            None => {
+                if self.qps.len() >= self.cfg.max_qps as usize {
+                    return Err(VerbsError::ResourceExhausted("queue pairs"));
+                }
+                self.qps.push(None);
+                self.qps.len() as u32 - 1
+            }
+        };
+        let qpn = self.cfg.qpn_base + idx;
+        match Qp::new(qpn, pd, send_cq, recv_cq, caps) {
+            Ok(qp) => {
+                self.qps[idx as usize] = Some(Box::new(qp));
+                Ok(qpn)
+            }
+            Err(e) => {
+                self.free_qps.push(idx);
+                Err(e)
+            }
+        }
+    }
+
+    #[inline]
+    fn qp_index(&self, qpn: u32) -> Option<u32> {
+        let i = qpn.checked_sub(self.cfg.qpn_base)?;
+        matches!(self.qps.get(i as usize), Some(Some(_))).then_some(i)
+    }
+
+    fn qp_mut(&mut self, qpn: u32) -> Result<(u32, &mut Qp), VerbsError> {
+        let i = self.qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        Ok((i, self.qps[i as usize].as_deref_mut().expect("checked")))
+    }
+
+    /// Modifies a QP (state transitions and attributes). Fails without changing anything on an illegal
+    /// transition, a missing required attribute or an out-of-range value.
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr) -> Result<(), VerbsError> {
+        let (mac, ip) = (self.cfg.local_mac, self.cfg.local_ip);
+        let (i, qp) = self.qp_mut(qpn)?;
+        let to_err = attr.state == Some(QpState::Err) && qp.state != QpState::Err;
+        qp.modify(attr, mac, &ip)?;
+        if to_err {
+            // Moving to ERR flushes every outstanding WR.
+            qp.state = QpState::Rts;
+            let mut ctx = Ctx { now: Instant::ZERO, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
+            let qp = self.qps[i as usize].as_deref_mut().expect("checked");
+            qp.enter_error(&mut ctx);
+        }
+        self.sync_qp(i);
+        Ok(())
+    }
+
+    /// A snapshot of a QP.
+    pub fn query_qp(&self, qpn: u32) -> Result<QpInfo, VerbsError> {
+        let i = self.qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let q = self.qps[i as usize].as_deref().expect("checked");
+        Ok(QpInfo {
+            qpn,
+            state: q.state,
+            path_mtu: q.mtu,
+            dest_qpn: q.dest_qpn,
+            sq_psn: q.req_psn.value(),
+            rq_psn: q.resp_psn.value(),
+            sq_outstanding: q.sq.len(),
+            rq_posted: q.rq.len(),
+        })
+    }
+
+    /// A QP's counters.
+    pub fn qp_counters(&self, qpn: u32) -> Option<QpCounters> {
+        let i = self.qp_index(qpn)?;
+        Some(self.qps[i as usize].as_deref()?.cnt)
+    }
+
+    /// Destroys a QP (its outstanding WRs are dropped without completions, as ibv_destroy_qp does).
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
+        let i = self.qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        self.qps[i as usize] = None;
+        self.free_qps.push(i);
+        self.ready.retain(|&r| r != i);
+        Ok(())
+    }
+
+    /// Posts a send work request with its scatter/gather list.
+    pub fn post_send(&mut self, qpn: u32, wr: &SendWr, sgl: &[Sge]) -> Result<(), VerbsError> {
+        let (i, qp) = self.qp_mut(qpn)?;
+        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::BadState(qp.state));
+        }
+        if sgl.len() > qp.caps.max_send_sge as usize {
+            return Err(VerbsError::TooManySge(sgl.len()));
+        }
+        let length: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+        if length > MAX_MSG_LEN || (wr.opcode.is_atomic() && length != 8) {
+            return Err(VerbsError::BadLength(length));
+        }
+        if wr.inline {
+            let payload_op = !wr.opcode.is_rd_atomic();
+            if !payload_op || length > u64::from(qp.caps.max_inline) {
+                return Err(VerbsError::BadInline(length));
+            }
+        }
+        if qp.sq.is_full() {
+            return Err(VerbsError::QueueFull);
+        }
+        let idx = qp.sq.tail;
+        if wr.inline && length > 0 {
+            // Inline data is copied now: the buffer may be reused as soon as post_send returns.
+            let per = qp.caps.max_inline as usize;
+            let base = qp.sq.slot(idx) * per;
+            let mut at = base;
+            for s in sgl {
+                let dst = &mut qp.sq_inline[at..at + s.len as usize];
+                self.mrs.read(s.lkey, qp.pd, s.addr, dst, AccessFlags::NONE).map_err(|_| VerbsError::BadMr("inline SGE outside its region"))?;
+                at += s.len as usize;
+            }
+        }
+        let per = qp.caps.max_send_sge.max(1) as usize;
+        let base = qp.sq.slot(idx) * per;
+        qp.sq_sges[base..base + sgl.len()].copy_from_slice(sgl);
+        *qp.sq.get_mut(idx) = SendWqe {
+            wr: *wr,
+            num_sge: sgl.len() as u32,
+            length,
+            state: WqeState::Posted,
+            first_psn: Psn::new(0),
+            last_psn: Psn::new(0),
+            counted: false,
+        };
+        qp.sq.tail = idx.wrapping_add(1);
+        if qp.state == QpState::Err {
+            let mut ctx = Ctx { now: Instant::ZERO, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
+            let qp = self.qps[i as usize].as_deref_mut().expect("checked");
+            qp.enter_error(&mut ctx);
+        }
+        self.sync_qp(i);
+        Ok(())
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&mut self, qpn: u32, wr_id: u64, sgl: &[Sge]) -> Result<(), VerbsError> {
+        let (i, qp) = self.qp_mut(qpn)?;
+        if qp.state == QpState::Reset {
+            return Err(VerbsError::BadState(qp.state));
+        }
+        if sgl.len() > qp.caps.max_recv_sge as usize {
+            return Err(VerbsError::TooManySge(sgl.len()));
+        }
+        if qp.rq.is_full() {
+            return Err(VerbsError::QueueFull);
+        }
+        let capacity: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+        let idx = qp.rq.tail;
+        let per = qp.caps.max_recv_sge.max(1) as usize;
+        let base = qp.rq.slot(idx) * per;
+        qp.rq_sges[base..base + sgl.len()].copy_from_slice(sgl);
+        *qp.rq.get_mut(idx) = RecvWqe { wr_id, num_sge: sgl.len() as u32, capacity };
+        qp.rq.tail = idx.wrapping_add(1);
+        if qp.state == QpState::Err {
+            let mut ctx = Ctx { now: Instant::ZERO, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
+            let qp = self.qps[i as usize].as_deref_mut().expect("checked");
+            qp.flush_rq(&mut ctx);
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- the sans-IO interface
+
+    /// Handles one received Ethernet frame. Anything malformed, unknown or unexpected is counted and dropped; the
+    /// engine never panics on frame contents.
+    pub fn handle_rx(&mut self, now: Instant, frame: &[u8], _meta: RxMeta) {
+        self.stats.rx_frames += 1;
+        let f = match wire::parse_frame(frame) {
+            Ok(f) => f,
+            Err(e) => {
+                self.count_parse_error(e);
+                return;
+            }
+        };
+        if !f.icrc_ok {
+            self.stats.rx_drop_icrc += 1;
+            return;
+        }
+        let for_us = match f.repr.ip.addrs {
+            wire::IpAddrs::V4 { dst, .. } => self.cfg.local_ip.v4 == Some(dst),
+            wire::IpAddrs::V6 { dst, .. } => self.cfg.local_ip.v6 == Some(dst),
+        };
+        if !for_us {
+            self.stats.rx_drop_not_for_us += 1;
+            return;
+        }
+        let flags = f.repr.bth.opcode.flags();
+        if flags & op::CNP != 0 {
+            self.stats.rx_cnp += 1;
+            return;
+        }
+        if flags & op::RC == 0 {
+            self.stats.rx_drop_wrong_transport += 1;
+            return;
+        }
+        let Some(i) = self.qp_index(f.repr.bth.dest_qp) else {
+            self.stats.rx_drop_unknown_qp += 1;
+            return;
+        };
+        let qp = self.qps[i as usize].as_deref_mut().expect("checked");
+        if matches!(qp.state, QpState::Reset | QpState::Init) {
+            self.stats.rx_drop_bad_state += 1;
+            return;
+        }
+        let peer_ok = match (qp.peer, f.repr.ip.addrs) {
+            (Some(p), wire::IpAddrs::V4 { src, .. }) => matches!(p.ip, wire::IpAddrs::V4 { dst, .. } if dst == src),
+            (Some(p), wire::IpAddrs::V6 { src, .. }) => matches!(p.ip, wire::IpAddrs::V6 { dst, .. } if dst == src),
+            (None, _) => false,
+        };
+        if !peer_ok {
+            self.stats.rx_drop_wrong_peer += 1;
+            return;
+        }
+        let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
+        if flags & op::REQ != 0 {
+            qp.handle_request(&mut ctx, &f);
+        } else {
+            qp.handle_response(&mut ctx, &f);
+        }
+        self.sync_qp(i);
+    }
+
+    fn count_parse_error(&mut self, e: WireError) {
+        let s = &mut self.stats;
+        match e {
+            WireError::Truncated => s.rx_drop_truncated += 1,
+            WireError::NotIp => s.rx_drop_not_ip += 1,
+            WireError::BadIpHeader => s.rx_drop_bad_ip_header += 1,
+            WireError::NotUdp => s.rx_drop_not_udp += 1,
+            WireError::NotRoce => s.rx_drop_not_roce += 1,
+            WireError::LengthMismatch => s.rx_drop_length_mismatch += 1,
+            WireError::BadBthVersion => s.rx_drop_bad_bth_version += 1,
+            WireError::UnknownOpcode(_) => s.rx_drop_unknown_opcode += 1,
+            WireError::BadPadCount => s.rx_drop_bad_pad += 1,
+            WireError::BadIcrc => s.rx_drop_icrc += 1,
+            WireError::BufferTooSmall | WireError::Unencodable => s.rx_drop_truncated += 1,
+        }
+    }
+
+    /// True if some QP may have a frame to send (`poll_transmit` would try).
+    pub fn has_pending_tx(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// Writes the next frame into `buf` and returns its length, or None if nothing is ready to send. `buf` must
+    /// hold the QP's path MTU plus [`MAX_HEADER_BYTES`].
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        while let Some(i) = self.ready.pop_front() {
+            let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { continue };
+            qp.in_ready = false;
+            if buf.len() < qp.mtu as usize + MAX_HEADER_BYTES {
+                self.stats.tx_buffer_too_small += 1;
+                self.sync_qp(i);
+                return None;
+            }
+            let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
+            let plan = match qp.next_response(&mut ctx) {
+                Some(p) => Some(p),
+                None => match qp.next_request(&mut ctx) {
+                    ReqOutcome::Packet(p) => Some(p),
+                    ReqOutcome::LocalError(st) => {
+                        // The WQE the requester was about to start failed local checks: it is at the head
+                        // only if everything before it completed; otherwise error the QP at once (IB: a local
+                        // protection error is fatal to the QP).
+                        qp.req_cur = qp.sq.head;
+                        qp.fail_head(&mut ctx, st);
+                        None
+                    }
+                    ReqOutcome::Idle => None,
+                },
+            };
+            let Some(plan) = plan else {
+                self.sync_qp(i);
+                continue;
+            };
+            let mut repr = qp.tmpl;
+            repr.bth = plan.bth;
+            repr.ext = plan.ext;
+            self.ip_ident = self.ip_ident.wrapping_add(1);
+            repr.ip.ident = self.ip_ident;
+            let mrs = &self.mrs;
+            let pd = qp.pd;
+            let res = match plan.src {
+                PayloadSrc::None => wire::emit_frame(buf, &repr, plan.payload_len as usize, |d| d.fill(0)),
+                PayloadSrc::Sq { idx, off } => {
+                    wire::emit_frame(buf, &repr, plan.payload_len as usize, |d| qp.gather(idx, off, d, mrs))
+                }
+                PayloadSrc::Mr { rkey, va } => {
+                    let mut bad = false;
+                    let r = wire::emit_frame(buf, &repr, plan.payload_len as usize, |d| {
+                        if mrs.read(rkey, pd, va, d, AccessFlags::REMOTE_READ).is_err() {
+                            d.fill(0);
+                            bad = true;
+                        }
+                    });
+                    if bad {
+                        qp.cnt.tx_local_access_errors += 1;
+                    }
+                    r
+                }
+            };
+            self.sync_qp(i);
+            match res {
+                Ok(n) => {
+                    let qp = self.qps[i as usize].as_deref_mut().expect("present");
+                    qp.cnt.tx_packets += 1;
+                    qp.cnt.tx_bytes += n as u64;
+                    self.stats.tx_frames += 1;
+                    self.stats.tx_bytes += n as u64;
+                    return Some(n);
+                }
+                Err(_) => {
+                    self.stats.tx_emit_errors += 1;
+                    continue;
+                }
+            }
+        }
+        None
+    }
+
+    /// The earliest time `handle_timeout` has work (may be early: a spurious call is a no-op).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// Runs every timer that expired at or before `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&Reverse((t, i, k))) = self.heap.peek() {
+            if t > now {
+                break;
+            }
+            self.heap.pop();
+            let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { continue };
+            let ku = k as usize;
+            if qp.timers.queued[ku] != Some(t) {
+                continue; // superseded entry
+            }
+            qp.timers.queued[ku] = None;
+            match qp.timers.deadline[ku] {
+                None => continue,
+                Some(d) if d > now => {
+                    // Re-armed later since this entry was queued.
+                    qp.timers.queued[ku] = Some(d);
+                    self.heap.push(Reverse((d, i, k)));
+                    continue;
+                }
+                Some(_) => qp.timers.deadline[ku] = None,
+            }
+            self.stats.timer_expiries += 1;
+            let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
+            match TimerTable::kind(ku) {
+                TimerKind::Retransmit => qp.on_retransmit_timeout(&mut ctx),
+                TimerKind::Rnr => qp.rnr_until = None,
+                TimerKind::AckCoalesce => qp.flush_pending_ack(),
+            }
+            self.sync_qp(i);
+        }
+    }
+
+    /// Mirrors a QP's timers into the heap and puts it in the ready queue if it has something to send.
+    fn sync_qp(&mut self, i: u32) {
+        let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
+        for k in 0..NUM_TIMERS {
+            if let Some(d) = qp.timers.deadline[k] {
+                let push = match qp.timers.queued[k] {
+                    None => true,
+                    Some(q) => d < q,
+                };
+                if push {
+                    qp.timers.queued[k] = Some(d);
+                    self.heap.push(Reverse((d, i, k as u8)));
+                }
+            }
+        }
+        let has_work = !qp.out.is_empty() || (qp.requester_has_work() && qp.rnr_until.is_none());
+        if has_work && !qp.in_ready {
+            qp.in_ready = true;
+            self.ready.push_back(i);
+        }
+    }
+}

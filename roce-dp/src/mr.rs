@@ -1,0 +1,307 @@
+//! Protection domains and memory regions.
+//!
+//! A memory region is a byte range the engine may read or write on behalf of local work requests (through its
+//! lkey) or remote requests (through its rkey). Keys are `index << 8 | generation`, as rxe builds them: lookup is an
+//! array index and a stale key (from a deregistered or re-registered slot) fails on its 8-bit generation. Every
+//! access is bounds-checked against the region.
+//!
+//! The engine owns the bytes of each region (allocated once at registration, never per packet). Applications read
+//! and write them through [`MrTable::bytes`] / [`MrTable::bytes_mut`] (or the engine's wrappers).
+
+use core::fmt;
+
+/// Access rights of a memory region (and of a QP for remote operations).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct AccessFlags(pub u32);
+
+impl AccessFlags {
+    /// No remote access; local read only.
+    pub const NONE: AccessFlags = AccessFlags(0);
+    /// The local HCA may write (receive buffers, READ and atomic result buffers).
+    pub const LOCAL_WRITE: AccessFlags = AccessFlags(1);
+    /// Remote RDMA WRITE.
+    pub const REMOTE_WRITE: AccessFlags = AccessFlags(2);
+    /// Remote RDMA READ.
+    pub const REMOTE_READ: AccessFlags = AccessFlags(4);
+    /// Remote atomics.
+    pub const REMOTE_ATOMIC: AccessFlags = AccessFlags(8);
+    /// Everything.
+    pub const ALL: AccessFlags = AccessFlags(15);
+
+    /// True if every right in `other` is granted.
+    #[inline]
+    pub const fn contains(self, other: AccessFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+    /// Union.
+    #[inline]
+    pub const fn union(self, other: AccessFlags) -> AccessFlags {
+        AccessFlags(self.0 | other.0)
+    }
+}
+
+impl core::ops::BitOr for AccessFlags {
+    type Output = AccessFlags;
+    fn bitor(self, rhs: AccessFlags) -> AccessFlags {
+        self.union(rhs)
+    }
+}
+
+impl fmt::Debug for AccessFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        for (bit, name) in [(1, "LOCAL_WRITE"), (2, "REMOTE_WRITE"), (4, "REMOTE_READ"), (8, "REMOTE_ATOMIC")] {
+            if self.0 & bit != 0 {
+                if !first {
+                    f.write_str("|")?;
+                }
+                f.write_str(name)?;
+                first = false;
+            }
+        }
+        if first {
+            f.write_str("NONE")?;
+        }
+        Ok(())
+    }
+}
+
+/// A protection domain handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pd(pub u32);
+
+/// Keys of a registered region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MrKeys {
+    /// Local key (used in local SGEs).
+    pub lkey: u32,
+    /// Remote key (sent to the peer for RDMA/atomic access).
+    pub rkey: u32,
+}
+
+/// Why an access to a region was refused. The engine turns these into NAKs (remote access) or completion errors
+/// (local protection).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessError {
+    /// No live region has this key (never registered, deregistered, or invalidated).
+    BadKey,
+    /// The region belongs to another protection domain.
+    WrongPd,
+    /// The region does not grant the right asked for.
+    NotPermitted,
+    /// The range is not inside the region.
+    OutOfBounds,
+}
+
+struct Mr {
+    pd: Pd,
+    va: u64,
+    access: AccessFlags,
+    /// False once invalidated (SEND_WITH_INV / local invalidate): the keys stop working but the slot stays until
+    /// deregistration.
+    valid: bool,
+    key: u32,
+    bytes: Box<[u8]>,
+}
+
+/// All memory regions of an engine, indexed by key.
+pub struct MrTable {
+    slots: Vec<Option<Mr>>,
+    /// Next generation per slot (the low 8 bits of the key).
+    gens: Vec<u8>,
+    free: Vec<u32>,
+    max: usize,
+}
+
+/// Largest region accepted (the IBA maximum message is 2^31 bytes; a region may be larger but the engine keeps it
+/// bounded so a bad request cannot make it allocate without limit).
+pub const MAX_MR_LEN: u64 = 1 << 32;
+
+impl MrTable {
+    /// A table for up to `max` regions.
+    pub fn new(max: usize) -> MrTable {
+        MrTable { slots: Vec::new(), gens: Vec::new(), free: Vec::new(), max: max.min(1 << 24) }
+    }
+
+    /// Registers a zero-filled region of `len` bytes at virtual address `va`.
+    pub fn register(&mut self, pd: Pd, va: u64, len: usize, access: AccessFlags) -> Option<MrKeys> {
+        if len as u64 > MAX_MR_LEN || va.checked_add(len as u64).is_none() {
+            return None;
+        }
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.slots.len() >= self.max {
+                    return None;
+                }
+                self.slots.push(None);
+                self.gens.push(1);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let i = idx as usize;
+        let gen = self.gens[i];
+        self.gens[i] = gen.wrapping_add(1);
+        let key = (idx << 8) | u32::from(gen);
+        self.slots[i] = Some(Mr { pd, va, access, valid: true, key, bytes: vec![0u8; len].into_boxed_slice() });
+        Some(MrKeys { lkey: key, rkey: key })
+    }
+
+    /// Deregisters the region with this key. Returns false if there was none.
+    pub fn deregister(&mut self, key: u32) -> bool {
+        let i = (key >> 8) as usize;
+        match self.slots.get(i) {
+            Some(Some(mr)) if mr.key == key => {
+                self.slots[i] = None;
+                self.free.push(i as u32);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Invalidates a region's keys (remote invalidate / local invalidate) if it belongs to `pd`.
+    pub fn invalidate(&mut self, key: u32, pd: Pd) -> Result<(), AccessError> {
+        let mr = self.lookup_mut(key)?;
+        if mr.pd != pd {
+            return Err(AccessError::WrongPd);
+        }
+        mr.valid = false;
+        Ok(())
+    }
+
+    #[inline]
+    fn lookup(&self, key: u32) -> Result<&Mr, AccessError> {
+        match self.slots.get((key >> 8) as usize) {
+            Some(Some(mr)) if mr.key == key && mr.valid => Ok(mr),
+            _ => Err(AccessError::BadKey),
+        }
+    }
+
+    #[inline]
+    fn lookup_mut(&mut self, key: u32) -> Result<&mut Mr, AccessError> {
+        match self.slots.get_mut((key >> 8) as usize) {
+            Some(Some(mr)) if mr.key == key && mr.valid => Ok(mr),
+            _ => Err(AccessError::BadKey),
+        }
+    }
+
+    /// Checks that `[va, va + len)` lies in the region `key` of `pd` with rights `need`; returns the offset of `va`
+    /// inside the region.
+    #[inline]
+    pub fn check(&self, key: u32, pd: Pd, va: u64, len: u64, need: AccessFlags) -> Result<usize, AccessError> {
+        let mr = self.lookup(key)?;
+        check_mr(mr, pd, va, len, need)
+    }
+
+    /// Copies `dst.len()` bytes out of the region at `va` (local or remote read).
+    #[inline]
+    pub fn read(&self, key: u32, pd: Pd, va: u64, dst: &mut [u8], need: AccessFlags) -> Result<(), AccessError> {
+        let mr = self.lookup(key)?;
+        let off = check_mr(mr, pd, va, dst.len() as u64, need)?;
+        dst.copy_from_slice(&mr.bytes[off..off + dst.len()]);
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `va`.
+    #[inline]
+    pub fn write(&mut self, key: u32, pd: Pd, va: u64, src: &[u8], need: AccessFlags) -> Result<(), AccessError> {
+        let mr = self.lookup_mut(key)?;
+        let off = check_mr(mr, pd, va, src.len() as u64, need)?;
+        mr.bytes[off..off + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Executes an 8-byte atomic at `va` (native byte order of the region's u64, as a NIC's host memory is): `f`
+    /// maps the original value to the new one. Returns the original value.
+    pub fn atomic(
+        &mut self,
+        key: u32,
+        pd: Pd,
+        va: u64,
+        f: impl FnOnce(u64) -> u64,
+    ) -> Result<u64, AccessError> {
+        let mr = self.lookup_mut(key)?;
+        let off = check_mr(mr, pd, va, 8, AccessFlags::REMOTE_ATOMIC)?;
+        let cell: &mut [u8; 8] = (&mut mr.bytes[off..off + 8]).try_into().map_err(|_| AccessError::OutOfBounds)?;
+        let orig = u64::from_le_bytes(*cell);
+        *cell = f(orig).to_le_bytes();
+        Ok(orig)
+    }
+
+    /// The whole region's bytes (application access through its lkey).
+    pub fn bytes(&self, lkey: u32) -> Option<&[u8]> {
+        self.lookup(lkey).ok().map(|m| &m.bytes[..])
+    }
+
+    /// The whole region's bytes, writable (application access through its lkey).
+    pub fn bytes_mut(&mut self, lkey: u32) -> Option<&mut [u8]> {
+        self.lookup_mut(lkey).ok().map(|m| &mut m.bytes[..])
+    }
+
+    /// The region's virtual address and length.
+    pub fn extent(&self, lkey: u32) -> Option<(u64, usize)> {
+        self.lookup(lkey).ok().map(|m| (m.va, m.bytes.len()))
+    }
+}
+
+#[inline]
+fn check_mr(mr: &Mr, pd: Pd, va: u64, len: u64, need: AccessFlags) -> Result<usize, AccessError> {
+    if mr.pd != pd {
+        return Err(AccessError::WrongPd);
+    }
+    if !mr.access.contains(need) {
+        return Err(AccessError::NotPermitted);
+    }
+    let end = va.checked_add(len).ok_or(AccessError::OutOfBounds)?;
+    if va < mr.va || end > mr.va + mr.bytes.len() as u64 {
+        return Err(AccessError::OutOfBounds);
+    }
+    Ok((va - mr.va) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_carry_a_generation() {
+        let mut t = MrTable::new(4);
+        let pd = Pd(1);
+        let k1 = t.register(pd, 0x1000, 64, AccessFlags::ALL).unwrap();
+        assert_eq!(k1.lkey >> 8, 0);
+        assert!(t.deregister(k1.lkey));
+        let k2 = t.register(pd, 0x1000, 64, AccessFlags::ALL).unwrap();
+        assert_eq!(k2.lkey >> 8, 0, "slot reused");
+        assert_ne!(k1.lkey, k2.lkey, "generation differs");
+        assert_eq!(t.check(k1.rkey, pd, 0x1000, 1, AccessFlags::NONE), Err(AccessError::BadKey));
+        assert_eq!(t.check(k2.rkey, pd, 0x1000, 64, AccessFlags::REMOTE_WRITE), Ok(0));
+        assert!(!t.deregister(k1.lkey));
+    }
+
+    #[test]
+    fn bounds_pd_and_rights_are_checked() {
+        let mut t = MrTable::new(4);
+        let k = t.register(Pd(1), 0x1000, 64, AccessFlags::REMOTE_READ).unwrap().rkey;
+        assert_eq!(t.check(k, Pd(1), 0x1000, 64, AccessFlags::REMOTE_READ), Ok(0));
+        assert_eq!(t.check(k, Pd(1), 0x103f, 1, AccessFlags::REMOTE_READ), Ok(63));
+        assert_eq!(t.check(k, Pd(1), 0x1000, 65, AccessFlags::REMOTE_READ), Err(AccessError::OutOfBounds));
+        assert_eq!(t.check(k, Pd(1), 0x0fff, 1, AccessFlags::REMOTE_READ), Err(AccessError::OutOfBounds));
+        assert_eq!(t.check(k, Pd(1), u64::MAX, 2, AccessFlags::REMOTE_READ), Err(AccessError::OutOfBounds));
+        assert_eq!(t.check(k, Pd(2), 0x1000, 1, AccessFlags::REMOTE_READ), Err(AccessError::WrongPd));
+        assert_eq!(t.check(k, Pd(1), 0x1000, 1, AccessFlags::REMOTE_WRITE), Err(AccessError::NotPermitted));
+        let mut buf = [0u8; 8];
+        assert_eq!(t.read(k, Pd(1), 0x1040, &mut buf, AccessFlags::REMOTE_READ), Err(AccessError::OutOfBounds));
+        t.invalidate(k, Pd(1)).unwrap();
+        assert_eq!(t.check(k, Pd(1), 0x1000, 1, AccessFlags::REMOTE_READ), Err(AccessError::BadKey));
+    }
+
+    #[test]
+    fn atomics_return_the_original() {
+        let mut t = MrTable::new(1);
+        let k = t.register(Pd(0), 0, 16, AccessFlags::ALL).unwrap().rkey;
+        assert_eq!(t.atomic(k, Pd(0), 8, |v| v + 5), Ok(0));
+        assert_eq!(t.atomic(k, Pd(0), 8, |v| v + 5), Ok(5));
+        assert_eq!(t.atomic(k, Pd(0), 12, |v| v), Err(AccessError::OutOfBounds));
+    }
+}

@@ -1,0 +1,380 @@
+//! The completer: ACKs, NAKs, READ responses and atomic ACKs become completions, retries or errors.
+//!
+//! Responses carry PSNs of requests; `comp_psn` is the oldest PSN not yet acknowledged. A response at or beyond it
+//! implicitly acknowledges every earlier SEND/WRITE packet, but never an outstanding READ or atomic: their data
+//! must arrive in their own responses, so an ACK past one means responses were lost and the requester goes back.
+
+use super::{Qp, QpState, TimerKind, WqeState, RNR_TIMER_US};
+use crate::engine::Ctx;
+use crate::time::Duration;
+use crate::verbs::{Cqe, WcStatus};
+use crate::wire::{op, AethKind, NakCode, Opcode, Psn, RoceFrame};
+
+impl Qp {
+    /// Handles a response packet addressed to this QP.
+    pub(crate) fn handle_response(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) {
+        if !self.requester_active() {
+            self.cnt.bad_responses += 1;
+            return;
+        }
+        let psn = f.repr.bth.psn;
+        let opcode = f.repr.bth.opcode;
+        // A response for a PSN we never sent is bogus; one before comp_psn is stale (already handled).
+        if !psn.before(self.req_max_psn) {
+            self.cnt.bad_responses += 1;
+            return;
+        }
+        if psn.before(self.comp_psn) {
+            self.cnt.duplicate_responses += 1;
+            return;
+        }
+        let flags = opcode.flags();
+        if opcode == Opcode::RC_ACKNOWLEDGE {
+            let Some(aeth) = f.repr.ext.aeth else {
+                self.cnt.bad_responses += 1;
+                return;
+            };
+            match aeth.kind() {
+                AethKind::Ack { .. } => {
+                    self.cnt.acks_rcvd += 1;
+                    self.on_ack(ctx, psn);
+                }
+                AethKind::Nak(NakCode::PsnSeqErr) => {
+                    self.cnt.nak_psn_seq_rcvd += 1;
+                    self.on_psn_seq_nak(ctx, psn);
+                }
+                AethKind::RnrNak { timer } => {
+                    self.cnt.rnr_nak_rcvd += 1;
+                    self.on_rnr_nak(ctx, psn, timer);
+                }
+                AethKind::Nak(code) => {
+                    self.cnt.nak_fatal_rcvd += 1;
+                    let status = match code {
+                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                        NakCode::RemoteAccessErr => WcStatus::RemAccessErr,
+                        _ => WcStatus::RemOpErr,
+                    };
+                    self.ack_before(ctx, psn);
+                    if self.state == QpState::Err {
+                        return;
+                    }
+                    self.fail_head(ctx, status);
+                }
+                AethKind::Reserved(_) => self.cnt.bad_responses += 1,
+            }
+        } else if flags & op::READ != 0 && flags & op::RESP != 0 {
+            self.on_read_response(ctx, f);
+        } else if opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE {
+            self.on_atomic_ack(ctx, f);
+        } else {
+            self.cnt.bad_responses += 1;
+        }
+    }
+
+    /// The SEND/WRITE WQE at the head, if started; None if the head is a READ/atomic or nothing is outstanding.
+    #[inline]
+    fn head_started(&self) -> Option<super::SendWqe> {
+        if self.sq.head == self.sq.tail {
+            return None;
+        }
+        let w = *self.sq.get(self.sq.head);
+        (w.state == WqeState::Started).then_some(w)
+    }
+
+    /// Completes every SEND/WRITE WQE whose packets all precede `psn`; stops at an outstanding READ/atomic.
+    /// Returns true if comp_psn moved.
+    fn ack_before(&mut self, ctx: &mut Ctx<'_>, psn: Psn) -> bool {
+        let before = self.comp_psn;
+        while let Some(w) = self.head_started() {
+            if w.wr.opcode.is_rd_atomic() || !w.last_psn.before(psn) {
+                break;
+            }
+            self.comp_psn = w.last_psn.add(1);
+            self.retire_head(ctx, WcStatus::Success);
+            if self.state == QpState::Err {
+                return true;
+            }
+        }
+        // Within a partly acknowledged SEND/WRITE, everything before psn is acknowledged.
+        if let Some(w) = self.head_started() {
+            if !w.wr.opcode.is_rd_atomic() && psn.after(self.comp_psn) && !psn.after(w.last_psn) {
+                self.comp_psn = psn;
+            }
+        }
+        let moved = self.comp_psn != before;
+        // A late ACK may acknowledge packets a rewind had queued again: never resend below comp_psn.
+        if self.req_psn.before(self.comp_psn) {
+            self.reposition();
+        }
+        if moved {
+            self.progress(ctx);
+        }
+        moved
+    }
+
+    /// A positive ACK for `psn`: everything up to and including it is acknowledged.
+    fn on_ack(&mut self, ctx: &mut Ctx<'_>, psn: Psn) {
+        let next = psn.add(1);
+        self.ack_before(ctx, next);
+        if self.state == QpState::Err {
+            return;
+        }
+        // An ACK covering part of an outstanding READ/atomic means its responses were lost: go back.
+        if let Some(w) = self.head_started() {
+            if w.wr.opcode.is_rd_atomic() && !psn.before(w.first_psn) {
+                self.retry(ctx, false);
+            }
+        }
+    }
+
+    fn on_psn_seq_nak(&mut self, ctx: &mut Ctx<'_>, psn: Psn) {
+        // The responder expects `psn`: everything before it arrived (C9-...: a NAK implies an ACK of earlier PSNs).
+        self.ack_before(ctx, psn);
+        if self.state == QpState::Err {
+            return;
+        }
+        self.retry(ctx, false);
+    }
+
+    fn on_rnr_nak(&mut self, ctx: &mut Ctx<'_>, psn: Psn, timer: u8) {
+        self.ack_before(ctx, psn);
+        if self.state == QpState::Err {
+            return;
+        }
+        if self.rnr_left == 0 {
+            self.fail_head(ctx, WcStatus::RnrRetryExcErr);
+            return;
+        }
+        // rnr_retry = 7 means retry forever.
+        if self.rnr_retry != 7 {
+            self.rnr_left -= 1;
+        }
+        let wait = Duration::from_micros(u64::from(RNR_TIMER_US[usize::from(timer & 0x1f)]));
+        let until = ctx.now + wait;
+        self.rnr_until = Some(until);
+        self.timers.set(TimerKind::Rnr, until);
+        self.timers.stop(TimerKind::Retransmit);
+        self.rewind();
+    }
+
+    fn on_read_response(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) {
+        let psn = f.repr.bth.psn;
+        let flags = f.repr.bth.opcode.flags();
+        if let Some(aeth) = f.repr.ext.aeth {
+            if !matches!(aeth.kind(), AethKind::Ack { .. }) {
+                self.cnt.bad_responses += 1;
+                return;
+            }
+        }
+        self.ack_before(ctx, psn);
+        if self.state == QpState::Err {
+            return;
+        }
+        let Some(w) = self.head_started() else {
+            self.cnt.bad_responses += 1;
+            return;
+        };
+        if w.wr.opcode != crate::verbs::WrOpcode::RdmaRead || psn.before(w.first_psn) || psn.after(w.last_psn) {
+            self.cnt.bad_responses += 1;
+            return;
+        }
+        if psn != self.comp_psn {
+            // Earlier responses of this READ were lost.
+            self.retry(ctx, false);
+            return;
+        }
+        let off = self.psn_offset(&w, psn);
+        let expect = (w.length - off).min(u64::from(self.mtu)) as usize;
+        let is_last = psn == w.last_psn;
+        let shape_ok = if is_last { flags & op::LAST != 0 } else { flags & op::LAST == 0 };
+        if f.payload.len() != expect || !shape_ok {
+            self.cnt.bad_responses += 1;
+            self.fail_head(ctx, WcStatus::BadRespErr);
+            return;
+        }
+        let idx = self.sq.head;
+        if !f.payload.is_empty() && self.scatter_sq(idx, off, f.payload, ctx.mrs).is_err() {
+            self.fail_head(ctx, WcStatus::LocProtErr);
+            return;
+        }
+        self.comp_psn = psn.add(1);
+        self.progress(ctx);
+        if is_last {
+            self.retire_head(ctx, WcStatus::Success);
+        }
+    }
+
+    fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) {
+        let psn = f.repr.bth.psn;
+        let (Some(aeth), Some(orig)) = (f.repr.ext.aeth, f.repr.ext.atomic_ack) else {
+            self.cnt.bad_responses += 1;
+            return;
+        };
+        if !matches!(aeth.kind(), AethKind::Ack { .. }) {
+            self.cnt.bad_responses += 1;
+            return;
+        }
+        self.ack_before(ctx, psn);
+        if self.state == QpState::Err {
+            return;
+        }
+        let Some(w) = self.head_started() else {
+            self.cnt.bad_responses += 1;
+            return;
+        };
+        if !w.wr.opcode.is_atomic() || w.first_psn != psn {
+            if w.wr.opcode.is_rd_atomic() && psn.after(w.first_psn) {
+                self.retry(ctx, false);
+            } else {
+                self.cnt.bad_responses += 1;
+            }
+            return;
+        }
+        let idx = self.sq.head;
+        if self.scatter_sq(idx, 0, &orig.to_le_bytes(), ctx.mrs).is_err() {
+            self.fail_head(ctx, WcStatus::LocProtErr);
+            return;
+        }
+        self.comp_psn = psn.add(1);
+        self.progress(ctx);
+        self.retire_head(ctx, WcStatus::Success);
+    }
+
+    /// Forward progress: retry counters reset (rxe `reset_retry_counters`), the retransmit timer restarts if
+    /// anything is still outstanding.
+    fn progress(&mut self, ctx: &mut Ctx<'_>) {
+        self.retry_left = self.retry_cnt;
+        self.rnr_left = self.rnr_retry;
+        self.rearm_retransmit(ctx);
+    }
+
+    /// Restarts or stops the local ACK timer depending on whether packets are outstanding.
+    pub(crate) fn rearm_retransmit(&mut self, ctx: &mut Ctx<'_>) {
+        if self.comp_psn != self.req_max_psn && self.state != QpState::Err {
+            if let Some(t) = self.ack_timeout() {
+                self.timers.set(TimerKind::Retransmit, ctx.now + t);
+            }
+        } else {
+            self.timers.stop(TimerKind::Retransmit);
+        }
+    }
+
+    /// Go back to comp_psn, counting a transport retry. `timeout` says whether the local ACK timer fired.
+    pub(crate) fn retry(&mut self, ctx: &mut Ctx<'_>, timeout: bool) {
+        if timeout {
+            self.cnt.retry_timeouts += 1;
+        }
+        if self.retry_left == 0 {
+            self.fail_head(ctx, WcStatus::RetryExcErr);
+            return;
+        }
+        self.retry_left -= 1;
+        self.rewind();
+        if let Some(t) = self.ack_timeout() {
+            self.timers.set(TimerKind::Retransmit, ctx.now + t);
+        }
+    }
+
+    /// Local ACK timeout fired.
+    pub(crate) fn on_retransmit_timeout(&mut self, ctx: &mut Ctx<'_>) {
+        if !self.requester_active() || self.comp_psn == self.req_max_psn {
+            return;
+        }
+        self.retry(ctx, true);
+    }
+
+    /// Removes the head WQE, generating its completion if signaled or failed.
+    pub(crate) fn retire_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
+        let w = *self.sq.get(self.sq.head);
+        self.sq.head = self.sq.head.wrapping_add(1);
+        if w.counted {
+            self.outstanding_rd_atomic = self.outstanding_rd_atomic.saturating_sub(1);
+        }
+        // The requester never points behind the head.
+        if self.req_cur.wrapping_sub(self.sq.head) > self.sq.tail.wrapping_sub(self.sq.head) {
+            self.req_cur = self.sq.head;
+        }
+        if w.wr.signaled || status != WcStatus::Success {
+            let byte_len = if w.wr.opcode == crate::verbs::WrOpcode::RdmaRead { w.length as u32 } else { 0 };
+            let cqe = Cqe {
+                wr_id: w.wr.wr_id,
+                status,
+                opcode: w.wr.opcode.wc_opcode(),
+                qpn: self.qpn,
+                byte_len,
+                imm: None,
+                invalidated_rkey: None,
+            };
+            self.cnt.send_completions += 1;
+            let cq = self.send_cq;
+            if !ctx.push_cqe(cq, cqe) {
+                self.cnt.cq_overflows += 1;
+                if self.state != QpState::Err {
+                    self.enter_error(ctx);
+                }
+            }
+        }
+    }
+
+    /// Completes the head WQE with an error status and moves the QP to the error state.
+    pub(crate) fn fail_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
+        if self.sq.head != self.sq.tail {
+            self.retire_head(ctx, status);
+        }
+        if self.state != QpState::Err {
+            self.enter_error(ctx);
+        }
+    }
+
+    /// Moves to the error state: every outstanding send and receive WQE completes with WR_FLUSH_ERR, timers stop.
+    /// Queued responses (a NAK that explains the error) still leave.
+    pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        self.state = QpState::Err;
+        self.flush_pending_ack();
+        self.timers.stop(TimerKind::Retransmit);
+        self.timers.stop(TimerKind::Rnr);
+        self.timers.stop(TimerKind::AckCoalesce);
+        self.rnr_until = None;
+        while self.sq.head != self.sq.tail {
+            let w = *self.sq.get(self.sq.head);
+            self.sq.head = self.sq.head.wrapping_add(1);
+            let cqe = Cqe {
+                wr_id: w.wr.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: w.wr.opcode.wc_opcode(),
+                qpn: self.qpn,
+                byte_len: 0,
+                imm: None,
+                invalidated_rkey: None,
+            };
+            self.cnt.send_completions += 1;
+            if !ctx.push_cqe(self.send_cq, cqe) {
+                self.cnt.cq_overflows += 1;
+            }
+        }
+        self.req_cur = self.sq.head;
+        self.outstanding_rd_atomic = 0;
+        self.flush_rq(ctx);
+    }
+
+    /// Completes every receive WQE with WR_FLUSH_ERR.
+    pub(crate) fn flush_rq(&mut self, ctx: &mut Ctx<'_>) {
+        while self.rq.head != self.rq.tail {
+            let r = *self.rq.get(self.rq.head);
+            self.rq.head = self.rq.head.wrapping_add(1);
+            let cqe = Cqe {
+                wr_id: r.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: crate::verbs::WcOpcode::Recv,
+                qpn: self.qpn,
+                byte_len: 0,
+                imm: None,
+                invalidated_rkey: None,
+            };
+            self.cnt.recv_completions += 1;
+            if !ctx.push_cqe(self.recv_cq, cqe) {
+                self.cnt.cq_overflows += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,639 @@
+//! Reliable-connection queue pairs: the IB state machine, attributes, and the three roles that share one QP on one
+//! worker: the requester (work requests -> packets), the completer (responses -> completions) and the responder
+//! (requests -> execution and responses). Unlike rxe, the roles never run concurrently: the engine calls them one
+//! at a time, so there are no locks or cross-role flags.
+
+pub(crate) mod completer;
+pub(crate) mod requester;
+pub(crate) mod responder;
+pub(crate) mod timer;
+
+pub use crate::stats::QpCounters;
+use crate::mr::{AccessFlags, Pd};
+use crate::time::{Duration, Instant};
+use crate::verbs::{CqId, Sge, SendWr};
+use crate::wire::{self, Ecn, IpAddrs, MacAddr, Psn, RoceRepr};
+use core::fmt;
+use std::collections::VecDeque;
+
+pub(crate) use timer::{TimerKind, TimerTable};
+
+/// QP states (IBA ch. 10; `enum ib_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Reset: no traffic, queues empty.
+    Reset,
+    /// Initialised: receive WRs may be posted.
+    Init,
+    /// Ready to receive: the responder runs.
+    Rtr,
+    /// Ready to send: requester and completer run.
+    Rts,
+    /// Send queue drain: no new send WRs start; outstanding ones finish.
+    Sqd,
+    /// Send queue error (UC); kept for completeness, no new sends.
+    Sqe,
+    /// Error: everything outstanding is flushed; new WRs complete with WR_FLUSH_ERR.
+    Err,
+}
+
+/// Path MTU values allowed by the IBA (bytes).
+pub const PATH_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
+
+/// RNR NAK timer table (IBTA encoding; µs). Code 0 means 655.36 ms.
+pub const RNR_TIMER_US: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120, 7_680,
+    10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
+];
+
+/// The peer of a connected QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr {
+    /// Peer IP (the GID: IPv4-mapped or IPv6).
+    pub ip: IpAddrs,
+    /// Peer (or next-hop) MAC.
+    pub mac: MacAddr,
+}
+
+/// QP attributes for `modify_qp`. `None` leaves an attribute unchanged (the IB attribute mask).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Target state.
+    pub state: Option<QpState>,
+    /// Remote access rights granted to the peer (INIT).
+    pub access: Option<AccessFlags>,
+    /// Path MTU in bytes: 256, 512, 1024, 2048 or 4096 (RTR).
+    pub path_mtu: Option<u32>,
+    /// Destination QP number (RTR).
+    pub dest_qpn: Option<u32>,
+    /// Expected PSN of the responder (RTR).
+    pub rq_psn: Option<u32>,
+    /// Max outstanding READ/atomic requests we accept (RTR).
+    pub max_dest_rd_atomic: Option<u8>,
+    /// RNR NAK timer code we send (RTR).
+    pub min_rnr_timer: Option<u8>,
+    /// Peer address (RTR).
+    pub peer: Option<PeerAddr>,
+    /// First PSN of the requester (RTS).
+    pub sq_psn: Option<u32>,
+    /// Local ACK timeout exponent: 4.096 µs * 2^t, 0 = infinite (RTS).
+    pub timeout: Option<u8>,
+    /// Transport retries (0..=7) (RTS).
+    pub retry_cnt: Option<u8>,
+    /// RNR retries (0..=7, 7 = infinite) (RTS).
+    pub rnr_retry: Option<u8>,
+    /// Max outstanding READ/atomic requests we issue (RTS).
+    pub max_rd_atomic: Option<u8>,
+    /// DSCP of transmitted frames.
+    pub dscp: Option<u8>,
+    /// ECN codepoint of transmitted data frames.
+    pub ecn: Option<Ecn>,
+    /// IP TTL / hop limit.
+    pub ttl: Option<u8>,
+}
+
+/// Queue sizes fixed at creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps { max_send_wr: 128, max_recv_wr: 512, max_send_sge: 4, max_recv_sge: 4, max_inline: 256 }
+    }
+}
+
+/// Errors of the verbs control path (create, modify, post).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerbsError {
+    /// No QP with this number.
+    NoSuchQp(u32),
+    /// No CQ with this id.
+    NoSuchCq(u32),
+    /// Too many QPs / CQs / MRs for this engine.
+    ResourceExhausted(&'static str),
+    /// The state transition is not allowed.
+    BadTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// A transition needs an attribute that was not given.
+    MissingAttr(&'static str),
+    /// An attribute value is out of range.
+    BadAttr(&'static str, u64),
+    /// A queue size or SGE count exceeds the engine's limits.
+    BadCaps(&'static str, u64),
+    /// The queue is full.
+    QueueFull,
+    /// More SGEs than the QP allows.
+    TooManySge(usize),
+    /// Inline data longer than max_inline, or inline on an op without payload.
+    BadInline(u64),
+    /// A message longer than 2^31 bytes, or an atomic not of 8 bytes.
+    BadLength(u64),
+    /// The QP is not in a state that accepts this request.
+    BadState(QpState),
+    /// A memory region could not be registered.
+    BadMr(&'static str),
+}
+
+impl fmt::Display for VerbsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VerbsError::NoSuchQp(q) => write!(f, "no QP with number {q:#x}"),
+            VerbsError::NoSuchCq(c) => write!(f, "no CQ with id {c}"),
+            VerbsError::ResourceExhausted(what) => write!(f, "out of {what}"),
+            VerbsError::BadTransition { from, to } => write!(f, "illegal QP transition {from:?} -> {to:?}"),
+            VerbsError::MissingAttr(a) => write!(f, "missing QP attribute {a} for this transition"),
+            VerbsError::BadAttr(a, v) => write!(f, "QP attribute {a} = {v} is out of range"),
+            VerbsError::BadCaps(a, v) => write!(f, "QP capability {a} = {v} exceeds the engine's limit"),
+            VerbsError::QueueFull => f.write_str("work queue is full"),
+            VerbsError::TooManySge(n) => write!(f, "{n} SGEs exceed the QP's max_sge"),
+            VerbsError::BadInline(n) => write!(f, "inline data of {n} bytes not allowed here"),
+            VerbsError::BadLength(n) => write!(f, "message length {n} not allowed for this operation"),
+            VerbsError::BadState(s) => write!(f, "QP in state {s:?} cannot accept this request"),
+            VerbsError::BadMr(why) => write!(f, "memory registration failed: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for VerbsError {}
+
+/// Where a send WQE stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WqeState {
+    /// Posted, no packet sent yet (PSNs not assigned).
+    Posted,
+    /// PSNs assigned, at least one packet sent.
+    Started,
+}
+
+/// A send work queue entry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SendWqe {
+    pub(crate) wr: SendWr,
+    pub(crate) num_sge: u32,
+    /// Message length in bytes (8 for atomics).
+    pub(crate) length: u64,
+    pub(crate) state: WqeState,
+    pub(crate) first_psn: Psn,
+    pub(crate) last_psn: Psn,
+    /// Counted in `outstanding_rd_atomic`.
+    pub(crate) counted: bool,
+}
+
+/// A receive work queue entry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) num_sge: u32,
+    pub(crate) capacity: u64,
+}
+
+/// A ring of fixed slots with free-running u32 indices.
+pub(crate) struct Ring<T> {
+    pub(crate) slots: Vec<T>,
+    pub(crate) head: u32,
+    pub(crate) tail: u32,
+}
+
+impl<T: Copy> Ring<T> {
+    fn new(depth: usize, fill: T) -> Ring<T> {
+        Ring { slots: vec![fill; depth.max(1)], head: 0, tail: 0 }
+    }
+    #[inline]
+    pub(crate) fn len(&self) -> u32 {
+        self.tail.wrapping_sub(self.head)
+    }
+    #[inline]
+    pub(crate) fn is_full(&self) -> bool {
+        self.len() as usize >= self.slots.len()
+    }
+    #[inline]
+    pub(crate) fn slot(&self, idx: u32) -> usize {
+        idx as usize % self.slots.len()
+    }
+    #[inline]
+    pub(crate) fn get(&self, idx: u32) -> &T {
+        &self.slots[self.slot(idx)]
+    }
+    #[inline]
+    pub(crate) fn get_mut(&mut self, idx: u32) -> &mut T {
+        let s = self.slot(idx);
+        &mut self.slots[s]
+    }
+}
+
+/// Outbound responder items, sent in order.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RespOut {
+    /// ACK, NAK or RNR NAK.
+    Ack { psn: Psn, syndrome: u8, msn: u32 },
+    /// READ response packets `cur..=last`.
+    Read { rkey: u32, va: u64, len: u64, first: Psn, start: Psn, cur: Psn, last: Psn, msn: u32 },
+    /// Atomic ACK.
+    AtomicAck { psn: Psn, orig: u64, msn: u32 },
+}
+
+/// Responder resources kept for duplicate READ / atomic requests (a ring of max_dest_rd_atomic entries).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Resource {
+    Free,
+    Read { rkey: u32, va: u64, len: u64, first: Psn, last: Psn, msn: u32 },
+    Atomic { psn: Psn, orig: u64, msn: u32 },
+}
+
+/// Receive-side message in progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RespMsg {
+    /// Between messages.
+    Idle,
+    /// Inside a multi-packet SEND: bytes received so far.
+    Send { off: u64 },
+    /// Inside a multi-packet WRITE.
+    Write { rkey: u32, va: u64, resid: u64, total: u64 },
+}
+
+/// A reliable-connection QP.
+pub(crate) struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) pd: Pd,
+    pub(crate) state: QpState,
+    pub(crate) send_cq: CqId,
+    pub(crate) recv_cq: CqId,
+    pub(crate) caps: QpCaps,
+
+    // Attributes.
+    pub(crate) access: AccessFlags,
+    pub(crate) mtu: u32,
+    pub(crate) dest_qpn: u32,
+    pub(crate) timeout_exp: u8,
+    pub(crate) retry_cnt: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) min_rnr_timer: u8,
+    pub(crate) max_rd_atomic: u8,
+    pub(crate) max_dest_rd_atomic: u8,
+    pub(crate) peer: Option<PeerAddr>,
+    pub(crate) dscp: u8,
+    pub(crate) ecn: Ecn,
+    pub(crate) ttl: u8,
+    /// Header template for every frame this QP sends (Ethernet, IP, UDP, BTH P_Key and dest QP).
+    pub(crate) tmpl: RoceRepr,
+
+    // Send queue.
+    pub(crate) sq: Ring<SendWqe>,
+    pub(crate) sq_sges: Vec<Sge>,
+    pub(crate) sq_inline: Vec<u8>,
+
+    // Requester.
+    /// Next PSN to transmit.
+    pub(crate) req_psn: Psn,
+    /// One past the highest PSN ever transmitted (retransmissions stay below it).
+    pub(crate) req_max_psn: Psn,
+    /// Index of the WQE the requester transmits from.
+    pub(crate) req_cur: u32,
+    /// Packets sent since the last AckReq.
+    pub(crate) noack_pkts: u32,
+    pub(crate) outstanding_rd_atomic: u32,
+    /// No request may leave before this time (RNR back-off).
+    pub(crate) rnr_until: Option<Instant>,
+
+    // Completer.
+    /// Oldest PSN not yet acknowledged.
+    pub(crate) comp_psn: Psn,
+    pub(crate) retry_left: u8,
+    pub(crate) rnr_left: u8,
+
+    // Responder.
+    pub(crate) rq: Ring<RecvWqe>,
+    pub(crate) rq_sges: Vec<Sge>,
+    /// Expected PSN.
+    pub(crate) resp_psn: Psn,
+    pub(crate) msn: u32,
+    pub(crate) sent_psn_nak: bool,
+    pub(crate) resp_msg: RespMsg,
+    pub(crate) resources: Vec<Resource>,
+    pub(crate) res_next: usize,
+    pub(crate) out: VecDeque<RespOut>,
+    pub(crate) out_cap: usize,
+    /// Coalesced ACK not yet queued: PSN and packets covered.
+    pub(crate) pending_ack: Option<(Psn, u32)>,
+
+    pub(crate) timers: TimerTable,
+    /// In the engine's ready queue.
+    pub(crate) in_ready: bool,
+    pub(crate) cnt: QpCounters,
+}
+
+/// Engine limits the QP caps are checked against.
+pub(crate) const MAX_WR: u32 = 1 << 16;
+pub(crate) const MAX_SGE: u32 = 32;
+pub(crate) const MAX_INLINE: u32 = 4096;
+pub(crate) const MAX_RD_ATOMIC: u8 = 128;
+/// The largest message (IBA: 2^31 bytes).
+pub const MAX_MSG_LEN: u64 = 1 << 31;
+
+impl Qp {
+    pub(crate) fn new(qpn: u32, pd: Pd, send_cq: CqId, recv_cq: CqId, caps: QpCaps) -> Result<Qp, VerbsError> {
+        for (name, v, max) in [
+            ("max_send_wr", caps.max_send_wr, MAX_WR),
+            ("max_recv_wr", caps.max_recv_wr, MAX_WR),
+            ("max_send_sge", caps.max_send_sge, MAX_SGE),
+            ("max_recv_sge", caps.max_recv_sge, MAX_SGE),
+            ("max_inline", caps.max_inline, MAX_INLINE),
+        ] {
+            if v > max {
+                return Err(VerbsError::BadCaps(name, u64::from(v)));
+            }
+        }
+        if caps.max_send_wr == 0 || caps.max_recv_wr == 0 {
+            return Err(VerbsError::BadCaps("queue depth", 0));
+        }
+        let sq_depth = caps.max_send_wr as usize;
+        let rq_depth = caps.max_recv_wr as usize;
+        let blank_wqe = SendWqe {
+            wr: SendWr::new(0, crate::verbs::WrOpcode::Send),
+            num_sge: 0,
+            length: 0,
+            state: WqeState::Posted,
+            first_psn: Psn::new(0),
+            last_psn: Psn::new(0),
+            counted: false,
+        };
+        let mut tmpl = RoceRepr::default();
+        tmpl.udp_dst = wire::ROCE_UDP_PORT;
+        Ok(Qp {
+            qpn,
+            pd,
+            state: QpState::Reset,
+            send_cq,
+            recv_cq,
+            caps,
+            access: AccessFlags::NONE,
+            mtu: 1024,
+            dest_qpn: 0,
+            timeout_exp: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            peer: None,
+            dscp: 0,
+            ecn: Ecn::NotEct,
+            ttl: 64,
+            tmpl,
+            sq: Ring::new(sq_depth, blank_wqe),
+            sq_sges: vec![Sge::default(); sq_depth * caps.max_send_sge.max(1) as usize],
+            sq_inline: vec![0; sq_depth * caps.max_inline as usize],
+            req_psn: Psn::new(0),
+            req_max_psn: Psn::new(0),
+            req_cur: 0,
+            noack_pkts: 0,
+            outstanding_rd_atomic: 0,
+            rnr_until: None,
+            comp_psn: Psn::new(0),
+            retry_left: 7,
+            rnr_left: 7,
+            rq: Ring::new(rq_depth, RecvWqe { wr_id: 0, num_sge: 0, capacity: 0 }),
+            rq_sges: vec![Sge::default(); rq_depth * caps.max_recv_sge.max(1) as usize],
+            resp_psn: Psn::new(0),
+            msn: 0,
+            sent_psn_nak: false,
+            resp_msg: RespMsg::Idle,
+            resources: vec![Resource::Free; 1],
+            res_next: 0,
+            out: VecDeque::new(),
+            out_cap: 0,
+            pending_ack: None,
+            timers: TimerTable::default(),
+            in_ready: false,
+            cnt: QpCounters::default(),
+        })
+    }
+
+    /// The local ACK timeout, or None when infinite.
+    pub(crate) fn ack_timeout(&self) -> Option<Duration> {
+        if self.timeout_exp == 0 {
+            None
+        } else {
+            Some(Duration::from_nanos(4096u64 << self.timeout_exp))
+        }
+    }
+
+    /// True while the responder accepts requests.
+    #[inline]
+    pub(crate) fn responder_active(&self) -> bool {
+        matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
+    }
+
+    /// True while the requester/completer run.
+    #[inline]
+    pub(crate) fn requester_active(&self) -> bool {
+        matches!(self.state, QpState::Rts | QpState::Sqd)
+    }
+
+    /// Validates and applies a modify. `local` gives the engine's own addresses for the header template.
+    pub(crate) fn modify(&mut self, a: &QpAttr, local_mac: MacAddr, local_ip: &LocalIp) -> Result<(), VerbsError> {
+        use QpState::*;
+        let from = self.state;
+        let to = a.state.unwrap_or(from);
+        let legal = match (from, to) {
+            (_, Reset) | (_, Err) => true,
+            (Reset, Init) | (Init, Init) | (Init, Rtr) | (Rtr, Rts) | (Rts, Rts) | (Rts, Sqd) | (Sqd, Rts) => true,
+            (Sqd, Sqd) | (Sqe, Rts) | (Rtr, Rtr) => true,
+            _ => false,
+        };
+        if !legal {
+            return Err(VerbsError::BadTransition { from, to });
+        }
+        // Value checks first, so a failing modify changes nothing.
+        if let Some(m) = a.path_mtu {
+            if !PATH_MTUS.contains(&m) {
+                return Err(VerbsError::BadAttr("path_mtu", u64::from(m)));
+            }
+        }
+        let checks: [(&'static str, Option<u64>, u64); 10] = [
+            ("dest_qpn", a.dest_qpn.map(u64::from), 0xff_ffff),
+            ("rq_psn", a.rq_psn.map(u64::from), 0xff_ffff),
+            ("sq_psn", a.sq_psn.map(u64::from), 0xff_ffff),
+            ("timeout", a.timeout.map(u64::from), 31),
+            ("retry_cnt", a.retry_cnt.map(u64::from), 7),
+            ("rnr_retry", a.rnr_retry.map(u64::from), 7),
+            ("min_rnr_timer", a.min_rnr_timer.map(u64::from), 31),
+            ("max_rd_atomic", a.max_rd_atomic.map(u64::from), u64::from(MAX_RD_ATOMIC)),
+            ("max_dest_rd_atomic", a.max_dest_rd_atomic.map(u64::from), u64::from(MAX_RD_ATOMIC)),
+            ("dscp", a.dscp.map(u64::from), 63),
+        ];
+        for (name, v, max) in checks {
+            if let Some(v) = v {
+                if v > max {
+                    return Err(VerbsError::BadAttr(name, v));
+                }
+            }
+        }
+        if let Some(p) = a.peer {
+            match (p.ip, local_ip) {
+                (IpAddrs::V4 { .. }, LocalIp { v4: None, .. }) => return Err(VerbsError::BadAttr("peer (IPv4)", 4)),
+                (IpAddrs::V6 { .. }, LocalIp { v6: None, .. }) => return Err(VerbsError::BadAttr("peer (IPv6)", 6)),
+                _ => {}
+            }
+        }
+        if from == Init && to == Rtr {
+            for (name, present) in [
+                ("path_mtu", a.path_mtu.is_some()),
+                ("dest_qpn", a.dest_qpn.is_some()),
+                ("rq_psn", a.rq_psn.is_some()),
+                ("peer", a.peer.is_some() || self.peer.is_some()),
+            ] {
+                if !present {
+                    return Err(VerbsError::MissingAttr(name));
+                }
+            }
+        }
+        if from == Rtr && to == Rts && a.sq_psn.is_none() {
+            return Err(VerbsError::MissingAttr("sq_psn"));
+        }
+
+        // Apply.
+        if let Some(v) = a.access {
+            self.access = v;
+        }
+        if let Some(v) = a.path_mtu {
+            self.mtu = v;
+        }
+        if let Some(v) = a.dest_qpn {
+            self.dest_qpn = v;
+        }
+        if let Some(v) = a.rq_psn {
+            self.resp_psn = Psn::new(v);
+        }
+        if let Some(v) = a.max_dest_rd_atomic {
+            self.max_dest_rd_atomic = v.max(1);
+        }
+        if let Some(v) = a.min_rnr_timer {
+            self.min_rnr_timer = v;
+        }
+        if let Some(v) = a.peer {
+            self.peer = Some(v);
+        }
+        if let Some(v) = a.sq_psn {
+            let p = Psn::new(v);
+            self.req_psn = p;
+            self.req_max_psn = p;
+            self.comp_psn = p;
+        }
+        if let Some(v) = a.timeout {
+            self.timeout_exp = v;
+        }
+        if let Some(v) = a.retry_cnt {
+            self.retry_cnt = v;
+            self.retry_left = v;
+        }
+        if let Some(v) = a.rnr_retry {
+            self.rnr_retry = v;
+            self.rnr_left = v;
+        }
+        if let Some(v) = a.max_rd_atomic {
+            self.max_rd_atomic = v.max(1);
+        }
+        if let Some(v) = a.dscp {
+            self.dscp = v;
+        }
+        if let Some(v) = a.ecn {
+            self.ecn = v;
+        }
+        if let Some(v) = a.ttl {
+            self.ttl = v;
+        }
+        if to == Rtr && from != Rtr {
+            let n = usize::from(self.max_dest_rd_atomic);
+            self.resources = vec![Resource::Free; n];
+            self.res_next = 0;
+            self.out_cap = n + 4;
+            self.out = VecDeque::with_capacity(self.out_cap);
+        }
+        self.rebuild_template(local_mac, local_ip);
+        match to {
+            Reset => self.reset(),
+            Err => self.state = Err,
+            _ => self.state = to,
+        }
+        Ok(())
+    }
+
+    fn rebuild_template(&mut self, local_mac: MacAddr, local_ip: &LocalIp) {
+        let t = &mut self.tmpl;
+        t.eth.src = local_mac;
+        t.ip.dscp = self.dscp;
+        t.ip.ecn = self.ecn;
+        t.ip.ttl = self.ttl;
+        t.ip.dont_frag = true;
+        t.bth.pkey = wire::DEFAULT_PKEY;
+        t.bth.dest_qp = self.dest_qpn;
+        t.udp_dst = wire::ROCE_UDP_PORT;
+        t.udp_src = wire::rxe_udp_sport(self.qpn, self.dest_qpn);
+        if let Some(p) = self.peer {
+            t.eth.dst = p.mac;
+            t.ip.addrs = match p.ip {
+                IpAddrs::V4 { dst, .. } => IpAddrs::V4 { src: local_ip.v4.unwrap_or([0; 4]), dst },
+                IpAddrs::V6 { dst, .. } => IpAddrs::V6 { src: local_ip.v6.unwrap_or([0; 16]), dst },
+            };
+        }
+    }
+
+    /// Back to RESET: queues emptied without completions (IB semantics), counters kept.
+    fn reset(&mut self) {
+        self.state = QpState::Reset;
+        self.sq.head = 0;
+        self.sq.tail = 0;
+        self.rq.head = 0;
+        self.rq.tail = 0;
+        self.req_cur = 0;
+        self.noack_pkts = 0;
+        self.outstanding_rd_atomic = 0;
+        self.rnr_until = None;
+        self.msn = 0;
+        self.sent_psn_nak = false;
+        self.resp_msg = RespMsg::Idle;
+        self.out.clear();
+        self.pending_ack = None;
+        self.timers = TimerTable::default();
+        for r in &mut self.resources {
+            *r = Resource::Free;
+        }
+    }
+
+    /// Offset of `psn` inside a WQE's message, in bytes.
+    #[inline]
+    pub(crate) fn psn_offset(&self, wqe: &SendWqe, psn: Psn) -> u64 {
+        u64::from(psn.distance_from(wqe.first_psn)) * u64::from(self.mtu)
+    }
+
+    /// Packets a message of `len` bytes takes at this MTU (at least one).
+    #[inline]
+    pub(crate) fn npkts(&self, len: u64) -> u32 {
+        (len.div_ceil(u64::from(self.mtu))).max(1) as u32
+    }
+}
+
+/// The engine's own addresses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalIp {
+    /// IPv4 address, if the port has one.
+    pub v4: Option<[u8; 4]>,
+    /// IPv6 address, if the port has one.
+    pub v6: Option<[u8; 16]>,
+}

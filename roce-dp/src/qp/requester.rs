@@ -1,0 +1,296 @@
+//! The requester: turns send WQEs into request packets. PSN assignment, segmentation by path MTU, the AckReq
+//! policy, the unacknowledged-PSN window, the max_rd_atomic limit, fences, and go-back-N rewinds.
+
+use super::{Qp, QpState, SendWqe, TimerKind, WqeState};
+use crate::engine::{Ctx, PayloadSrc, TxPlan};
+use crate::mr::{AccessError, AccessFlags, MrTable};
+use crate::verbs::{Sge, WcStatus, WrOpcode};
+use crate::wire::{AtomicEthRepr, BthRepr, ExtRepr, Opcode, Psn, RethRepr};
+
+/// What the requester has for the wire.
+pub(crate) enum ReqOutcome {
+    /// A packet to send.
+    Packet(TxPlan),
+    /// The WQE at `req_cur` failed local validation: complete it with this status (and move to error).
+    LocalError(WcStatus),
+    /// Nothing to send now (empty, window closed, limits, RNR back-off).
+    Idle,
+}
+
+/// The request opcode for a packet of a SEND/WRITE message (IBA opcode sequencing, rxe `next_opcode_rc`).
+pub(crate) fn send_write_opcode(op: WrOpcode, first: bool, last: bool) -> Opcode {
+    match (op, first, last) {
+        (WrOpcode::Send, true, true) => Opcode::RC_SEND_ONLY,
+        (WrOpcode::SendWithImm, true, true) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+        (WrOpcode::SendWithInv, true, true) => Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+        (WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv, true, false) => Opcode::RC_SEND_FIRST,
+        (WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv, false, false) => Opcode::RC_SEND_MIDDLE,
+        (WrOpcode::Send, false, true) => Opcode::RC_SEND_LAST,
+        (WrOpcode::SendWithImm, false, true) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+        (WrOpcode::SendWithInv, false, true) => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
+        (WrOpcode::RdmaWrite, true, true) => Opcode::RC_RDMA_WRITE_ONLY,
+        (WrOpcode::RdmaWriteWithImm, true, true) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+        (_, true, false) => Opcode::RC_RDMA_WRITE_FIRST,
+        (_, false, false) => Opcode::RC_RDMA_WRITE_MIDDLE,
+        (WrOpcode::RdmaWriteWithImm, false, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+        (_, false, true) => Opcode::RC_RDMA_WRITE_LAST,
+    }
+}
+
+/// Calls `f(lkey, addr, dst_range)` for each piece of `len` bytes starting `off` bytes into the SGL.
+/// Stops at the first error. Returns `Err(OutOfBounds)` if the SGL is shorter than `off + len`.
+pub(crate) fn for_each_sge_chunk(
+    sges: &[Sge],
+    mut off: u64,
+    len: usize,
+    mut f: impl FnMut(u32, u64, core::ops::Range<usize>) -> Result<(), AccessError>,
+) -> Result<(), AccessError> {
+    let mut done = 0usize;
+    for s in sges {
+        if done == len {
+            break;
+        }
+        let slen = u64::from(s.len);
+        if off >= slen {
+            off -= slen;
+            continue;
+        }
+        let take = ((slen - off) as usize).min(len - done);
+        f(s.lkey, s.addr + off, done..done + take)?;
+        done += take;
+        off = 0;
+    }
+    if done == len {
+        Ok(())
+    } else {
+        Err(AccessError::OutOfBounds)
+    }
+}
+
+impl Qp {
+    /// The SGEs of send WQE `idx`.
+    #[inline]
+    pub(crate) fn sq_sgl(&self, idx: u32, n: u32) -> &[Sge] {
+        let per = self.caps.max_send_sge.max(1) as usize;
+        let base = self.sq.slot(idx) * per;
+        &self.sq_sges[base..base + n as usize]
+    }
+
+    /// Copies payload bytes of send WQE `idx` starting at message offset `off` into `dst`. On a local access
+    /// failure (the application deregistered memory under an in-flight WR) the bytes are zero-filled and counted.
+    pub(crate) fn gather(&mut self, idx: u32, off: u64, dst: &mut [u8], mrs: &MrTable) {
+        let wqe = *self.sq.get(idx);
+        if wqe.wr.inline {
+            let per = self.caps.max_inline as usize;
+            let base = self.sq.slot(idx) * per + off as usize;
+            if let Some(src) = self.sq_inline.get(base..base + dst.len()) {
+                dst.copy_from_slice(src);
+                return;
+            }
+            dst.fill(0);
+            self.cnt.tx_local_access_errors += 1;
+            return;
+        }
+        let pd = self.pd;
+        let sges = self.sq_sgl(idx, wqe.num_sge);
+        let r = for_each_sge_chunk(sges, off, dst.len(), |lkey, addr, range| {
+            mrs.read(lkey, pd, addr, &mut dst[range], AccessFlags::NONE)
+        });
+        if r.is_err() {
+            dst.fill(0);
+            self.cnt.tx_local_access_errors += 1;
+        }
+    }
+
+    /// Writes response payload (READ data, atomic original value) into send WQE `idx`'s SGL at `off`.
+    pub(crate) fn scatter_sq(&self, idx: u32, off: u64, src: &[u8], mrs: &mut MrTable) -> Result<(), AccessError> {
+        let wqe = self.sq.get(idx);
+        let pd = self.pd;
+        let sges = self.sq_sgl(idx, wqe.num_sge);
+        for_each_sge_chunk(sges, off, src.len(), |lkey, addr, range| {
+            mrs.write(lkey, pd, addr, &src[range], AccessFlags::LOCAL_WRITE)
+        })
+    }
+
+    /// Checks every SGE of a WQE against the regions once, when the requester first takes it.
+    fn validate_sgl(&self, idx: u32, wqe: &SendWqe, mrs: &MrTable) -> Result<(), WcStatus> {
+        if wqe.wr.inline {
+            return Ok(());
+        }
+        let need = if wqe.wr.opcode.is_rd_atomic() { AccessFlags::LOCAL_WRITE } else { AccessFlags::NONE };
+        for s in self.sq_sgl(idx, wqe.num_sge) {
+            if s.len == 0 {
+                continue;
+            }
+            if mrs.check(s.lkey, self.pd, s.addr, u64::from(s.len), need).is_err() {
+                return Err(WcStatus::LocProtErr);
+            }
+        }
+        Ok(())
+    }
+
+    /// Produces the next request packet, if any may leave now.
+    pub(crate) fn next_request(&mut self, ctx: &mut Ctx<'_>) -> ReqOutcome {
+        if !self.requester_active() {
+            return ReqOutcome::Idle;
+        }
+        if let Some(t) = self.rnr_until {
+            if ctx.now < t {
+                return ReqOutcome::Idle;
+            }
+            self.rnr_until = None;
+        }
+        if self.req_cur == self.sq.tail {
+            return ReqOutcome::Idle;
+        }
+        let idx = self.req_cur;
+        let mut wqe = *self.sq.get(idx);
+        if wqe.state == WqeState::Posted {
+            if self.state == QpState::Sqd {
+                return ReqOutcome::Idle;
+            }
+            // Fence: wait for every earlier READ and atomic to complete.
+            if wqe.wr.fence && self.outstanding_rd_atomic > 0 {
+                return ReqOutcome::Idle;
+            }
+            if let Err(st) = self.validate_sgl(idx, &wqe, ctx.mrs) {
+                return ReqOutcome::LocalError(st);
+            }
+            let n = if wqe.wr.opcode.is_atomic() { 1 } else { self.npkts(wqe.length) };
+            wqe.first_psn = self.req_psn;
+            wqe.last_psn = self.req_psn.add(n - 1);
+            wqe.state = WqeState::Started;
+            *self.sq.get_mut(idx) = wqe;
+        }
+        if wqe.wr.opcode.is_rd_atomic()
+            && !wqe.counted
+            && self.outstanding_rd_atomic >= u32::from(self.max_rd_atomic)
+        {
+            return ReqOutcome::Idle;
+        }
+        // The window of unacknowledged PSNs.
+        if self.req_psn.distance_from(self.comp_psn) >= ctx.cfg.max_unacked_psns {
+            return ReqOutcome::Idle;
+        }
+
+        let psn = self.req_psn;
+        let off = self.psn_offset(&wqe, psn);
+        let mut bth = BthRepr { psn, dest_qp: self.dest_qpn, ..self.tmpl.bth };
+        let mut ext = ExtRepr::default();
+        let mut payload_len = 0u32;
+        let mut src = PayloadSrc::None;
+        let op = wqe.wr.opcode;
+        match op {
+            WrOpcode::RdmaRead => {
+                let remaining = wqe.length.saturating_sub(off);
+                bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
+                ext.reth = Some(RethRepr {
+                    va: wqe.wr.remote_addr.wrapping_add(off),
+                    rkey: wqe.wr.rkey,
+                    len: remaining as u32,
+                });
+                bth.ack_req = true;
+                self.req_psn = wqe.last_psn.add(1);
+                self.req_cur = idx.wrapping_add(1);
+            }
+            WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => {
+                bth.opcode =
+                    if op == WrOpcode::AtomicCmpSwp { Opcode::RC_COMPARE_SWAP } else { Opcode::RC_FETCH_ADD };
+                let (swap_add, compare) = if op == WrOpcode::AtomicCmpSwp {
+                    (wqe.wr.swap, wqe.wr.compare_add)
+                } else {
+                    (wqe.wr.compare_add, 0)
+                };
+                ext.atomic_eth =
+                    Some(AtomicEthRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, swap_add, compare });
+                bth.ack_req = true;
+                self.req_psn = psn.add(1);
+                self.req_cur = idx.wrapping_add(1);
+            }
+            _ => {
+                let mtu = u64::from(self.mtu);
+                let remaining = wqe.length.saturating_sub(off);
+                let first = off == 0;
+                let last = remaining <= mtu;
+                let len = remaining.min(mtu) as u32;
+                bth.opcode = send_write_opcode(op, first, last);
+                if first && matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm) {
+                    ext.reth =
+                        Some(RethRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, len: wqe.length as u32 });
+                }
+                if last {
+                    if matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm) {
+                        ext.imm = Some(wqe.wr.imm);
+                    }
+                    if op == WrOpcode::SendWithInv {
+                        ext.ieth = Some(wqe.wr.invalidate_rkey);
+                    }
+                    bth.solicited = wqe.wr.solicited;
+                }
+                // AckReq on the last packet of a message, and every `ack_req_every` packets within long ones.
+                self.noack_pkts += 1;
+                bth.ack_req = last || self.noack_pkts >= ctx.cfg.ack_req_every;
+                payload_len = len;
+                if len > 0 {
+                    src = PayloadSrc::Sq { idx, off };
+                }
+                self.req_psn = psn.add(1);
+                if last {
+                    self.req_cur = idx.wrapping_add(1);
+                }
+            }
+        }
+        if bth.ack_req {
+            self.noack_pkts = 0;
+        }
+        if op.is_rd_atomic() && !wqe.counted {
+            self.sq.get_mut(idx).counted = true;
+            self.outstanding_rd_atomic += 1;
+        }
+        let retransmit = psn.before(self.req_max_psn);
+        if self.req_psn.after(self.req_max_psn) {
+            self.req_max_psn = self.req_psn;
+        }
+        if retransmit {
+            self.cnt.retransmitted_packets += 1;
+        }
+        if self.timers.get(TimerKind::Retransmit).is_none() {
+            if let Some(t) = self.ack_timeout() {
+                self.timers.set(TimerKind::Retransmit, ctx.now + t);
+            }
+        }
+        ReqOutcome::Packet(TxPlan { bth, ext, payload_len, src, data_frame: true })
+    }
+
+    /// Go-back-N: resend from the oldest unacknowledged PSN (`comp_psn`), starting in the middle of a message or
+    /// a READ where needed. WQEs keep their PSNs; only the requester's position moves.
+    pub(crate) fn rewind(&mut self) {
+        self.cnt.rewinds += 1;
+        self.reposition();
+    }
+
+    /// Points the requester at `comp_psn` (inside the WQE that holds it).
+    pub(crate) fn reposition(&mut self) {
+        self.req_psn = self.comp_psn;
+        self.noack_pkts = 0;
+        // Skip WQEs that are wholly acknowledged but not yet retired (none: retirement is immediate) and position
+        // at the one containing comp_psn.
+        let mut i = self.sq.head;
+        while i != self.sq.tail {
+            let w = self.sq.get(i);
+            if w.state != WqeState::Started {
+                break;
+            }
+            if self.comp_psn.diff(w.last_psn) <= 0 {
+                break;
+            }
+            i = i.wrapping_add(1);
+        }
+        self.req_cur = i;
+    }
+
+    /// True if the requester may have a packet ready now (used to keep the QP in the ready queue).
+    pub(crate) fn requester_has_work(&self) -> bool {
+        self.requester_active() && self.req_cur != self.sq.tail
+    }
+}

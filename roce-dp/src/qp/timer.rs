@@ -1,0 +1,49 @@
+//! Per-QP timers: a small table indexed by kind (as quinn's TimerTable). The engine mirrors armed deadlines into
+//! one min-heap so its `poll_timeout` is O(1) and timer expiry O(log n), never a scan of every QP.
+
+use crate::time::Instant;
+
+/// The timers of one QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TimerKind {
+    /// Local ACK timeout (requester retransmission).
+    Retransmit = 0,
+    /// RNR back-off before resending.
+    Rnr = 1,
+    /// Coalesced ACK must leave by now.
+    AckCoalesce = 2,
+}
+
+/// Number of timer kinds.
+pub(crate) const NUM_TIMERS: usize = 3;
+
+/// Timer deadlines of one QP plus what the engine's heap holds for each.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TimerTable {
+    /// Armed deadline per kind.
+    pub(crate) deadline: [Option<Instant>; NUM_TIMERS],
+    /// The deadline of this kind's live entry in the engine heap (at most one live entry per kind).
+    pub(crate) queued: [Option<Instant>; NUM_TIMERS],
+}
+
+impl TimerTable {
+    #[inline]
+    pub(crate) fn set(&mut self, k: TimerKind, at: Instant) {
+        self.deadline[k as usize] = Some(at);
+    }
+    #[inline]
+    pub(crate) fn stop(&mut self, k: TimerKind) {
+        self.deadline[k as usize] = None;
+    }
+    #[inline]
+    pub(crate) fn get(&self, k: TimerKind) -> Option<Instant> {
+        self.deadline[k as usize]
+    }
+    pub(crate) fn kind(i: usize) -> TimerKind {
+        match i {
+            0 => TimerKind::Retransmit,
+            1 => TimerKind::Rnr,
+            _ => TimerKind::AckCoalesce,
+        }
+    }
+}
