@@ -8,13 +8,108 @@
 //!   caller through a closure (so the DPDK layer can build frames straight in mbufs).
 //! - The opcode table ([`opcode`]) decides which extension headers follow the BTH.
 
+/// Defines a smoltcp-style zero-copy view `$name<T: AsRef<[u8]>>` with `new_unchecked`, `new_checked` (which calls
+/// the view's own `check_len`) and `into_inner`.
+macro_rules! packet_view {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            /// Wraps a buffer without checking it (accessors may panic until `check_len` passes).
+            #[inline]
+            pub const fn new_unchecked(buffer: T) -> Self {
+                Self { buffer }
+            }
+
+            /// Wraps a buffer and runs `check_len`; after `Ok`, no accessor panics.
+            #[inline]
+            pub fn new_checked(buffer: T) -> Result<Self, $crate::wire::Error> {
+                let p = Self::new_unchecked(buffer);
+                p.check_len()?;
+                Ok(p)
+            }
+
+            /// The inner buffer.
+            #[inline]
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+        }
+    };
+}
+
+pub mod bth;
+pub mod ethernet;
+pub mod ext;
+pub mod icrc;
+pub mod ipv4;
+pub mod ipv6;
 pub mod opcode;
 pub mod psn;
+mod roce;
+pub mod udp;
 
+pub use bth::Packet as BthPacket;
+pub use ethernet::{Frame as EthernetFrame, HEADER_LEN as ETHERNET_HEADER_LEN};
+pub use ext::{
+    AethPacket, AtomicAckEthPacket, AtomicEthPacket, CnpPacket, DethPacket, FethPacket, IethPacket, ImmDtPacket,
+    RethPacket,
+};
+pub use ipv4::{Packet as Ipv4Packet, Repr as Ipv4Repr, HEADER_LEN as IPV4_HEADER_LEN};
+pub use ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr, HEADER_LEN as IPV6_HEADER_LEN};
 pub use opcode::{flags as op, hdr_len, OpInfo, Opcode};
 pub use psn::Psn;
+pub use roce::{emit_frame, frame_len, parse_frame, parse_frame_checked, rxe_ud_udp_sport, rxe_udp_sport};
+pub use udp::{Packet as UdpPacket, Repr as UdpRepr, HEADER_LEN as UDP_HEADER_LEN};
 
 use core::fmt;
+use core::ops::Range;
+
+/// A byte range of a header field, relative to the start of its header.
+pub type Field = Range<usize>;
+
+/// Reads the `N` bytes at `at..at + N`. Callers index only after `check_len`.
+#[inline(always)]
+pub(crate) fn arr<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut a = [0u8; N];
+    a.copy_from_slice(&b[at..at + N]);
+    a
+}
+
+/// Reads a big-endian u16 at `at`.
+#[inline(always)]
+pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes(arr(b, at))
+}
+
+/// Reads a big-endian u32 at `at`.
+#[inline(always)]
+pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes(arr(b, at))
+}
+
+/// Reads a big-endian u64 at `at`.
+#[inline(always)]
+pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(arr(b, at))
+}
+
+/// Reads the big-endian 24-bit value at `at..at + 3`.
+#[inline(always)]
+pub(crate) fn be24(b: &[u8], at: usize) -> u32 {
+    let a: [u8; 3] = arr(b, at);
+    u32::from_be_bytes([0, a[0], a[1], a[2]])
+}
+
+/// Writes the low 24 bits of `v` big-endian at `at..at + 3`.
+#[inline(always)]
+pub(crate) fn put_be24(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 3].copy_from_slice(&v.to_be_bytes()[1..]);
+}
 
 /// The IANA UDP destination port of RoCEv2.
 pub const ROCE_UDP_PORT: u16 = 4791;

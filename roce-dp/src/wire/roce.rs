@@ -1,0 +1,431 @@
+//! Whole RoCEv2 frames: Ethernet (+802.1Q) | IPv4/IPv6 | UDP 4791 | BTH | extension headers | payload | pad | ICRC.
+
+use super::ethernet::{ethertype, Frame as EthernetFrame};
+use super::ipv4::{self, Packet as Ipv4Packet, Repr as Ipv4Repr};
+use super::ipv6::{self, Packet as Ipv6Packet, Repr as Ipv6Repr};
+use super::opcode::{flags as f, hdr_len};
+use super::udp::{self, Packet as UdpPacket, Repr as UdpRepr};
+use super::{icrc, BthPacket, BthRepr, Error, EthRepr, ExtRepr, IpAddrs, IpRepr, RoceFrame, RoceRepr, ROCE_UDP_PORT};
+
+/// Pad bytes after a payload of `payload_len` bytes (to a multiple of 4).
+#[inline]
+const fn pad_for(payload_len: usize) -> usize {
+    payload_len.wrapping_neg() & 3
+}
+
+/// Parse a whole Ethernet frame. Ok even when the ICRC is bad: `icrc_ok` says. Err for anything malformed.
+///
+/// Checks, in order: Ethernet (+ one 802.1Q tag) length, EtherType IPv4/IPv6 (`NotIp`); the IP header
+/// (`Truncated`, `BadIpHeader` for a bad version, IHL < 5, fragment or IPv4 header checksum, `LengthMismatch`);
+/// protocol UDP (`NotUdp`); destination port 4791 (`NotRoce`); UDP length equal to the IP payload length
+/// (`LengthMismatch`); BTH version 0 (`BadBthVersion`) and opcode in the table (`UnknownOpcode`); room for the
+/// extension headers and the ICRC (`Truncated`); pad count 0 and no payload for opcodes without payload, and pad
+/// no longer than the payload (`BadPadCount`, or `LengthMismatch` for trailing bytes). Ethernet padding after the
+/// IP packet is ignored.
+pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, Error> {
+    let eth = EthernetFrame::new_checked(frame)?;
+    let eth_repr = EthRepr::parse(&eth)?;
+    let l3 = eth.payload();
+    let (ip, ip_pkt, l4) = match eth.payload_ethertype() {
+        ethertype::IPV4 => {
+            let p = Ipv4Packet::new_unchecked(l3);
+            let r = Ipv4Repr::parse(&p)?;
+            if r.protocol != ipv4::PROTO_UDP {
+                return Err(Error::NotUdp);
+            }
+            let ip = IpRepr {
+                addrs: IpAddrs::V4 { src: r.src, dst: r.dst },
+                dscp: r.dscp,
+                ecn: r.ecn,
+                ttl: r.ttl,
+                ident: r.ident,
+                dont_frag: r.dont_frag,
+                flow_label: 0,
+            };
+            (ip, &l3[..usize::from(p.total_len())], p.payload())
+        }
+        ethertype::IPV6 => {
+            let p = Ipv6Packet::new_unchecked(l3);
+            let r = Ipv6Repr::parse(&p)?;
+            if r.next_header != ipv4::PROTO_UDP {
+                return Err(Error::NotUdp);
+            }
+            let ip = IpRepr {
+                addrs: IpAddrs::V6 { src: r.src, dst: r.dst },
+                dscp: r.dscp,
+                ecn: r.ecn,
+                ttl: r.hop_limit,
+                ident: 0,
+                dont_frag: false,
+                flow_label: r.flow_label,
+            };
+            (ip, &l3[..ipv6::HEADER_LEN + r.payload_len], p.payload())
+        }
+        _ => return Err(Error::NotIp),
+    };
+
+    if l4.len() < udp::HEADER_LEN {
+        return Err(Error::Truncated);
+    }
+    let u = UdpPacket::new_unchecked(l4);
+    if u.dst_port() != ROCE_UDP_PORT {
+        return Err(Error::NotRoce);
+    }
+    if usize::from(u.len()) != l4.len() {
+        return Err(Error::LengthMismatch);
+    }
+    let tp = &l4[udp::HEADER_LEN..];
+    let bth = BthRepr::parse(&BthPacket::new_unchecked(tp))?;
+    let info = bth.opcode.info().ok_or(Error::UnknownOpcode(bth.opcode.0))?;
+    let hdr = usize::from(info.hdr_len);
+    let body = tp.len().checked_sub(hdr + hdr_len::ICRC).ok_or(Error::Truncated)?;
+    let pad = usize::from(bth.pad);
+    if !info.any(f::PAYLOAD) {
+        if pad != 0 {
+            return Err(Error::BadPadCount);
+        }
+        if body != 0 {
+            return Err(Error::LengthMismatch);
+        }
+    } else if pad > body {
+        return Err(Error::BadPadCount);
+    }
+    let ext = ExtRepr::parse(info, tp)?;
+    let payload = &tp[hdr..hdr + body - pad];
+    let icrc_ok = icrc::verify(ip_pkt)?;
+    let repr = RoceRepr { eth: eth_repr, ip, udp_src: u.src_port(), udp_dst: u.dst_port(), bth, ext };
+    Ok(RoceFrame { repr, payload, icrc_ok })
+}
+
+/// Same as [`parse_frame`], but a bad ICRC is `Err(Error::BadIcrc)`.
+pub fn parse_frame_checked(frame: &[u8]) -> Result<RoceFrame<'_>, Error> {
+    let f = parse_frame(frame)?;
+    if !f.icrc_ok {
+        return Err(Error::BadIcrc);
+    }
+    Ok(f)
+}
+
+/// IP header length and EtherType for these addresses.
+#[inline]
+const fn ip_layout(addrs: &IpAddrs) -> (usize, u16) {
+    match addrs {
+        IpAddrs::V4 { .. } => (ipv4::HEADER_LEN, ethertype::IPV4),
+        IpAddrs::V6 { .. } => (ipv6::HEADER_LEN, ethertype::IPV6),
+    }
+}
+
+impl RoceRepr {
+    /// Bytes from the start of the frame to the first payload byte (Ethernet, IP, UDP, BTH and the extension
+    /// headers of the opcode; BTH only for an opcode outside the table).
+    #[inline]
+    pub fn payload_offset(&self) -> usize {
+        let hdr = self.bth.opcode.info().map_or(hdr_len::BTH, |i| usize::from(i.hdr_len));
+        self.eth.buffer_len() + ip_layout(&self.ip.addrs).0 + udp::HEADER_LEN + hdr
+    }
+}
+
+/// Total frame length for these headers and a payload of `payload_len` bytes (pad and ICRC included). For an
+/// opcode outside the table the BTH alone is counted ([`emit_frame`] rejects such a repr). Ethernet minimum-size
+/// padding is not included (the NIC adds it).
+#[inline]
+pub fn frame_len(repr: &RoceRepr, payload_len: usize) -> usize {
+    repr.payload_offset().saturating_add(payload_len).saturating_add(pad_for(payload_len) + hdr_len::ICRC)
+}
+
+/// Write the whole frame into `buf[..n]` and return `n`: Ethernet (+VLAN), IPv4 (total length, checksum computed;
+/// DF as repr) or IPv6 (payload length), UDP (length, checksum 0), BTH with pad = (-payload_len) & 3 (overriding
+/// `repr.bth.pad`), extension headers as the opcode table says (a required header that is `None` in `repr.ext` is
+/// written as zeros), then `fill(&mut buf[payload])` writes the payload, pad bytes zeroed, ICRC appended.
+///
+/// Errors: `BufferTooSmall` if `buf` is short, `UnknownOpcode` for an opcode outside the table, `Unencodable` for a
+/// payload on an opcode that carries none or a frame too long for the IP/UDP length fields. Other fields are masked
+/// to their widths. No allocation, no panic.
+pub fn emit_frame(
+    buf: &mut [u8],
+    repr: &RoceRepr,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]),
+) -> Result<usize, Error> {
+    let op = repr.bth.opcode;
+    let info = op.info().ok_or(Error::UnknownOpcode(op.0))?;
+    if payload_len > 0 && !info.any(f::PAYLOAD) {
+        return Err(Error::Unencodable);
+    }
+    let n = frame_len(repr, payload_len);
+    let buf = buf.get_mut(..n).ok_or(Error::BufferTooSmall)?;
+    let eth_len = repr.eth.buffer_len();
+    let (ip_len, ethertype) = ip_layout(&repr.ip.addrs);
+    let hdr = usize::from(info.hdr_len);
+    let pad = pad_for(payload_len);
+    let l4_len = n - eth_len - ip_len;
+    let ip = &repr.ip;
+
+    let (eth_buf, ip_buf) = buf.split_at_mut(eth_len);
+    match ip.addrs {
+        IpAddrs::V4 { src, dst } => Ipv4Repr {
+            src,
+            dst,
+            dscp: ip.dscp,
+            ecn: ip.ecn,
+            ttl: ip.ttl,
+            ident: ip.ident,
+            dont_frag: ip.dont_frag,
+            protocol: ipv4::PROTO_UDP,
+            payload_len: l4_len,
+        }
+        .emit(&mut Ipv4Packet::new_unchecked(&mut ip_buf[..ip_len]))?,
+        IpAddrs::V6 { src, dst } => Ipv6Repr {
+            src,
+            dst,
+            dscp: ip.dscp,
+            ecn: ip.ecn,
+            flow_label: ip.flow_label,
+            hop_limit: ip.ttl,
+            next_header: ipv4::PROTO_UDP,
+            payload_len: l4_len,
+        }
+        .emit(&mut Ipv6Packet::new_unchecked(&mut ip_buf[..ip_len]))?,
+    }
+    repr.eth.emit(&mut EthernetFrame::new_unchecked(eth_buf), ethertype);
+
+    let l4 = &mut ip_buf[ip_len..];
+    UdpRepr { src_port: repr.udp_src, dst_port: repr.udp_dst }
+        .emit(&mut UdpPacket::new_unchecked(&mut l4[..udp::HEADER_LEN]), l4_len - udp::HEADER_LEN)?;
+    let tp = &mut l4[udp::HEADER_LEN..];
+    BthRepr { pad: pad as u8, ..repr.bth }.emit(&mut BthPacket::new_unchecked(&mut tp[..hdr_len::BTH]));
+    repr.ext.emit(info, &mut tp[..hdr])?;
+    let (payload, tail) = tp[hdr..].split_at_mut(payload_len);
+    fill(payload);
+    tail[..pad].fill(0);
+    icrc::fill(ip_buf)?;
+    Ok(n)
+}
+
+/// The UDP source port Linux rxe uses for an RC/UC QP pair (the same in both directions): a hash of the product
+/// of the two QPNs folded to 14 bits, over 0xC000 (rxe-peer README "rxe wire facts"; `rdma_calc_flow_label` and
+/// `rdma_flow_label_to_udp_sport` in the kernel).
+pub const fn rxe_udp_sport(lqpn: u32, rqpn: u32) -> u16 {
+    let mut v = (lqpn as u64) * (rqpn as u64);
+    v ^= v >> 20;
+    v ^= v >> 40;
+    let fl = (v & 0xf_ffff) as u32;
+    0xc000 | (((fl & 0x3fff) ^ (fl >> 14)) as u16)
+}
+
+/// The UDP source port Linux rxe uses for a UD QP: 0xC000 + `hash_32(qpn, 14)` (golden-ratio multiplicative hash;
+/// rxe-peer README "rxe wire facts").
+pub const fn rxe_ud_udp_sport(qpn: u32) -> u16 {
+    0xc000 + ((qpn.wrapping_mul(0x61c8_8647) >> 18) as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{
+        AethRepr, AtomicEthRepr, DethRepr, Ecn, EthRepr, MacAddr, Opcode, Psn, RethRepr, VlanTag, DEFAULT_PKEY,
+    };
+
+    fn full_ext() -> ExtRepr {
+        ExtRepr {
+            reth: Some(RethRepr { va: 0x55c4_cf0e_2000, rkey: 0x20bb, len: 4096 }),
+            aeth: Some(AethRepr::ack(7)),
+            atomic_eth: Some(AtomicEthRepr { va: 0x1000, rkey: 0x77, swap_add: 1, compare: 2 }),
+            atomic_ack: Some(0x0102_0304_0506_0708),
+            imm: Some(0xcafe_f00d),
+            ieth: Some(0x4321),
+            deth: Some(DethRepr { qkey: 0x1111_1111, src_qp: 0x12 }),
+            feth: Some(0x21),
+        }
+    }
+
+    fn repr(op: Opcode, v6: bool, vlan: bool) -> RoceRepr {
+        let addrs = if v6 {
+            IpAddrs::V6 { src: [0xfe; 16], dst: [0x20; 16] }
+        } else {
+            IpAddrs::V4 { src: [10, 50, 0, 1], dst: [10, 50, 0, 2] }
+        };
+        RoceRepr {
+            eth: EthRepr {
+                dst: MacAddr([0x52, 0x54, 0, 0x50, 0, 2]),
+                src: MacAddr([0x52, 0x54, 0, 0x50, 0, 1]),
+                vlan: vlan.then_some(VlanTag { pcp: 3, dei: false, vid: 42 }),
+            },
+            ip: IpRepr {
+                addrs,
+                dscp: 26,
+                ecn: Ecn::Ect0,
+                ttl: 64,
+                ident: if v6 { 0 } else { 0x1234 },
+                dont_frag: !v6,
+                flow_label: if v6 { 0x12345 } else { 0 },
+            },
+            udp_src: rxe_udp_sport(0x11, 0x12),
+            udp_dst: ROCE_UDP_PORT,
+            bth: BthRepr {
+                opcode: op,
+                solicited: true,
+                mig_req: false,
+                pad: 0,
+                tver: 0,
+                pkey: DEFAULT_PKEY,
+                fecn: false,
+                becn: op == Opcode::CNP,
+                dest_qp: 0x00ab_cdef,
+                ack_req: true,
+                psn: Psn::new(0x00ff_fffe),
+            },
+            ext: full_ext().normalized(op.info().unwrap()),
+        }
+    }
+
+    fn payload_byte(i: usize) -> u8 {
+        (i as u8).wrapping_mul(7).wrapping_add(1)
+    }
+
+    #[test]
+    fn every_opcode_round_trips_and_writes_every_byte() {
+        for v in 0..=255u8 {
+            let op = Opcode(v);
+            let Some(info) = op.info() else {
+                let r = repr(Opcode::RC_SEND_ONLY, false, false);
+                let r = RoceRepr { bth: BthRepr { opcode: op, ..r.bth }, ..r };
+                assert_eq!(emit_frame(&mut [0u8; 256], &r, 0, |_| ()), Err(Error::UnknownOpcode(v)));
+                continue;
+            };
+            let lens: &[usize] = if info.any(f::PAYLOAD) { &[0, 1, 2, 3, 4, 61, 1024] } else { &[0] };
+            for (&len, (v6, vlan)) in
+                lens.iter().zip([(false, false), (true, true), (false, true), (true, false)].iter().cycle())
+            {
+                let r = repr(op, *v6, *vlan);
+                let n = frame_len(&r, len);
+                let mut buf = vec![0xa5u8; n + 8];
+                let written = emit_frame(&mut buf, &r, len, |p| {
+                    assert_eq!(p.len(), len);
+                    for (i, b) in p.iter_mut().enumerate() {
+                        *b = payload_byte(i);
+                    }
+                })
+                .unwrap();
+                assert_eq!(written, n);
+                assert!(buf[n..].iter().all(|&b| b == 0xa5), "{} wrote past n", info.name);
+                // Every byte written: re-emit into a 0x5a buffer; any byte left as filler would differ.
+                let mut buf2 = vec![0x5au8; n];
+                emit_frame(&mut buf2, &r, len, |p| {
+                    for (i, b) in p.iter_mut().enumerate() {
+                        *b = payload_byte(i);
+                    }
+                })
+                .unwrap();
+                assert_eq!(buf[..n], buf2[..], "{} left a byte unwritten", info.name);
+
+                let f = parse_frame_checked(&buf[..n]).unwrap_or_else(|e| panic!("{} len {len}: {e}", info.name));
+                let mut expect = r;
+                expect.bth.pad = pad_for(len) as u8;
+                assert_eq!(f.repr, expect, "{}", info.name);
+                assert_eq!(f.payload.len(), len);
+                assert!(f.payload.iter().enumerate().all(|(i, &b)| b == payload_byte(i)));
+                assert_eq!(r.payload_offset() + len + pad_for(len) + 4, n);
+
+                // Every truncation is rejected, without panic.
+                for k in 0..n {
+                    assert!(parse_frame(&buf[..k]).is_err(), "{} truncated to {k} parsed", info.name);
+                }
+                // A buffer one byte short is rejected, untouched.
+                let mut short = vec![0xa5u8; n - 1];
+                assert_eq!(emit_frame(&mut short, &r, len, |_| ()), Err(Error::BufferTooSmall));
+                assert!(short.iter().all(|&b| b == 0xa5));
+            }
+        }
+    }
+
+    #[test]
+    fn emit_rejections() {
+        let r = repr(Opcode::RC_ACKNOWLEDGE, false, false);
+        assert_eq!(emit_frame(&mut [0u8; 256], &r, 1, |_| ()), Err(Error::Unencodable));
+        let w = repr(Opcode::RC_SEND_ONLY, false, false);
+        let mut big = vec![0u8; 70_000];
+        assert_eq!(emit_frame(&mut big, &w, 65_500, |_| ()), Err(Error::Unencodable));
+        assert_eq!(frame_len(&w, usize::MAX), usize::MAX);
+        assert_eq!(emit_frame(&mut big, &w, usize::MAX, |_| ()), Err(Error::BufferTooSmall));
+    }
+
+    #[test]
+    fn required_none_headers_are_zero_and_cnp_layout() {
+        let mut r = repr(Opcode::CNP, false, false);
+        r.bth = BthRepr::cnp(0x42);
+        r.ext = ExtRepr::default();
+        let mut buf = [0xa5u8; 128];
+        let n = emit_frame(&mut buf, &r, 0, |_| ()).unwrap();
+        assert_eq!(n, 14 + 20 + 8 + 12 + 16 + 4);
+        assert!(buf[54..70].iter().all(|&b| b == 0));
+        let f = parse_frame_checked(&buf[..n]).unwrap();
+        assert!(f.repr.bth.becn && f.repr.bth.opcode == Opcode::CNP && f.payload.is_empty());
+
+        let mut w = repr(Opcode::RC_RDMA_WRITE_FIRST, false, false);
+        w.ext = ExtRepr::default();
+        let n = emit_frame(&mut buf, &w, 4, |p| p.fill(9)).unwrap();
+        assert_eq!(parse_frame(&buf[..n]).unwrap().repr.ext.reth, Some(RethRepr::default()));
+    }
+
+    #[test]
+    fn parse_rejections_are_typed() {
+        let r = repr(Opcode::RC_SEND_ONLY, false, false);
+        let mut good = [0u8; 128];
+        let n = emit_frame(&mut good, &r, 5, |p| p.fill(1)).unwrap();
+        let good = &good[..n];
+        let with = |at: usize, v: u8| {
+            let mut b = good.to_vec();
+            b[at] = v;
+            b
+        };
+        let fix_csum = |mut b: Vec<u8>| {
+            Ipv4Packet::new_unchecked(&mut b[14..34]).fill_checksum();
+            b
+        };
+        assert_eq!(parse_frame(&with(12, 0x88)).err(), Some(Error::NotIp));
+        assert_eq!(parse_frame(&with(23, 6)).err(), Some(Error::BadIpHeader)); // stale checksum
+        assert_eq!(parse_frame(&fix_csum(with(23, 6))).err(), Some(Error::NotUdp));
+        assert_eq!(parse_frame(&fix_csum(with(20, 0x20))).err(), Some(Error::BadIpHeader)); // MF
+        assert_eq!(parse_frame(&with(37, 0xb8)).err(), Some(Error::NotRoce));
+        assert_eq!(parse_frame(&with(39, good[39] + 1)).err(), Some(Error::LengthMismatch));
+        assert_eq!(parse_frame(&with(43, 0x01)).err(), Some(Error::BadBthVersion));
+        assert_eq!(parse_frame(&with(42, 0x15)).err(), Some(Error::UnknownOpcode(0x15)));
+        assert_eq!(parse_frame(&with(43, 0x80)).err(), None); // pad 0: the pad bytes become payload, still well formed
+        assert!(!parse_frame(&with(n - 1, good[n - 1] ^ 1)).unwrap().icrc_ok);
+        assert_eq!(parse_frame_checked(&with(n - 1, good[n - 1] ^ 1)).err(), Some(Error::BadIcrc));
+
+        // Pad on an opcode without payload; trailing bytes on an ACK.
+        let a = repr(Opcode::RC_ACKNOWLEDGE, false, false);
+        let mut ack = [0u8; 128];
+        let m = emit_frame(&mut ack, &a, 0, |_| ()).unwrap();
+        let mut b = ack[..m].to_vec();
+        b[43] = 0x10;
+        assert_eq!(parse_frame(&b).err(), Some(Error::BadPadCount));
+        // An empty SEND with pad 1: the pad exceeds the payload.
+        let s = repr(Opcode::RC_SEND_ONLY, false, false);
+        let mut e = [0u8; 128];
+        let m = emit_frame(&mut e, &s, 0, |_| ()).unwrap();
+        e[43] = 0x10;
+        assert_eq!(parse_frame(&e[..m]).err(), Some(Error::BadPadCount));
+        // Ethernet padding after a short frame is ignored.
+        let mut padded = good.to_vec();
+        padded.extend_from_slice(&[0; 20]);
+        assert_eq!(parse_frame(&padded).unwrap(), parse_frame(good).unwrap());
+        // Two 802.1Q tags: not IP.
+        let mut qinq = with(12, 0x81);
+        qinq[13] = 0;
+        qinq[16] = 0x81;
+        qinq[17] = 0;
+        assert_eq!(parse_frame(&qinq).err(), Some(Error::NotIp));
+    }
+
+    #[test]
+    fn rxe_sports() {
+        // QPN 0x2f on both sides (rc_write_4k): 0x2f * 0x2f = 0x8a1, no high bits to fold.
+        assert_eq!(rxe_udp_sport(0x2f, 0x2f), 0xc8a1);
+        assert_eq!(rxe_udp_sport(0x11, 0x12), rxe_udp_sport(0x12, 0x11));
+        assert_eq!(rxe_ud_udp_sport(0x12), 0xf806);
+        assert_eq!(rxe_udp_sport(0xff_ffff, 0xff_ffff) & 0xc000, 0xc000);
+    }
+}
