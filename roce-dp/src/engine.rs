@@ -16,7 +16,7 @@ use crate::qp::{timer::NUM_TIMERS, LocalIp, Qp, QpAttr, QpCaps, QpState, RecvWqe
 use crate::qp::{TimerKind, WqeState, MAX_MSG_LEN};
 use crate::stats::{EngineStats, QpCounters};
 use crate::time::{Duration, Instant};
-use crate::verbs::{Cq, CqId, Cqe, Sge, SendWr, WcOpcode, WcStatus, WrOpcode};
+use crate::verbs::{Cq, CqId, Cqe, SendWr, Sge};
 use crate::wire::{self, op, BthRepr, Error as WireError, ExtRepr, MacAddr, Psn};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -366,7 +366,8 @@ impl Engine {
 
     /// Posts a send work request with its scatter/gather list.
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr, sgl: &[Sge]) -> Result<(), VerbsError> {
-        let (i, qp) = self.qp_mut(qpn)?;
+        let i = self.qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let qp = self.qps[i as usize].as_deref_mut().expect("checked");
         if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(VerbsError::BadState(qp.state));
         }
@@ -394,7 +395,9 @@ impl Engine {
             let mut at = base;
             for s in sgl {
                 let dst = &mut qp.sq_inline[at..at + s.len as usize];
-                self.mrs.read(s.lkey, qp.pd, s.addr, dst, AccessFlags::NONE).map_err(|_| VerbsError::BadMr("inline SGE outside its region"))?;
+                self.mrs
+                    .read(s.lkey, qp.pd, s.addr, dst, AccessFlags::NONE)
+                    .map_err(|_| VerbsError::BadMr("inline SGE outside its region"))?;
                 at += s.len as usize;
             }
         }
@@ -506,6 +509,7 @@ impl Engine {
             qp.handle_response(&mut ctx, &f);
         }
         self.sync_qp(i);
+        self.prune_timers();
     }
 
     fn count_parse_error(&mut self, e: WireError) {
@@ -642,6 +646,31 @@ impl Engine {
                 TimerKind::AckCoalesce => qp.flush_pending_ack(),
             }
             self.sync_qp(i);
+        }
+        self.prune_timers();
+    }
+
+    /// Drops superseded or stopped entries from the top of the heap so `poll_timeout` is exact after a call.
+    fn prune_timers(&mut self) {
+        while let Some(&Reverse((t, i, k))) = self.heap.peek() {
+            let live = match self.qps.get(i as usize).and_then(|q| q.as_deref()) {
+                Some(qp) => qp.timers.queued[k as usize] == Some(t) && qp.timers.deadline[k as usize].is_some(),
+                None => false,
+            };
+            if live {
+                break;
+            }
+            self.heap.pop();
+            if let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) {
+                if qp.timers.queued[k as usize] == Some(t) {
+                    qp.timers.queued[k as usize] = None;
+                    // A stopped timer that was re-armed meanwhile needs its entry back.
+                    if let Some(d) = qp.timers.deadline[k as usize] {
+                        qp.timers.queued[k as usize] = Some(d);
+                        self.heap.push(Reverse((d, i, k)));
+                    }
+                }
+            }
         }
     }
 

@@ -214,13 +214,7 @@ impl MrTable {
 
     /// Executes an 8-byte atomic at `va` (native byte order of the region's u64, as a NIC's host memory is): `f`
     /// maps the original value to the new one. Returns the original value.
-    pub fn atomic(
-        &mut self,
-        key: u32,
-        pd: Pd,
-        va: u64,
-        f: impl FnOnce(u64) -> u64,
-    ) -> Result<u64, AccessError> {
+    pub fn atomic(&mut self, key: u32, pd: Pd, va: u64, f: impl FnOnce(u64) -> u64) -> Result<u64, AccessError> {
         let mr = self.lookup_mut(key)?;
         let off = check_mr(mr, pd, va, 8, AccessFlags::REMOTE_ATOMIC)?;
         let cell: &mut [u8; 8] = (&mut mr.bytes[off..off + 8]).try_into().map_err(|_| AccessError::OutOfBounds)?;

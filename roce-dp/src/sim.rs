@@ -130,7 +130,12 @@ impl Sim {
                 ..cfg
             })
         };
-        let link = |c: LinkConfig| Link { cfg: c, free_at: Instant::ZERO, in_flight: BinaryHeap::new(), stats: LinkStats::default() };
+        let link = |c: LinkConfig| Link {
+            cfg: c,
+            free_at: Instant::ZERO,
+            in_flight: BinaryHeap::new(),
+            stats: LinkStats::default(),
+        };
         Sim {
             nodes: [mk(0), mk(1)],
             links: [link(links[0]), link(links[1])],
@@ -157,9 +162,15 @@ impl Sim {
         self.idle[n] = false;
     }
 
-    /// Advances the simulation by one event time. Returns false when nothing at all is pending (no frames in
-    /// flight, no timers, nothing to send).
+    /// Processes everything due at `now`, then moves time to the next event. Returns false when nothing at all is
+    /// pending (no frames in flight, no timers, nothing to send).
     pub fn step(&mut self) -> bool {
+        self.process();
+        self.advance()
+    }
+
+    /// Processes everything due at the current time: deliveries, timers, transmissions.
+    pub fn process(&mut self) {
         let now = self.now;
         // Deliver frames due now.
         for d in 0..2 {
@@ -192,7 +203,11 @@ impl Sim {
                 self.send(n, frame);
             }
         }
-        // Next event.
+    }
+
+    /// Moves time to the next event; false if there is none.
+    pub fn advance(&mut self) -> bool {
+        let now = self.now;
         let mut next = Instant::MAX;
         for d in 0..2 {
             if let Some(Reverse((t, _, _))) = self.links[d].in_flight.peek() {
@@ -410,6 +425,7 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
         }
         sim.kick(0);
         sim.kick(1);
+        sim.process();
         // Completions.
         for (q, p) in pairs.iter_mut().enumerate() {
             loop {
@@ -443,7 +459,7 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
             rep.failure = Some(format!("time limit of {} reached", w.time_limit));
             break;
         }
-        if !sim.step() {
+        if !sim.advance() {
             rep.failure = Some("simulation stalled: nothing in flight, no timers, work outstanding".into());
             break;
         }
@@ -461,7 +477,10 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
     }
     let t = [sim.nodes[0].qp_totals(), sim.nodes[1].qp_totals()];
     rep.retransmits = t[0].retransmitted_packets + t[1].retransmitted_packets;
-    rep.naks = t.iter().map(|c| c.nak_psn_seq_sent + c.nak_inv_req_sent + c.nak_rem_access_sent + c.nak_rem_op_sent + c.rnr_nak_sent).sum();
+    rep.naks = t
+        .iter()
+        .map(|c| c.nak_psn_seq_sent + c.nak_inv_req_sent + c.nak_rem_access_sent + c.nak_rem_op_sent + c.rnr_nak_sent)
+        .sum();
     rep.timeouts = t[0].retry_timeouts + t[1].retry_timeouts;
     rep.completed = pairs.iter().map(|p| p.done).sum();
     rep.sim_time_us = sim.now.as_nanos() / 1000;
@@ -486,8 +505,11 @@ fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize) -> Result<Pair
     for n in 0..2 {
         let e = &mut sim.nodes[n];
         let psn = 0xff_fff0 - q * 3; // start near the wrap so runs cross 2^24
-        e.modify_qp(qpn[n], &QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() })
-            .map_err(|e| e.to_string())?;
+        e.modify_qp(
+            qpn[n],
+            &QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() },
+        )
+        .map_err(|e| e.to_string())?;
         e.modify_qp(
             qpn[n],
             &QpAttr {
@@ -519,38 +541,29 @@ fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize) -> Result<Pair
     let mut p = Pair { qpn, cq, mr, posted: 0, done: 0, recv_done: 0, atomic_expect: 0 };
     if w.op == SimOp::Send {
         for k in 0..u64::from(w.depth.min(w.msgs)) {
-            post_recv_slot(sim, w, &p, k)?;
+            post_recv_slot(sim, w, q, &p, k)?;
         }
     }
     p.recv_done = 0;
     Ok(p)
 }
 
-fn slot_va(n: usize, p: &Pair, slot: u64, size: u64, q: u32) -> u64 {
-    VA[n] + u64::from(q) * (1 << 36) + slot * size + 0 * p.posted
+fn slot_va(n: usize, slot: u64, size: u64, q: u32) -> u64 {
+    VA[n] + u64::from(q) * (1 << 36) + slot * size
 }
 
-fn post_recv_slot(sim: &mut Sim, w: &Workload, p: &Pair, k: u64) -> Result<(), String> {
+fn post_recv_slot(sim: &mut Sim, w: &Workload, q: u32, p: &Pair, k: u64) -> Result<(), String> {
     let size = u64::from(w.size);
     let slots = u64::from(w.depth.max(1)).min(u64::from(w.msgs.max(1)));
-    let q = (p.qpn[1] - sim.nodes[1].config().qpn_base) as u32;
-    let _ = q;
-    let qidx = qidx_of(p);
-    let sge = Sge { addr: slot_va(1, p, k % slots, size, qidx), len: w.size, lkey: p.mr[1].lkey };
+    let sge = Sge { addr: slot_va(1, k % slots, size, q), len: w.size, lkey: p.mr[1].lkey };
     sim.nodes[1].post_recv(p.qpn[1], k, &[sge]).map_err(|e| e.to_string())
-}
-
-fn qidx_of(p: &Pair) -> u32 {
-    // The region VA encodes the QP index (see setup_pair).
-    (p.qpn[0].wrapping_sub(0x11)) as u32
 }
 
 fn post_one(sim: &mut Sim, w: &Workload, q: u32, p: &mut Pair, slots: u64, size: u64) -> Result<(), String> {
     let k = p.posted;
     let slot = k % slots;
-    let e0 = 0usize;
-    let local = slot_va(e0, p, slot, size, q);
-    let remote = slot_va(1, p, slot, size, q);
+    let local = slot_va(0, slot, size, q);
+    let remote = slot_va(1, slot, size, q);
     let (opcode, len) = match w.op {
         SimOp::Send => (WrOpcode::Send, size),
         SimOp::Write => (WrOpcode::RdmaWrite, size),
@@ -564,25 +577,19 @@ fn post_one(sim: &mut Sim, w: &Workload, q: u32, p: &mut Pair, slots: u64, size:
             mem[base + i as usize] = pattern(q, k, i);
         }
     }
-    let mut wr = SendWr::new(k, opcode).remote(if w.op == SimOp::Atomic { VA[1] + u64::from(q) * (1 << 36) } else { remote }, p.mr[1].rkey);
+    let mut wr = SendWr::new(k, opcode)
+        .remote(if w.op == SimOp::Atomic { VA[1] + u64::from(q) * (1 << 36) } else { remote }, p.mr[1].rkey);
     if w.op == SimOp::Atomic {
         // FETCH_ADD adds k+1; CMP_SWP swaps the value it expects for that value + 1000.
         if opcode == WrOpcode::AtomicFetchAdd {
             wr.compare_add = k + 1;
         } else {
-            wr.compare_add = p.atomic_expect_after_posted(k);
+            wr.compare_add = atomic_value_before(k);
             wr.swap = wr.compare_add + 1000;
         }
     }
     let sge = Sge { addr: local, len: len as u32, lkey: p.mr[0].lkey };
     sim.nodes[0].post_send(p.qpn[0], &wr, &[sge]).map_err(|e| e.to_string())
-}
-
-impl Pair {
-    /// Value of the atomic counter just before WR `k` executes (WRs execute in order).
-    fn atomic_expect_after_posted(&self, k: u64) -> u64 {
-        atomic_value_before(k)
-    }
 }
 
 /// The counter value before atomic WR `k`: even k add k+1, odd k swap v for v + 1000.
@@ -609,7 +616,10 @@ fn check_send_cqe(
         return Err(format!("QP {:#x} WR {} completed with {:?} ({})", p.qpn[0], c.wr_id, c.status, c.status.as_str()));
     }
     if c.wr_id != p.done {
-        return Err(format!("QP {:#x}: completion for WR {} but expected WR {} (order or duplicate)", p.qpn[0], c.wr_id, p.done));
+        return Err(format!(
+            "QP {:#x}: completion for WR {} but expected WR {} (order or duplicate)",
+            p.qpn[0], c.wr_id, p.done
+        ));
     }
     let k = c.wr_id;
     let slot = k % slots;
@@ -655,13 +665,24 @@ fn check_send_cqe(
     Ok(())
 }
 
-fn check_recv_cqe(sim: &mut Sim, w: &Workload, q: u32, p: &mut Pair, c: &Cqe, size: u64, rep: &mut SimReport) -> Result<(), String> {
+fn check_recv_cqe(
+    sim: &mut Sim,
+    w: &Workload,
+    q: u32,
+    p: &mut Pair,
+    c: &Cqe,
+    size: u64,
+    rep: &mut SimReport,
+) -> Result<(), String> {
     if c.status != WcStatus::Success {
         return Err(format!("QP {:#x} receive {} completed with {:?}", p.qpn[1], c.wr_id, c.status));
     }
     let k = p.recv_done;
     if c.wr_id != k || u64::from(c.byte_len) != size {
-        return Err(format!("QP {:#x}: receive completion wr_id {} len {} (expected {k}, {size})", p.qpn[1], c.wr_id, c.byte_len));
+        return Err(format!(
+            "QP {:#x}: receive completion wr_id {} len {} (expected {k}, {size})",
+            p.qpn[1], c.wr_id, c.byte_len
+        ));
     }
     let slots = u64::from(w.depth.max(1)).min(u64::from(w.msgs.max(1)));
     let mem = sim.nodes[1].mr_bytes(p.mr[1].lkey).ok_or("recv MR gone")?;
@@ -675,7 +696,7 @@ fn check_recv_cqe(sim: &mut Sim, w: &Workload, q: u32, p: &mut Pair, c: &Cqe, si
     p.recv_done += 1;
     let next = k + u64::from(w.depth.min(w.msgs));
     if next < u64::from(w.msgs) {
-        post_recv_slot(sim, w, p, next)?;
+        post_recv_slot(sim, w, q, p, next)?;
     }
     Ok(())
 }

@@ -243,6 +243,7 @@ impl Qp {
     /// Forward progress: retry counters reset (rxe `reset_retry_counters`), the retransmit timer restarts if
     /// anything is still outstanding.
     fn progress(&mut self, ctx: &mut Ctx<'_>) {
+        self.retry_at = None;
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
         self.rearm_retransmit(ctx);
@@ -263,7 +264,12 @@ impl Qp {
     pub(crate) fn retry(&mut self, ctx: &mut Ctx<'_>, timeout: bool) {
         if timeout {
             self.cnt.retry_timeouts += 1;
+        } else if self.retry_at == Some(self.comp_psn) {
+            // A go-back-N from this PSN is already under way: later responses that imply the same loss must not
+            // start another (rxe `started_retry`); the retransmit timer remains the backstop.
+            return;
         }
+        self.retry_at = Some(self.comp_psn);
         if self.retry_left == 0 {
             self.fail_head(ctx, WcStatus::RetryExcErr);
             return;

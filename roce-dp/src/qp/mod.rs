@@ -8,10 +8,10 @@ pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod timer;
 
-pub use crate::stats::QpCounters;
 use crate::mr::{AccessFlags, Pd};
+pub use crate::stats::QpCounters;
 use crate::time::{Duration, Instant};
-use crate::verbs::{CqId, Sge, SendWr};
+use crate::verbs::{CqId, SendWr, Sge};
 use crate::wire::{self, Ecn, IpAddrs, MacAddr, Psn, RoceRepr};
 use core::fmt;
 use std::collections::VecDeque;
@@ -315,6 +315,8 @@ pub(crate) struct Qp {
     pub(crate) comp_psn: Psn,
     pub(crate) retry_left: u8,
     pub(crate) rnr_left: u8,
+    /// comp_psn of the go-back-N in progress (None when none is).
+    pub(crate) retry_at: Option<Psn>,
 
     // Responder.
     pub(crate) rq: Ring<RecvWqe>,
@@ -407,6 +409,7 @@ impl Qp {
             comp_psn: Psn::new(0),
             retry_left: 7,
             rnr_left: 7,
+            retry_at: None,
             rq: Ring::new(rq_depth, RecvWqe { wr_id: 0, num_sge: 0, capacity: 0 }),
             rq_sges: vec![Sge::default(); rq_depth * caps.max_recv_sge.max(1) as usize],
             resp_psn: Psn::new(0),
@@ -447,11 +450,11 @@ impl Qp {
 
     /// Validates and applies a modify. `local` gives the engine's own addresses for the header template.
     pub(crate) fn modify(&mut self, a: &QpAttr, local_mac: MacAddr, local_ip: &LocalIp) -> Result<(), VerbsError> {
-        use QpState::*;
+        use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
         let from = self.state;
         let to = a.state.unwrap_or(from);
         let legal = match (from, to) {
-            (_, Reset) | (_, Err) => true,
+            (_, Reset) | (_, QpState::Err) => true,
             (Reset, Init) | (Init, Init) | (Init, Rtr) | (Rtr, Rts) | (Rts, Rts) | (Rts, Sqd) | (Sqd, Rts) => true,
             (Sqd, Sqd) | (Sqe, Rts) | (Rtr, Rtr) => true,
             _ => false,
@@ -562,13 +565,13 @@ impl Qp {
             let n = usize::from(self.max_dest_rd_atomic);
             self.resources = vec![Resource::Free; n];
             self.res_next = 0;
-            self.out_cap = n + 4;
+            self.out_cap = 2 * n + 8;
             self.out = VecDeque::with_capacity(self.out_cap);
         }
         self.rebuild_template(local_mac, local_ip);
         match to {
             Reset => self.reset(),
-            Err => self.state = Err,
+            QpState::Err => self.state = QpState::Err,
             _ => self.state = to,
         }
         Ok(())

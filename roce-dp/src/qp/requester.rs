@@ -5,7 +5,7 @@ use super::{Qp, QpState, SendWqe, TimerKind, WqeState};
 use crate::engine::{Ctx, PayloadSrc, TxPlan};
 use crate::mr::{AccessError, AccessFlags, MrTable};
 use crate::verbs::{Sge, WcStatus, WrOpcode};
-use crate::wire::{AtomicEthRepr, BthRepr, ExtRepr, Opcode, Psn, RethRepr};
+use crate::wire::{AtomicEthRepr, BthRepr, ExtRepr, Opcode, RethRepr};
 
 /// What the requester has for the wire.
 pub(crate) enum ReqOutcome {
@@ -28,7 +28,9 @@ pub(crate) fn send_write_opcode(op: WrOpcode, first: bool, last: bool) -> Opcode
         (WrOpcode::Send, false, true) => Opcode::RC_SEND_LAST,
         (WrOpcode::SendWithImm, false, true) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
         (WrOpcode::SendWithInv, false, true) => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
-        (WrOpcode::RdmaWrite, true, true) => Opcode::RC_RDMA_WRITE_ONLY,
+        (WrOpcode::RdmaWrite | WrOpcode::RdmaRead | WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd, true, true) => {
+            Opcode::RC_RDMA_WRITE_ONLY
+        }
         (WrOpcode::RdmaWriteWithImm, true, true) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
         (_, true, false) => Opcode::RC_RDMA_WRITE_FIRST,
         (_, false, false) => Opcode::RC_RDMA_WRITE_MIDDLE,
@@ -162,10 +164,7 @@ impl Qp {
             wqe.state = WqeState::Started;
             *self.sq.get_mut(idx) = wqe;
         }
-        if wqe.wr.opcode.is_rd_atomic()
-            && !wqe.counted
-            && self.outstanding_rd_atomic >= u32::from(self.max_rd_atomic)
-        {
+        if wqe.wr.opcode.is_rd_atomic() && !wqe.counted && self.outstanding_rd_atomic >= u32::from(self.max_rd_atomic) {
             return ReqOutcome::Idle;
         }
         // The window of unacknowledged PSNs.
@@ -194,15 +193,13 @@ impl Qp {
                 self.req_cur = idx.wrapping_add(1);
             }
             WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => {
-                bth.opcode =
-                    if op == WrOpcode::AtomicCmpSwp { Opcode::RC_COMPARE_SWAP } else { Opcode::RC_FETCH_ADD };
+                bth.opcode = if op == WrOpcode::AtomicCmpSwp { Opcode::RC_COMPARE_SWAP } else { Opcode::RC_FETCH_ADD };
                 let (swap_add, compare) = if op == WrOpcode::AtomicCmpSwp {
                     (wqe.wr.swap, wqe.wr.compare_add)
                 } else {
                     (wqe.wr.compare_add, 0)
                 };
-                ext.atomic_eth =
-                    Some(AtomicEthRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, swap_add, compare });
+                ext.atomic_eth = Some(AtomicEthRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, swap_add, compare });
                 bth.ack_req = true;
                 self.req_psn = psn.add(1);
                 self.req_cur = idx.wrapping_add(1);
@@ -215,8 +212,7 @@ impl Qp {
                 let len = remaining.min(mtu) as u32;
                 bth.opcode = send_write_opcode(op, first, last);
                 if first && matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm) {
-                    ext.reth =
-                        Some(RethRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, len: wqe.length as u32 });
+                    ext.reth = Some(RethRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, len: wqe.length as u32 });
                 }
                 if last {
                     if matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm) {

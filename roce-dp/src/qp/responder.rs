@@ -7,7 +7,7 @@ use super::{Qp, QpState, RecvWqe, Resource, RespMsg, RespOut, TimerKind, MAX_MSG
 use crate::engine::{Ctx, PayloadSrc, TxPlan};
 use crate::mr::{AccessError, AccessFlags};
 use crate::verbs::{Cqe, Sge, WcOpcode, WcStatus};
-use crate::wire::{op, AethRepr, BthRepr, ExtRepr, NakCode, Opcode, Psn, RoceFrame};
+use crate::wire::{op, AethRepr, BthRepr, ExtRepr, NakCode, Opcode, RoceFrame};
 
 /// Why a request is refused; each maps to one AETH NAK (or RNR NAK).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,11 +93,7 @@ impl Qp {
                         NakCode::RemoteOpErr
                     }
                 };
-                self.queue_ack(RespOut::Ack {
-                    psn: bth.psn,
-                    syndrome: AethRepr::nak(code, 0).syndrome,
-                    msn: self.msn,
-                });
+                self.queue_ack(RespOut::Ack { psn: bth.psn, syndrome: AethRepr::nak(code, 0).syndrome, msn: self.msn });
                 // Fatal responder errors take the QP to the error state once the NAK is queued.
                 self.enter_error(ctx);
             }
@@ -144,11 +140,10 @@ impl Qp {
         if needs_rwqe && self.rq.head == self.rq.tail {
             return Err(RespError::Rnr);
         }
-        if flags & (op::READ | op::ATOMIC) != 0 {
-            let busy = self.out.iter().filter(|o| !matches!(o, RespOut::Ack { .. })).count();
-            if busy >= usize::from(self.max_dest_rd_atomic) {
-                return Err(RespError::InvalidRequest);
-            }
+        // READ/atomic resources are a ring that is recycled: keeping within max_dest_rd_atomic is the requester's
+        // job (rxe does the same); a responder without resources refuses them.
+        if flags & (op::READ | op::ATOMIC) != 0 && self.resources.is_empty() {
+            return Err(RespError::InvalidRequest);
         }
         // check_length (C9-92, C9-94): FIRST/MIDDLE carry exactly one MTU, LAST 1..=MTU, ONLY at most MTU.
         if flags & op::PAYLOAD != 0 {
@@ -258,7 +253,14 @@ impl Qp {
             self.resp_msg = RespMsg::Idle;
             self.msn = (self.msn + 1) & 0x00ff_ffff;
             if flags & op::IMM_DT != 0 {
-                self.complete_recv(ctx, WcStatus::Success, WcOpcode::RecvRdmaWithImm, total as u32, f.repr.ext.imm, None);
+                self.complete_recv(
+                    ctx,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    total as u32,
+                    f.repr.ext.imm,
+                    None,
+                );
             }
         } else {
             self.resp_msg = RespMsg::Write { rkey, va: va + len, resid: resid - len, total };
@@ -355,7 +357,11 @@ impl Qp {
         let flags = bth.opcode.flags();
         if flags & (op::SEND | op::WRITE) != 0 {
             // C9-105: acknowledge again, with the PSN of the last request accepted.
-            self.queue_ack(RespOut::Ack { psn: self.resp_psn.sub(1), syndrome: AethRepr::ACK_UNLIMITED, msn: self.msn });
+            self.queue_ack(RespOut::Ack {
+                psn: self.resp_psn.sub(1),
+                syndrome: AethRepr::ACK_UNLIMITED,
+                msn: self.msn,
+            });
             return;
         }
         if flags & op::READ != 0 {
@@ -375,10 +381,22 @@ impl Qp {
                 _ => None,
             });
             match found {
-                Some((va, len, first, last, msn, skip)) => {
-                    // Re-execute from the requested PSN: the data is read from memory again.
-                    let _ = skip;
-                    self.queue_out(RespOut::Read { rkey: reth.rkey, va, len, first, start: bth.psn, cur: bth.psn, last, msn });
+                Some((va, len, first, last, msn, _)) => {
+                    // Re-execute from the requested PSN (the data is read from memory again). If the stream of
+                    // that READ is still queued, restart it there instead of queueing a second copy.
+                    let psn = bth.psn;
+                    for o in self.out.iter_mut() {
+                        if let RespOut::Read { first: f0, start, cur, .. } = o {
+                            if *f0 == first {
+                                if psn.before(*cur) {
+                                    *start = psn;
+                                    *cur = psn;
+                                }
+                                return;
+                            }
+                        }
+                    }
+                    self.queue_out(RespOut::Read { rkey: reth.rkey, va, len, first, start: psn, cur: psn, last, msn });
                 }
                 None => self.cnt.dropped_requests += 1,
             }
@@ -498,9 +516,7 @@ impl Qp {
                     ext.aeth = Some(AethRepr::ack(msn));
                 }
                 // The region may have been invalidated since the request: answer with a NAK instead of data.
-                if plen > 0
-                    && ctx.mrs.check(rkey, self.pd, va + off, plen, AccessFlags::REMOTE_READ).is_err()
-                {
+                if plen > 0 && ctx.mrs.check(rkey, self.pd, va + off, plen, AccessFlags::REMOTE_READ).is_err() {
                     self.out.pop_front();
                     self.cnt.nak_rem_access_sent += 1;
                     bth.opcode = Opcode::RC_ACKNOWLEDGE;
