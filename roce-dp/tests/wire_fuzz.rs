@@ -95,7 +95,7 @@ fn mutate(rng: &mut Rng, seed: &[u8], out: &mut Vec<u8>) {
 
 #[test]
 fn parser_survives_mutated_and_random_frames() {
-    let seed = env_u64("ROCE_FUZZ_SEED", 0x5eed_0f_2026);
+    let seed = env_u64("ROCE_FUZZ_SEED", 0x5eed_2026);
     let cases = env_u64("ROCE_FUZZ_CASES", 300_000);
     let seeds: Vec<Vec<u8>> = common::all_roce_frames().into_iter().map(|(_, f)| f).collect();
     assert!(!seeds.is_empty());
