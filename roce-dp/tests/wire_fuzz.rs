@@ -152,3 +152,16 @@ fn parser_survives_mutated_and_random_frames() {
         assert!(*n > 0, "rejection reason #{i} never produced");
     }
 }
+
+/// Writes every RoCE frame of the captures as a seed corpus file for the cargo-fuzz target (fuzz/): run with
+/// `ROCE_FUZZ_CORPUS=fuzz/corpus/parse_frame cargo test -p roce-dp --no-default-features --test wire_fuzz -- --ignored`.
+#[test]
+#[ignore = "a tool, not a check: exports the cargo-fuzz seed corpus"]
+fn export_seed_corpus() {
+    let dir = std::env::var("ROCE_FUZZ_CORPUS").expect("set ROCE_FUZZ_CORPUS to the corpus directory");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (i, (name, f)) in common::all_roce_frames().iter().enumerate() {
+        let path = std::path::Path::new(&dir).join(format!("{}-{i:04}.bin", name.trim_end_matches(".pcap")));
+        std::fs::write(path, f).unwrap();
+    }
+}
