@@ -80,7 +80,11 @@ pub fn for_each_frame(path: &Path, mut f: impl FnMut(CapturedFrame<'_>)) -> Resu
 
 fn pcap_frames(rd: impl Read, f: &mut impl FnMut(CapturedFrame<'_>)) -> Result<(), ReadError> {
     let mut r = PcapReader::new(rd).map_err(pcap_err)?;
-    let ethernet = r.header().datalink == DataLink::ETHERNET;
+    let link = r.header().datalink;
+    if link != DataLink::ETHERNET {
+        return Err(ReadError(format!("unsupported link type {link:?} (only Ethernet captures are decoded)")));
+    }
+    let ethernet = true;
     while let Some(p) = r.next_packet() {
         let p = p.map_err(pcap_err)?;
         f(CapturedFrame { time: Some(p.timestamp.as_secs_f64()), ethernet, data: &p.data });

@@ -154,7 +154,12 @@ fn unreadable_files_exit_2_with_one_line() {
     let truncated = temp("truncated.pcap");
     let whole = std::fs::read(vectors_dir().join("rc_write_4k.pcap")).unwrap();
     std::fs::write(&truncated, &whole[..30]).unwrap();
+    // A Linux cooked (SLL) capture: readable, but not Ethernet.
+    let sll = temp("sll.pcap");
+    let header = pcap_file::pcap::PcapHeader { datalink: DataLink::LINUX_SLL, ..Default::default() };
+    pcap_file::pcap::PcapWriter::with_header(std::fs::File::create(&sll).unwrap(), header).unwrap();
     for (path, reason) in [
+        (sll.clone(), "unsupported link type"),
         (temp("missing.pcap"), "No such file"),
         (garbage.clone(), "not a pcap/pcapng file"),
         (truncated.clone(), "truncated capture file"),
@@ -167,5 +172,6 @@ fn unreadable_files_exit_2_with_one_line() {
         assert!(o.stdout.is_empty());
     }
     std::fs::remove_file(garbage).unwrap();
+    std::fs::remove_file(sll).unwrap();
     std::fs::remove_file(truncated).unwrap();
 }
