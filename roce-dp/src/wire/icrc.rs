@@ -261,6 +261,22 @@ mod tests {
         }
     }
 
+    /// The streaming form (chained buffers) gives the same value however the rest is split.
+    #[test]
+    fn streaming_equals_compute() {
+        let mut pkt: Vec<u8> = (0..700u32).map(|i| (i * 7 + 3) as u8).collect();
+        pkt[0] = 0x45;
+        let whole = compute(&pkt).unwrap();
+        for split in [40usize, 41, 100, 128, 129, 699, 700] {
+            let mut c = Icrc::new();
+            let n = c.update_headers(&pkt[..split.max(40)]).unwrap();
+            assert_eq!(n, 40);
+            c.update(&pkt[n..split.max(n)]);
+            c.update(&pkt[split.max(n)..]);
+            assert_eq!(c.finish(), whole, "split {split}");
+        }
+    }
+
     #[test]
     fn short_or_bad_input_is_an_error() {
         assert_eq!(compute(&[]), Err(Error::Truncated));
