@@ -9,9 +9,9 @@ use roce_dp_bench::median;
 use std::hint::black_box;
 use std::time::Instant;
 
-const RUNS: usize = 15;
+const RUNS: usize = 41;
 /// Bytes hashed per timed run (per size), so every run lasts a few milliseconds at least.
-const BYTES_PER_RUN: usize = 64 << 20;
+const BYTES_PER_RUN: usize = 16 << 20;
 
 fn repr() -> RoceRepr {
     RoceRepr {
