@@ -1,1 +1,4 @@
 //! Shared code for the roce-dp command-line tools.
+
+pub mod capture;
+pub mod dump;

@@ -7,6 +7,15 @@
 //!   from the input) and emitted from a [`RoceRepr`] into a caller-provided buffer, with the payload written by the
 //!   caller through a closure (so the DPDK layer can build frames straight in mbufs).
 //! - The opcode table ([`opcode`]) decides which extension headers follow the BTH.
+//!
+//! # Layout
+//! - Whole frames: [`parse_frame`], [`parse_frame_checked`], [`frame_len`], [`emit_frame`] (in `roce.rs`).
+//! - One module per header, smoltcp style (a `Packet<T: AsRef<[u8]>>` view with `field` ranges, `check_len`,
+//!   getters and setters, plus `parse`/`emit`/`buffer_len` on the Repr): [`ethernet`], [`ipv4`], [`ipv6`],
+//!   [`udp`], [`bth`], and [`ext`] for RETH, AETH, AtomicETH, AtomicAckETH, ImmDt, IETH, DETH, FETH and the CNP.
+//! - [`icrc`]: the invariant CRC, also for the DPDK layer (contiguous or chained buffers).
+//! - A view's accessors never panic once its `check_len` (or `new_checked`) returned `Ok`; emitting uses
+//!   `new_unchecked` on a buffer sized by `buffer_len` / [`frame_len`].
 
 /// Defines a smoltcp-style zero-copy view `$name<T: AsRef<[u8]>>` with `new_unchecked`, `new_checked` (which calls
 /// the view's own `check_len`) and `into_inner`.

@@ -420,6 +420,35 @@ mod tests {
         assert_eq!(parse_frame(&qinq).err(), Some(Error::NotIp));
     }
 
+    /// The captures are IPv4 only: sweep every bit of an IPv6 frame (and a tagged IPv4 one) from the IP header to
+    /// the ICRC. Only traffic class, flow label, hop limit, UDP checksum and BTH byte 4 (IPv4: TOS, TTL, header
+    /// checksum, UDP checksum, BTH byte 4) may change without breaking the ICRC.
+    #[test]
+    fn icrc_bit_sweep_ipv6_and_vlan() {
+        for (v6, vlan) in [(true, false), (false, true)] {
+            let r = repr(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, v6, vlan);
+            let mut buf = [0u8; 256];
+            let n = emit_frame(&mut buf, &r, 13, |p| p.fill(0x3c)).unwrap();
+            let l3 = r.eth.buffer_len();
+            let ip = if v6 { 40 } else { 20 };
+            let mut pkt = buf[l3..n].to_vec();
+            for off in 0..pkt.len() {
+                for bit in 0..8u8 {
+                    let masked = match off {
+                        0 if v6 => bit < 4,
+                        1..=3 | 7 if v6 => true,
+                        1 | 8 | 10 | 11 if !v6 => true,
+                        o => o == ip + 6 || o == ip + 7 || o == ip + 12,
+                    };
+                    pkt[off] ^= 1 << bit;
+                    let ok = icrc::verify(&pkt) == Ok(true);
+                    assert_eq!(ok, masked, "v6={v6} byte {off} bit {bit}");
+                    pkt[off] ^= 1 << bit;
+                }
+            }
+        }
+    }
+
     #[test]
     fn rxe_sports() {
         // QPN 0x2f on both sides (rc_write_4k): 0x2f * 0x2f = 0x8a1, no high bits to fold.
