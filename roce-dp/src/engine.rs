@@ -562,7 +562,9 @@ impl Engine {
                 },
             };
             let Some(plan) = plan else {
-                self.sync_qp(i);
+                // Blocked (window, max_rd_atomic, fence, RNR) or empty: the QP leaves the ready queue until an
+                // input (a response, a post, a timer) wakes it. Re-queueing it here would spin.
+                self.sync_timers(i);
                 continue;
             };
             let mut repr = qp.tmpl;
@@ -676,6 +678,17 @@ impl Engine {
 
     /// Mirrors a QP's timers into the heap and puts it in the ready queue if it has something to send.
     fn sync_qp(&mut self, i: u32) {
+        self.sync_timers(i);
+        let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
+        let has_work = !qp.out.is_empty() || (qp.requester_has_work() && qp.rnr_until.is_none());
+        if has_work && !qp.in_ready {
+            qp.in_ready = true;
+            self.ready.push_back(i);
+        }
+    }
+
+    /// Mirrors a QP's armed timers into the heap (at most one live entry per kind).
+    fn sync_timers(&mut self, i: u32) {
         let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
         for k in 0..NUM_TIMERS {
             if let Some(d) = qp.timers.deadline[k] {
@@ -688,11 +701,6 @@ impl Engine {
                     self.heap.push(Reverse((d, i, k as u8)));
                 }
             }
-        }
-        let has_work = !qp.out.is_empty() || (qp.requester_has_work() && qp.rnr_until.is_none());
-        if has_work && !qp.in_ready {
-            qp.in_ready = true;
-            self.ready.push_back(i);
         }
     }
 }

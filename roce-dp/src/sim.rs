@@ -412,7 +412,20 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
         imm: None,
         invalidated_rkey: None,
     }; 32];
+    let mut same_time = 0u32;
+    let mut last_now = Instant::MAX;
     loop {
+        // A loop that never lets virtual time move is a livelock in the engine: report it, never hang.
+        if sim.now == last_now {
+            same_time += 1;
+            if same_time > 1_000_000 {
+                rep.failure = Some(format!("livelock: virtual time stuck at {}", sim.now));
+                break;
+            }
+        } else {
+            same_time = 0;
+            last_now = sim.now;
+        }
         // Post up to depth outstanding per QP.
         for (q, p) in pairs.iter_mut().enumerate() {
             while p.posted < u64::from(w.msgs) && p.posted - p.done < u64::from(w.depth) {

@@ -53,7 +53,13 @@ fn run_case(c: &Case) -> Result<(), String> {
     if r.ok {
         Ok(())
     } else {
-        Err(format!("{c:?}\n  {}\n  failure: {:?}\n  reproduce: ROCE_SIM_SEED={} (case seed {})", r.result_line(), r.failure, base_seed(), c.seed))
+        Err(format!(
+            "{c:?}\n  {}\n  failure: {:?}\n  reproduce: ROCE_SIM_SEED={} (case seed {})",
+            r.result_line(),
+            r.failure,
+            base_seed(),
+            c.seed
+        ))
     }
 }
 
@@ -98,8 +104,17 @@ fn cases(seed: u64, rounds: u32, msgs: u32, big: bool) -> Vec<Case> {
 
 fn run_all(cs: &[Case]) {
     let mut failures = Vec::new();
-    for c in cs {
-        if let Err(e) = run_case(c) {
+    let only: Option<usize> = std::env::var("SWEEP_ONLY").ok().and_then(|v| v.parse().ok());
+    for (i, c) in cs.iter().enumerate() {
+        if only.is_some_and(|o| o != i) {
+            continue;
+        }
+        let t0 = std::time::Instant::now();
+        let r = run_case(c);
+        if std::env::var("SWEEP_TRACE").is_ok() {
+            eprintln!("{:>8.1}ms #{i} {c:?}", t0.elapsed().as_secs_f64() * 1e3);
+        }
+        if let Err(e) = r {
             failures.push(e);
         }
     }
@@ -120,8 +135,24 @@ fn sweep_soak() {
 
 #[test]
 fn same_seed_same_run() {
-    let c = Case { seed: 42, op: SimOp::Write, size: 10_000, mtu: 1024, msgs: 30, loss: 0.05, dup: 0.01, reorder: 0.01, corrupt: 0.01 };
-    let link = LinkConfig { loss_ppm: ppm(c.loss), dup_ppm: ppm(c.dup), reorder_ppm: ppm(c.reorder), corrupt_ppm: ppm(c.corrupt), ..LinkConfig::default() };
+    let c = Case {
+        seed: 42,
+        op: SimOp::Write,
+        size: 10_000,
+        mtu: 1024,
+        msgs: 30,
+        loss: 0.05,
+        dup: 0.01,
+        reorder: 0.01,
+        corrupt: 0.01,
+    };
+    let link = LinkConfig {
+        loss_ppm: ppm(c.loss),
+        dup_ppm: ppm(c.dup),
+        reorder_ppm: ppm(c.reorder),
+        corrupt_ppm: ppm(c.corrupt),
+        ..LinkConfig::default()
+    };
     let w = Workload { op: c.op, size: c.size, msgs: c.msgs, mtu: c.mtu, ..Workload::default() };
     let a = run_workload(&mut Sim::new(EngineConfig::default(), [link, link], c.seed), &w);
     let b = run_workload(&mut Sim::new(EngineConfig::default(), [link, link], c.seed), &w);
