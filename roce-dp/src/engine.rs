@@ -57,6 +57,9 @@ pub struct EngineConfig {
     pub ack_req_every: u32,
     /// Responder ACK coalescing.
     pub ack: AckPolicy,
+    /// Treat `retry_cnt = 7` as "retry forever", as Linux rxe does (ROCE-NOTES §1.4). Off by default: the IBA
+    /// and ConnectX count 7 retries and then complete with RETRY_EXC_ERR; only `rnr_retry = 7` is infinite.
+    pub retry_cnt_7_infinite: bool,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +74,7 @@ impl Default for EngineConfig {
             max_unacked_psns: 256,
             ack_req_every: 64,
             ack: AckPolicy::default(),
+            retry_cnt_7_infinite: false,
         }
     }
 }

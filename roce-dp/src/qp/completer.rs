@@ -270,11 +270,14 @@ impl Qp {
             return;
         }
         self.retry_at = Some(self.comp_psn);
-        if self.retry_left == 0 {
+        let forever = self.retry_cnt == 7 && ctx.cfg.retry_cnt_7_infinite;
+        if self.retry_left == 0 && !forever {
             self.fail_head(ctx, WcStatus::RetryExcErr);
             return;
         }
-        self.retry_left -= 1;
+        if !forever {
+            self.retry_left -= 1;
+        }
         self.rewind();
         if let Some(t) = self.ack_timeout() {
             self.timers.set(TimerKind::Retransmit, ctx.now + t);

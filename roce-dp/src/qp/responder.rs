@@ -382,20 +382,9 @@ impl Qp {
             });
             match found {
                 Some((va, len, first, last, msn, _)) => {
-                    // Re-execute from the requested PSN (the data is read from memory again). If the stream of
-                    // that READ is still queued, restart it there instead of queueing a second copy.
+                    // Re-execute from the requested PSN (the data is read from memory again).
                     let psn = bth.psn;
-                    for o in self.out.iter_mut() {
-                        if let RespOut::Read { first: f0, start, cur, .. } = o {
-                            if *f0 == first {
-                                if psn.before(*cur) {
-                                    *start = psn;
-                                    *cur = psn;
-                                }
-                                return;
-                            }
-                        }
-                    }
+                    self.drop_responses_from(psn);
                     self.queue_out(RespOut::Read { rkey: reth.rkey, va, len, first, start: psn, cur: psn, last, msn });
                 }
                 None => self.cnt.dropped_requests += 1,
@@ -409,12 +398,26 @@ impl Qp {
             });
             match found {
                 // Replay the saved result: an atomic is never executed twice.
-                Some((orig, msn)) => self.queue_out(RespOut::AtomicAck { psn: bth.psn, orig, msn }),
+                Some((orig, msn)) => {
+                    self.drop_responses_from(bth.psn);
+                    self.queue_out(RespOut::AtomicAck { psn: bth.psn, orig, msn });
+                }
                 None => self.cnt.dropped_requests += 1,
             }
             return;
         }
         self.cnt.dropped_requests += 1;
+    }
+
+    /// A duplicate READ/atomic at `psn` means the requester went back to `psn` and will ask again for everything
+    /// after it (go-back-N). Queued READ streams and atomic ACKs at or after `psn` are dropped so responses keep
+    /// PSN order; the requester's retransmitted requests queue them again.
+    fn drop_responses_from(&mut self, psn: crate::wire::Psn) {
+        self.out.retain(|o| match *o {
+            RespOut::Read { last, .. } => last.before(psn),
+            RespOut::AtomicAck { psn: p, .. } => p.before(psn),
+            RespOut::Ack { .. } => true,
+        });
     }
 
     /// The ACK-coalescing policy: an AckReq'd packet makes an ACK due; it is sent at once, or held until
