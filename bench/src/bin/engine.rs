@@ -1,0 +1,264 @@
+//! Engine-only throughput on one core: two roce-dp engines joined by in-memory frame queues, no I/O. Reports
+//! messages/s and Gb/s for WRITE, SEND and READ at several message sizes (path MTU 4096), beside memcpy and
+//! crc32 throughput measured in the same run as the physical reference.
+//!
+//! Reproduce: `cargo run --release -p roce-dp-bench --bin engine [-- --quick]`
+
+use roce_dp::engine::MAX_HEADER_BYTES;
+use roce_dp::sim::Sim;
+use roce_dp::{
+    AccessFlags, AckPolicy, CqId, Cqe, Duration, Engine, EngineConfig, Instant, QpAttr, QpCaps, QpState, RxMeta,
+    SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
+};
+use roce_dp_bench::median;
+use std::hint::black_box;
+
+/// A fixed ring of frame buffers between the two engines (no allocation per frame).
+struct Wire {
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    n: usize,
+}
+
+impl Wire {
+    fn new(cap: usize) -> Wire {
+        Wire { bufs: vec![vec![0u8; 4096 + MAX_HEADER_BYTES]; cap], lens: vec![0; cap], n: 0 }
+    }
+}
+
+struct Side {
+    e: Engine,
+    qpn: u32,
+    cq: CqId,
+    lkey: u32,
+    rkey: u32,
+}
+
+const VA: u64 = 0x7000_0000;
+
+fn side(n: usize, depth: u32, region: usize, coalesce: bool) -> Side {
+    let cfg = EngineConfig {
+        local_mac: roce_dp::sim::NODE_MAC[n],
+        local_ip: roce_dp::LocalIp { v4: Some(roce_dp::sim::NODE_IP[n]), v6: None },
+        max_unacked_psns: 1024,
+        ack: if coalesce { AckPolicy { max_pkts: 16, max_delay: Duration::from_micros(2) } } else { AckPolicy::default() },
+        ..EngineConfig::default()
+    };
+    let mut e = Engine::new(cfg);
+    let pd = e.alloc_pd();
+    let cq = e.create_cq(depth * 4).expect("cq");
+    let k = e.reg_mr(pd, VA, region, AccessFlags::ALL).expect("mr");
+    let caps = QpCaps { max_send_wr: depth, max_recv_wr: depth, ..QpCaps::default() };
+    let qpn = e.create_qp(pd, cq, cq, caps).expect("qp");
+    Side { e, qpn, cq, lkey: k.lkey, rkey: k.rkey }
+}
+
+fn connect(a: &mut Side, b_qpn: u32, peer: usize) {
+    let e = &mut a.e;
+    e.modify_qp(a.qpn, &QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() })
+        .expect("init");
+    e.modify_qp(
+        a.qpn,
+        &QpAttr {
+            state: Some(QpState::Rtr),
+            path_mtu: Some(4096),
+            dest_qpn: Some(b_qpn),
+            rq_psn: Some(0),
+            max_dest_rd_atomic: Some(16),
+            peer: Some(Sim::peer_of(peer)),
+            ..QpAttr::default()
+        },
+    )
+    .expect("rtr");
+    e.modify_qp(
+        a.qpn,
+        &QpAttr { state: Some(QpState::Rts), sq_psn: Some(0), timeout: Some(20), max_rd_atomic: Some(16), ..QpAttr::default() },
+    )
+    .expect("rts");
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Write,
+    Send,
+    Read,
+}
+
+/// Moves every frame one engine has for the other. Returns frames moved.
+fn pump(now: Instant, from: &mut Engine, to: &mut Engine, w: &mut Wire) -> usize {
+    let mut moved = 0;
+    loop {
+        w.n = 0;
+        while w.n < w.bufs.len() {
+            match from.poll_transmit(now, &mut w.bufs[w.n]) {
+                Some(len) => {
+                    w.lens[w.n] = len;
+                    w.n += 1;
+                }
+                None => break,
+            }
+        }
+        if w.n == 0 {
+            return moved;
+        }
+        for i in 0..w.n {
+            to.handle_rx(now, &w.bufs[i][..w.lens[i]], RxMeta::default());
+        }
+        moved += w.n;
+    }
+}
+
+/// Runs `msgs` messages of `size` bytes; returns (seconds, frames moved).
+fn run(op: Op, size: u32, msgs: u64, coalesce: bool) -> (f64, u64) {
+    let depth = 256u32;
+    let region = (size as usize).max(64);
+    let mut a = side(0, depth, region, coalesce);
+    let mut b = side(1, depth, region, coalesce);
+    let (aq, bq) = (a.qpn, b.qpn);
+    connect(&mut a, bq, 1);
+    connect(&mut b, aq, 0);
+    let mut wire = Wire::new(64);
+    let blank = Cqe { wr_id: 0, status: WcStatus::Success, opcode: WcOpcode::Send, qpn: 0, byte_len: 0, imm: None, invalidated_rkey: None };
+    let mut cqes = [blank; 64];
+    let sge_a = Sge { addr: VA, len: size, lkey: a.lkey };
+    let sge_b = Sge { addr: VA, len: size, lkey: b.lkey };
+    let opcode = match op {
+        Op::Write => WrOpcode::RdmaWrite,
+        Op::Send => WrOpcode::Send,
+        Op::Read => WrOpcode::RdmaRead,
+    };
+    if op == Op::Send {
+        for i in 0..u64::from(depth) {
+            b.e.post_recv(b.qpn, i, &[sge_b]).expect("recv");
+        }
+    }
+    let (mut posted, mut done, mut outstanding) = (0u64, 0u64, 0u64);
+    let mut frames = 0u64;
+    let mut now = Instant::ZERO;
+    let t0 = std::time::Instant::now();
+    while done < msgs {
+        while outstanding < u64::from(depth) && posted < msgs {
+            // Signal every 32nd WR (and the last), as perftest's CQ moderation does.
+            let mut wr = SendWr::new(posted, opcode).remote(VA, b.rkey);
+            wr.signaled = posted % 32 == 31 || posted + 1 == msgs;
+            a.e.post_send(a.qpn, &wr, &[sge_a]).expect("post");
+            posted += 1;
+            outstanding += 1;
+        }
+        frames += pump(now, &mut a.e, &mut b.e, &mut wire) as u64;
+        frames += pump(now, &mut b.e, &mut a.e, &mut wire) as u64;
+        now += Duration::from_nanos(100);
+        if b.e.poll_timeout().is_some_and(|t| t <= now) {
+            b.e.handle_timeout(now);
+        }
+        loop {
+            let n = a.e.poll_cq(a.cq, &mut cqes);
+            if n == 0 {
+                break;
+            }
+            for c in &cqes[..n] {
+                assert_eq!(c.status, WcStatus::Success, "{c:?}");
+                let k = c.wr_id + 1 - done;
+                done += k;
+                outstanding -= k;
+            }
+        }
+        if op == Op::Send {
+            loop {
+                let n = b.e.poll_cq(b.cq, &mut cqes);
+                if n == 0 {
+                    break;
+                }
+                for c in &cqes[..n] {
+                    assert_eq!(c.status, WcStatus::Success);
+                    b.e.post_recv(b.qpn, c.wr_id, &[sge_b]).expect("repost");
+                }
+            }
+        }
+    }
+    (t0.elapsed().as_secs_f64(), frames)
+}
+
+fn memcpy_gbs(len: usize) -> f64 {
+    let src = vec![7u8; len];
+    let mut dst = vec![0u8; len];
+    let reps = (256 << 20) / len;
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        dst.copy_from_slice(black_box(&src));
+        black_box(&mut dst);
+    }
+    (reps * len) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn crc_gbs(len: usize) -> f64 {
+    let src = vec![7u8; len];
+    let reps = (256 << 20) / len;
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        black_box(crc32fast::hash(black_box(&src)));
+    }
+    (reps * len) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn main() {
+    // `--one OP SIZE MSGS`: a single run (for profilers such as callgrind).
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--one") {
+        let op = match args.get(i + 1).map(String::as_str) {
+            Some("send") => Op::Send,
+            Some("read") => Op::Read,
+            _ => Op::Write,
+        };
+        let size = args.get(i + 2).and_then(|v| v.parse().ok()).unwrap_or(64);
+        let msgs = args.get(i + 3).and_then(|v| v.parse().ok()).unwrap_or(100_000);
+        let (secs, frames) = run(op, size, msgs, false);
+        println!("{op:?} {size} B x {msgs}: {:.3} Mmsg/s, {frames} frames", msgs as f64 / secs / 1e6);
+        return;
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    let runs = if quick { 3 } else { 5 };
+    let sizes: [u32; 5] = [64, 1024, 4096, 65536, 1 << 20];
+    println!("Engine-only, one core, two engines joined by in-memory queues, path MTU 4096, SQ depth 256,");
+    println!("every 32nd WR signaled; median of {runs} runs. Reference: memcpy / crc32fast over 4 KiB, same run.");
+    let mut mc = Vec::new();
+    let mut cr = Vec::new();
+    for _ in 0..runs {
+        mc.push(memcpy_gbs(4096));
+        cr.push(crc_gbs(4096));
+    }
+    let (mc, cr) = (median(&mut mc), median(&mut cr));
+    println!("reference: memcpy {mc:.1} GB/s, crc32 {cr:.1} GB/s (4 KiB)\n");
+    println!("| op | size | ACK policy | Mmsg/s | Gb/s | frames/msg | Gb/s / memcpy Gb/s |");
+    println!("|---|---:|---|---:|---:|---:|---:|");
+    for op in [Op::Write, Op::Send, Op::Read] {
+        for &size in &sizes {
+            for coalesce in [false, true] {
+                if coalesce && size > 4096 {
+                    continue;
+                }
+                let total_bytes: u64 = if quick { 64 << 20 } else { 256 << 20 };
+                let msgs = (total_bytes / u64::from(size)).clamp(2_000, 2_000_000);
+                let msgs = if quick { msgs.min(300_000) } else { msgs };
+                let mut rates = Vec::new();
+                let mut fpm = 0.0;
+                for _ in 0..runs {
+                    let (secs, frames) = run(op, size, msgs, coalesce);
+                    rates.push(msgs as f64 / secs);
+                    fpm = frames as f64 / msgs as f64;
+                }
+                let r = median(&mut rates);
+                let gbps = r * f64::from(size) * 8.0 / 1e9;
+                println!(
+                    "| {op:?} | {size} | {} | {:.2} | {:.1} | {:.2} | {:.2} |",
+                    if coalesce { "coalesce 16/2us" } else { "every AckReq" },
+                    r / 1e6,
+                    gbps,
+                    fpm,
+                    gbps / (mc * 8.0)
+                );
+            }
+        }
+    }
+    println!("\nreproduce: cargo run --release -p roce-dp-bench --bin engine");
+}
