@@ -7,6 +7,8 @@
 
 #![deny(unsafe_code)]
 
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 pub mod time;
 pub mod wire;
 
