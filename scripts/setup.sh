@@ -7,11 +7,11 @@
 #
 # Packages (measured minimal set, see ../shared/docs/DPDK-NOTES.md): libdpdk-dev (DPDK 22.11 LTS, all PMDs),
 # libclang1-14 + libclang-common-14-dev (bindgen: libclang and its stddef.h), pkg-config, build-essential (cc for
-# the C shim), iproute2 (network namespaces and veth pairs for the af_packet tier), ca-certificates + curl (rustup,
-# only when Rust is missing). Rust >= 1.89 (rust-version in Cargo.toml) comes from rustup: Debian 12 ships 1.63.
+# the C shim), iproute2 (network namespaces and veth pairs for the af_packet tier), ca-certificates (cargo fetches
+# crates over https), curl (rustup, only when Rust is missing). Rust >= 1.89 (rust-version in Cargo.toml) comes from rustup: Debian 12 ships 1.63.
 set -euo pipefail
 
-PACKAGES=(libdpdk-dev libclang1-14 libclang-common-14-dev pkg-config build-essential iproute2)
+PACKAGES=(libdpdk-dev libclang1-14 libclang-common-14-dev pkg-config build-essential iproute2 ca-certificates)
 RUST_MIN=1.89
 hugepages=""
 check_only=0
@@ -74,7 +74,7 @@ if ! rust_ok; then
         rustup toolchain install stable --profile minimal --component rustfmt,clippy >/dev/null
         rustup default stable >/dev/null
     else
-        for p in ca-certificates curl; do
+        for p in curl; do
             if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]]; then
                 need_root "installing $p"
                 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" >/dev/null

@@ -12,7 +12,9 @@ tier4_af_packet() {
     ip netns add "$na" && ip netns add "$nb" &&
         ip link add "$va" netns "$na" mtu 9000 type veth peer name "$vb" netns "$nb" mtu 9000 || ok=0
     for n in "$na" "$nb"; do
-        ip netns exec "$n" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 || ok=0
+        # No IPv6 on the test link: keeps the kernel's own frames (router solicitations, MLD) off it. Written via
+        # /proc rather than sysctl(8), which a minimal Debian lacks (procps).
+        ip netns exec "$n" sh -c 'echo 1 >/proc/sys/net/ipv6/conf/all/disable_ipv6' || ok=0
         ip -n "$n" link set lo up || ok=0
     done
     ip -n "$na" link set "$va" up && ip -n "$nb" link set "$vb" up || ok=0
