@@ -52,8 +52,14 @@ if [[ ${#missing[@]} -gt 0 ]]; then
     fi
     need_root "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt_log=$(mktemp)
+    if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$apt_log" 2>&1; then
+        tail -n 20 "$apt_log" >&2
+        rm -f "$apt_log"
+        echo "setup.sh: apt-get install ${missing[*]} failed" >&2
+        exit 1
+    fi
+    rm -f "$apt_log"
     changed+=("installed ${missing[*]}")
 fi
 
@@ -77,7 +83,8 @@ if ! rust_ok; then
         for p in curl; do
             if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]]; then
                 need_root "installing $p"
-                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" >/dev/null
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" >/dev/null 2>&1 ||
+                    { echo "setup.sh: apt-get install $p failed" >&2; exit 1; }
                 changed+=("installed $p")
             fi
         done

@@ -43,6 +43,6 @@ tier4_af_packet() {
 
     cleanup_all
     check "namespaces removed" bash -c "! ip netns list | grep -q '^$RUN_ID'"
-    TIER_NOTE="($(grep -m1 '^RESULT' "$blog" | grep -Eo 'retransmitted [0-9]+'), go-back-N over the kernel path)"
+    TIER_NOTE="($(grep -m1 '^RESULT' "$blog" | grep -Eo 'rx [0-9]+ frames' | head -1) each way, $(grep -m1 '^RESULT' "$blog" | grep -Eo 'retransmitted [0-9]+' | cut -d' ' -f2) retransmitted)"
     tier_end
 }
