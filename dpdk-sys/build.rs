@@ -9,6 +9,9 @@ use std::env;
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "build/version.rs"]
+mod version;
+
 /// The hint every fixable failure ends with.
 const HINT: &str = "run scripts/setup.sh as root (installs libdpdk-dev libclang1-14 libclang-common-14-dev pkg-config)";
 
@@ -100,28 +103,20 @@ fn pkg_config(args: &[&str]) -> Option<String> {
     out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-/// Accept Debian 12's 22.11 LTS and later LTS releases (YY.11); refuse anything else.
-fn check_version(version: &str) {
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
-    let (Some(Some(year)), Some(Some(month))) = (parts.next(), parts.next()) else {
-        fail(&format!("cannot parse the libdpdk version `{version}`"))
-    };
-    if year < 22 || month != 11 {
-        fail(&format!("libdpdk {version} is not a supported release (22.11 LTS or a later YY.11 LTS)"))
-    }
-}
-
 fn main() {
     println!("cargo::rerun-if-changed=csrc/shim.h");
     println!("cargo::rerun-if-changed=csrc/shim.c");
     println!("cargo::rerun-if-changed=csrc/wrapper.h");
+    println!("cargo::rerun-if-changed=build/version.rs");
     println!("cargo::rerun-if-env-changed=PKG_CONFIG_PATH");
     println!("cargo::rerun-if-env-changed=PKG_CONFIG_LIBDIR");
 
     let Some(version) = pkg_config(&["--modversion"]) else {
         fail("libdpdk not found by pkg-config (DPDK development files are missing)")
     };
-    check_version(&version);
+    if let Err(why) = version::check_version(&version) {
+        fail(&why)
+    }
     let cflags_raw = pkg_config(&["--cflags"]).unwrap_or_else(|| fail("`pkg-config --cflags libdpdk` failed"));
     let libs_raw = pkg_config(&["--libs"]).unwrap_or_else(|| fail("`pkg-config --libs libdpdk` failed"));
     let cflags: Vec<String> = split_flags(&cflags_raw);

@@ -126,8 +126,10 @@ if ! pkg-config --exists libdpdk; then
     echo "setup.sh: pkg-config still cannot find libdpdk after installing libdpdk-dev" >&2
     exit 1
 fi
+huge_note=""
+[[ -n "$hugepages" ]] && huge_note=", $(cat /proc/sys/vm/nr_hugepages) hugepages on /dev/hugepages"
 if [[ ${#changed[@]} -eq 0 ]]; then
-    echo "setup: nothing to do (DPDK $(pkg-config --modversion libdpdk), $(cargo --version | awk '{print "cargo", $2}'), all packages in place)"
+    echo "setup: nothing to do (DPDK $(pkg-config --modversion libdpdk), $(cargo --version | awk '{print "cargo", $2}'), all packages in place$huge_note)"
 else
     for c in "${changed[@]}"; do echo "setup: $c"; done
     echo "setup: done (DPDK $(pkg-config --modversion libdpdk), $(cargo --version | awk '{print "cargo", $2}'))"

@@ -13,3 +13,27 @@ include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 
 /// The libdpdk version (`pkg-config --modversion libdpdk`) these bindings were generated from.
 pub const DPDK_VERSION: &str = env!("DPDK_SYS_DPDK_VERSION");
+
+#[cfg(test)]
+#[path = "../build/version.rs"]
+mod version;
+
+#[cfg(test)]
+mod tests {
+    use super::version::check_version;
+
+    #[test]
+    fn accepts_22_11_and_later_lts_only() {
+        assert_eq!(check_version("22.11.11"), Ok(()));
+        assert_eq!(check_version("23.11.0"), Ok(()));
+        assert_eq!(check_version("24.11.2\n"), Ok(()));
+        assert!(check_version("21.11.9").unwrap_err().contains("not a supported release"));
+        assert!(check_version("23.07.0").unwrap_err().contains("not a supported release"));
+        assert!(check_version("dpdk").unwrap_err().contains("cannot parse"));
+    }
+
+    #[test]
+    fn built_against_a_supported_version() {
+        assert_eq!(check_version(super::DPDK_VERSION), Ok(()));
+    }
+}

@@ -1,4 +1,5 @@
-# Tier 1: cargo test --workspace (no EAL needed), the protocol core without DPDK, and the no-DPDK build hint.
+# Tier 1: cargo test --workspace (no EAL needed), the protocol core without DPDK, and the one-line build hints when
+# libdpdk is missing or too old.
 TIERS+=(tier1_cargo)
 
 # cargo_counts LOG: add the passed/failed counts of every "test result:" line in LOG (also in CARGO_PASSED and
@@ -40,6 +41,17 @@ tier1_cargo() {
     check "build without libdpdk fails (exit $rc)" test "$rc" -ne 0
     check "build without libdpdk: one line names scripts/setup.sh" test "$(grep -c 'scripts/setup.sh' "$log")" -eq 1
     check "build without libdpdk: no compiler errors" bash -c "! grep -q 'error\[E' '$log'"
-    TIER_NOTE="(cargo test --workspace: $ws, roce-dp without DPDK: $core, no-DPDK build hint: 3)"
+
+    # An unsupported DPDK (a fake libdpdk.pc saying 21.11) is refused with one line too.
+    local fake="$LOG_DIR/fake-pkgconfig"
+    mkdir -p "$fake"
+    printf 'Name: DPDK\nDescription: fake\nVersion: 21.11.0\nCflags:\nLibs:\n' >"$fake/libdpdk.pc"
+    log="$LOG_DIR/tier1-build-old-dpdk.log"
+    rc=0
+    PKG_CONFIG_LIBDIR="$fake" PKG_CONFIG_PATH="" cargo build --locked -p dpdk-sys \
+        --target-dir "$ROOT/target/no-dpdk-check" >"$log" 2>&1 || rc=$?
+    check "build against DPDK 21.11 fails (exit $rc) with one line: not a supported release" \
+        test "$rc" -ne 0 -a "$(grep -c 'not a supported release.*scripts/setup.sh' "$log")" -eq 1
+    TIER_NOTE="(cargo test --workspace: $ws, roce-dp without DPDK: $core, build hints: 4)"
     tier_end
 }

@@ -104,8 +104,8 @@ impl Mbuf {
         unsafe { std::slice::from_raw_parts_mut(self.data_ptr(), self.len()) }
     }
 
-    /// Grow the data by `n` bytes at the end; the new bytes (uninitialised contents: whatever the buffer held),
-    /// or `None` if there is not enough tailroom.
+    /// Grow the data by `n` bytes at the end; the new bytes (stale contents: whatever the buffer last held), or
+    /// `None` if there is not enough tailroom.
     pub fn append(&mut self, n: u16) -> Option<&mut [u8]> {
         // SAFETY: self owns a valid mbuf; rte_pktmbuf_append checks the tailroom.
         let p = unsafe { dpdk_sys::rte_pktmbuf_append_(self.0.as_ptr(), n) };
