@@ -8,7 +8,7 @@
 #   a test fails or the run is interrupted.
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PORTTEST="$ROOT/target/release/rdp-porttest"
+PORTTEST="${PORTTEST:-$ROOT/target/release/rdp-porttest}"
 # A short id for names in this run (netns, veth, --file-prefix): unique per run, at most 8 characters.
 RUN_ID="r$(printf '%05d' $(($$ % 100000)))"
 

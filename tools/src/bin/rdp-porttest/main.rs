@@ -243,7 +243,7 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     }
     let link_timeout = Duration::from_secs(o.link_timeout);
     for (label, port) in &sides {
-        let link = port.wait_link_up(link_timeout).ctx(|| format!("{label}, after {}", o.link_timeout))?;
+        let link = port.wait_link_up(link_timeout).ctx(|| format!("{label}, after {} s", o.link_timeout))?;
         println!("{label}: link up, {} Mbit/s", link.speed_mbps);
     }
 
