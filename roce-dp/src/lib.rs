@@ -7,6 +7,8 @@
 
 #![deny(unsafe_code)]
 
+#[cfg(feature = "dpdk")]
+pub mod dpdk;
 pub mod engine;
 pub mod mr;
 pub mod qp;

@@ -1,0 +1,83 @@
+/*
+ * roce-dp dpdk-sys C shim: exported wrappers for DPDK's static-inline (and TLS) hot-path API.
+ *
+ * bindgen cannot bind `static inline` functions or the per-thread `rte_errno`, so each one the project uses gets an
+ * exported wrapper here with the same signature and a trailing underscore (rte_eth_rx_burst -> rte_eth_rx_burst_).
+ * build.rs compiles this file with the raw `pkg-config --cflags libdpdk` flags and allowlists `rte_.*_` for bindgen.
+ *
+ * To add one: declare it below with a one-line doc comment, define it in shim.c as a plain call to the original.
+ * These calls are not inlined into Rust (no cross-language LTO with Debian's clang), so wrap per-burst functions
+ * rather than per-byte ones; per-packet field reads (data_len, buf_addr + data_off) are done in Rust.
+ */
+#ifndef ROCE_DP_DPDK_SHIM_H
+#define ROCE_DP_DPDK_SHIM_H
+
+#include <stdint.h>
+
+#include <rte_config.h>
+#include <rte_cycles.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+
+/** Receive up to nb_pkts packets from queue queue_id of port port_id into rx_pkts; returns how many were received. */
+uint16_t rte_eth_rx_burst_(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **rx_pkts, uint16_t nb_pkts);
+
+/** Queue up to nb_pkts packets for transmission on queue queue_id of port port_id; returns how many the PMD took
+ * (the caller still owns the rest). */
+uint16_t rte_eth_tx_burst_(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **tx_pkts, uint16_t nb_pkts);
+
+/** Allocate one packet mbuf from mp (data_off = headroom, length 0); NULL when the pool is empty. */
+struct rte_mbuf *rte_pktmbuf_alloc_(struct rte_mempool *mp);
+
+/** Allocate count packet mbufs from mp into mbufs, all or nothing; 0 on success, -ENOENT when not enough are free. */
+int rte_pktmbuf_alloc_bulk_(struct rte_mempool *mp, struct rte_mbuf **mbufs, unsigned int count);
+
+/** Free a packet mbuf and all its segments back to their pools (drops one reference; NULL is ignored). */
+void rte_pktmbuf_free_(struct rte_mbuf *m);
+
+/** Free count packet mbufs (NULL entries are skipped); batches the returns per pool. */
+void rte_pktmbuf_free_bulk_(struct rte_mbuf **mbufs, unsigned int count);
+
+/** Pointer to the first data byte of the first segment: buf_addr + data_off (rte_pktmbuf_mtod). */
+void *rte_pktmbuf_mtod_(struct rte_mbuf *m);
+
+/** Grow the data at its end by len bytes (last segment); pointer to the new bytes, NULL if there is no tailroom. */
+char *rte_pktmbuf_append_(struct rte_mbuf *m, uint16_t len);
+
+/** Grow the data at its front by len bytes (first segment); pointer to the new start, NULL if there is no headroom. */
+char *rte_pktmbuf_prepend_(struct rte_mbuf *m, uint16_t len);
+
+/** Remove len bytes from the front of the first segment; pointer to the new start, NULL if the segment is shorter. */
+char *rte_pktmbuf_adj_(struct rte_mbuf *m, uint16_t len);
+
+/** Remove len bytes from the end of the last segment; 0 on success, -1 if the segment is shorter. */
+int rte_pktmbuf_trim_(struct rte_mbuf *m, uint16_t len);
+
+/** Read the mbuf's reference count. */
+uint16_t rte_mbuf_refcnt_read_(const struct rte_mbuf *m);
+
+/** Add value (may be negative) to the mbuf's reference count atomically; returns the new count. */
+uint16_t rte_mbuf_refcnt_update_(struct rte_mbuf *m, int16_t value);
+
+/** Set the mbuf's reference count (only while no other thread can see the mbuf). */
+void rte_mbuf_refcnt_set_(struct rte_mbuf *m, uint16_t new_value);
+
+/** The calling thread's EAL lcore id; LCORE_ID_ANY (UINT32_MAX) on a thread EAL does not know. */
+unsigned int rte_lcore_id_(void);
+
+/** The current TSC value (rte_get_tsc_cycles: rdtsc on x86, no serialisation). */
+uint64_t rte_get_tsc_cycles_(void);
+
+/** TSC ticks per second as EAL measured them at init (0 before rte_eal_init). */
+uint64_t rte_get_tsc_hz_(void);
+
+/** The calling thread's rte_errno (DPDK's per-thread error number, set by failing API calls). */
+int rte_errno_(void);
+
+/** Set the calling thread's rte_errno (e.g. to 0 before a call that may fail without setting it). */
+void rte_errno_set_(int value);
+
+#endif /* ROCE_DP_DPDK_SHIM_H */

@@ -1,0 +1,353 @@
+//! The EAL: initialised once per process, cleaned up when the last handle drops.
+
+use std::ffi::{c_char, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Arc;
+
+use super::error::{DpdkError, Result};
+
+/// Set by the first [`Eal::init`]; DPDK allows one `rte_eal_init` per process, successful or not.
+static INITIALISED: AtomicBool = AtomicBool::new(false);
+
+/// A read-only duplicate of the DPDK log file's descriptor (-1 when DPDK logs to the terminal), kept open for the
+/// process lifetime so that [`captured_log`] works even after a failed init or after cleanup.
+static LOG_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// EAL command-line arguments, built from named options (so tools and tests agree on them).
+///
+/// `to_vec()` gives `argv` for [`Eal::init`]: program, `-l`, memory options, `--file-prefix`, `--no-pci`, log
+/// level, vdevs, then `extra` verbatim (last, so a caller can add or override anything).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EalArgs {
+    /// `argv[0]`.
+    pub program: String,
+    /// The lcore list (`-l`); the first one is the main lcore, which the calling thread is pinned to.
+    pub lcores: String,
+    /// `--no-huge -m <MiB>`: run without hugepages on this much ordinary memory.
+    pub no_huge_mb: Option<u32>,
+    /// `--in-memory`: hugepages without files (cannot be combined with `--no-huge`).
+    pub in_memory: bool,
+    /// `--no-shconf`: no shared config files (lets two primaries run at once).
+    pub no_shconf: bool,
+    /// `--file-prefix`: names this process's runtime directory and hugepage files; unique per process.
+    pub file_prefix: Option<String>,
+    /// `--no-pci` (default on: never probe the machine's own NICs unless asked).
+    pub no_pci: bool,
+    /// `--no-telemetry` (default on: no telemetry socket in the runtime directory).
+    pub no_telemetry: bool,
+    /// `--log-level`, e.g. `"*:error"`.
+    pub log_level: Option<String>,
+    /// `--vdev=<spec>` entries.
+    pub vdevs: Vec<String>,
+    /// Further arguments, passed verbatim after the others.
+    pub extra: Vec<String>,
+}
+
+impl EalArgs {
+    /// Arguments for `program` on `lcores` with `--no-pci --no-telemetry` and nothing else.
+    pub fn new(program: &str, lcores: &str) -> Self {
+        Self {
+            program: program.to_owned(),
+            lcores: lcores.to_owned(),
+            no_huge_mb: None,
+            in_memory: false,
+            no_shconf: false,
+            file_prefix: None,
+            no_pci: true,
+            no_telemetry: true,
+            log_level: None,
+            vdevs: Vec::new(),
+            extra: Vec::new(),
+        }
+    }
+
+    /// The argument vector, `argv[0]` first.
+    pub fn to_vec(&self) -> Vec<String> {
+        let mut v = vec![self.program.clone(), "-l".to_owned(), self.lcores.clone()];
+        if let Some(mb) = self.no_huge_mb {
+            v.extend(["--no-huge".to_owned(), "-m".to_owned(), mb.to_string()]);
+        }
+        if self.in_memory {
+            v.push("--in-memory".to_owned());
+        }
+        if self.no_shconf {
+            v.push("--no-shconf".to_owned());
+        }
+        if let Some(p) = &self.file_prefix {
+            v.push(format!("--file-prefix={p}"));
+        }
+        if self.no_pci {
+            v.push("--no-pci".to_owned());
+        }
+        if self.no_telemetry {
+            v.push("--no-telemetry".to_owned());
+        }
+        if let Some(l) = &self.log_level {
+            v.push(format!("--log-level={l}"));
+        }
+        v.extend(self.vdevs.iter().map(|d| format!("--vdev={d}")));
+        v.extend(self.extra.iter().cloned());
+        v
+    }
+}
+
+/// A handle on the initialised EAL. Cheap to clone; [`Mempool`](super::Mempool), [`Port`](super::Port) and
+/// [`Ring`](super::Ring) each hold one, so `rte_eal_cleanup` runs only after all of them are gone.
+#[derive(Clone)]
+pub struct Eal(Arc<EalInner>);
+
+struct EalInner {
+    /// The DPDK log stream when logging goes to a file (closed after cleanup).
+    log: Option<NonNull<libc::FILE>>,
+    /// EAL's runtime directory (`/var/run/dpdk/<prefix>`), removed after cleanup if EAL left it empty.
+    runtime_dir: Option<PathBuf>,
+}
+
+// SAFETY: `log` is only touched in Drop (by whichever thread drops the last handle), after rte_eal_cleanup has
+// stopped DPDK from writing to it; the EAL itself is process-global and thread-safe to clean up from any thread.
+unsafe impl Send for EalInner {}
+// SAFETY: as above; no method reads `log` through a shared reference.
+unsafe impl Sync for EalInner {}
+
+impl Eal {
+    /// Initialise DPDK with `args` (`argv[0]` first), logging to stdout/stderr as DPDK does by default.
+    ///
+    /// Only one call per process can succeed; later calls fail with `EALREADY`. The calling thread is pinned to
+    /// the main lcore. The argument strings are leaked on purpose: EAL keeps pointers into argv for the whole
+    /// process lifetime.
+    pub fn init(args: Vec<String>) -> Result<Eal> {
+        Self::init_inner(args, None)
+    }
+
+    /// As [`Eal::init`], but everything DPDK prints (its log, and the usage text or getopt errors that
+    /// `rte_eal_init` prints on bad arguments) goes to the file `log` (appended; `/dev/null` to discard).
+    pub fn init_with_log(args: Vec<String>, log: &Path) -> Result<Eal> {
+        Self::init_inner(args, Some(Some(log)))
+    }
+
+    /// As [`Eal::init_with_log`], into an anonymous temporary file; read it with [`captured_log`] (e.g. to show
+    /// DPDK's own explanation when a step fails).
+    pub fn init_captured(args: Vec<String>) -> Result<Eal> {
+        Self::init_inner(args, Some(None))
+    }
+
+    /// `log`: None = terminal, Some(None) = anonymous temporary file, Some(Some(path)) = that file.
+    fn init_inner(args: Vec<String>, log: Option<Option<&Path>>) -> Result<Eal> {
+        if INITIALISED.swap(true, Ordering::SeqCst) {
+            return Err(DpdkError::new("rte_eal_init", libc::EALREADY));
+        }
+        let argv = leak_argv(args)?;
+        let argc = i32::try_from(argv.len() - 1).map_err(|_| DpdkError::new("rte_eal_init", libc::E2BIG))?;
+        let log = match log {
+            Some(path) => Some(LogRedirect::open(path)?),
+            None => None,
+        };
+        // SAFETY: argv is a leaked, NULL-terminated array of leaked NUL-terminated strings, valid for the rest of
+        // the process as EAL requires; argc counts the non-NULL entries. INITIALISED guarantees a single call.
+        let ret = unsafe { dpdk_sys::rte_eal_init(argc, argv.as_ptr().cast_mut()) };
+        let err = (ret < 0).then(|| DpdkError::from_rte_errno("rte_eal_init"));
+        let log = log.map(LogRedirect::finish);
+        if let Some(e) = err {
+            if let Some(f) = log {
+                close_log(f);
+            }
+            return Err(e);
+        }
+        // SAFETY: EAL is initialised; the returned string is static EAL state.
+        let dir = unsafe { dpdk_sys::rte_eal_get_runtime_dir() };
+        let runtime_dir = (!dir.is_null())
+            // SAFETY: checked non-null; EAL returns a NUL-terminated path that lives as long as EAL.
+            .then(|| PathBuf::from(unsafe { CStr::from_ptr(dir) }.to_string_lossy().into_owned()));
+        Ok(Eal(Arc::new(EalInner { log, runtime_dir })))
+    }
+
+    /// The number of lcores EAL enabled (`-l`).
+    pub fn lcore_count(&self) -> u32 {
+        // SAFETY: EAL is initialised (self exists); reads EAL configuration.
+        unsafe { dpdk_sys::rte_lcore_count() }
+    }
+
+    /// The main lcore id (the first of `-l`).
+    pub fn main_lcore(&self) -> u32 {
+        // SAFETY: EAL is initialised (self exists); reads EAL configuration.
+        unsafe { dpdk_sys::rte_get_main_lcore() }
+    }
+
+    /// EAL's runtime directory for this process (`/var/run/dpdk/<file-prefix>` as root).
+    pub fn runtime_dir(&self) -> Option<&Path> {
+        self.0.runtime_dir.as_deref()
+    }
+}
+
+impl Drop for EalInner {
+    fn drop(&mut self) {
+        // SAFETY: this is the last handle: every Mempool, Port and Ring (each holding an Eal) is gone, so no DPDK
+        // object this layer created is still in use. rte_eal_cleanup is called once (EalInner drops once).
+        unsafe { dpdk_sys::rte_eal_cleanup() };
+        if let Some(f) = self.log.take() {
+            close_log(f);
+        }
+        if let Some(dir) = &self.runtime_dir {
+            // Only succeeds if EAL left the directory empty (--no-shconf, --in-memory); otherwise it stays.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Leak `args` as a NULL-terminated C argv (EAL keeps pointers into it forever).
+fn leak_argv(args: Vec<String>) -> Result<&'static [*mut c_char]> {
+    let mut argv: Vec<*mut c_char> = Vec::with_capacity(args.len() + 1);
+    if args.is_empty() {
+        return Err(DpdkError::new("rte_eal_init", libc::EINVAL));
+    }
+    for a in args {
+        let c = CString::new(a).map_err(|_| DpdkError::new("rte_eal_init", libc::EINVAL))?;
+        argv.push(c.into_raw());
+    }
+    argv.push(std::ptr::null_mut());
+    Ok(Vec::leak(argv))
+}
+
+/// Point DPDK's log stream at `f` (NULL restores the default), then close `f`.
+fn close_log(f: NonNull<libc::FILE>) {
+    // SAFETY: detaches our stream from DPDK's logger before closing it; both calls accept these arguments.
+    unsafe {
+        dpdk_sys::rte_openlog_stream(std::ptr::null_mut());
+        libc::fclose(f.as_ptr());
+    }
+}
+
+/// stdout/stderr redirected into a log file for the duration of `rte_eal_init`.
+struct LogRedirect {
+    file: NonNull<libc::FILE>,
+    saved: [i32; 2],
+}
+
+impl LogRedirect {
+    /// Open `path` (or an anonymous temporary file), make it DPDK's log stream and point fds 1 and 2 at it.
+    fn open(path: Option<&Path>) -> Result<Self> {
+        const OP: &str = "open DPDK log file";
+        let file = match path {
+            Some(path) => {
+                let cpath =
+                    CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| DpdkError::new(OP, libc::EINVAL))?;
+                // SAFETY: cpath and the mode string are NUL-terminated.
+                unsafe { libc::fopen(cpath.as_ptr(), c"a".as_ptr()) }
+            }
+            // SAFETY: no arguments; returns a new stream or NULL.
+            None => unsafe { libc::tmpfile() },
+        };
+        let file = NonNull::new(file).ok_or_else(|| DpdkError::new(OP, errno()))?;
+        // SAFETY: file is a valid open stream; line buffering keeps the log readable while the process runs.
+        unsafe { libc::setvbuf(file.as_ptr(), std::ptr::null_mut(), libc::_IOLBF, 0) };
+        // SAFETY: file stays open until close_log; bindgen's FILE and libc's FILE are the same C type.
+        unsafe { dpdk_sys::rte_openlog_stream(file.as_ptr().cast()) };
+        // SAFETY: fileno of a valid stream; dup/dup2 on fds this process owns.
+        let saved = unsafe {
+            let fd = libc::fileno(file.as_ptr());
+            LOG_FD.store(libc::dup(fd), Ordering::SeqCst);
+            let saved = [libc::dup(1), libc::dup(2)];
+            libc::fflush(std::ptr::null_mut());
+            libc::dup2(fd, 1);
+            libc::dup2(fd, 2);
+            saved
+        };
+        Ok(Self { file, saved })
+    }
+
+    /// Flush what DPDK printed and restore fds 1 and 2; the file stays DPDK's log stream.
+    fn finish(self) -> NonNull<libc::FILE> {
+        // SAFETY: flushes all C streams, then restores the fds saved in open() and closes the copies.
+        unsafe {
+            libc::fflush(std::ptr::null_mut());
+            for (fd, saved) in [1, 2].into_iter().zip(self.saved) {
+                if saved >= 0 {
+                    libc::dup2(saved, fd);
+                    libc::close(saved);
+                }
+            }
+        }
+        self.file
+    }
+}
+
+/// Everything DPDK printed so far when it logs to a file ([`Eal::init_captured`], [`Eal::init_with_log`]); empty
+/// when it logs to the terminal.
+pub fn captured_log() -> String {
+    let fd = LOG_FD.load(Ordering::SeqCst);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    if fd < 0 {
+        return String::new();
+    }
+    loop {
+        // SAFETY: fd is a descriptor this module keeps open for the process lifetime; buf is writable.
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), out.len() as libc::off_t) };
+        if n <= 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n as usize]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_in_documented_order() {
+        let mut a = EalArgs::new("rdp", "1");
+        a.no_huge_mb = Some(256);
+        a.no_shconf = true;
+        a.file_prefix = Some("rdp_t2".into());
+        a.log_level = Some("*:error".into());
+        a.vdevs.push("net_memif0,role=server,socket=/tmp/m.sock".into());
+        a.extra.push("--single-file-segments".into());
+        assert_eq!(
+            a.to_vec(),
+            [
+                "rdp",
+                "-l",
+                "1",
+                "--no-huge",
+                "-m",
+                "256",
+                "--no-shconf",
+                "--file-prefix=rdp_t2",
+                "--no-pci",
+                "--no-telemetry",
+                "--log-level=*:error",
+                "--vdev=net_memif0,role=server,socket=/tmp/m.sock",
+                "--single-file-segments"
+            ]
+        );
+    }
+
+    #[test]
+    fn minimal_args() {
+        let mut a = EalArgs::new("p", "0-1");
+        assert_eq!(a.to_vec(), ["p", "-l", "0-1", "--no-pci", "--no-telemetry"]);
+        a.no_pci = false;
+        a.no_telemetry = false;
+        a.in_memory = true;
+        assert_eq!(a.to_vec(), ["p", "-l", "0-1", "--in-memory"]);
+    }
+
+    #[test]
+    fn argv_is_null_terminated() {
+        let argv = leak_argv(vec!["a".into(), "bc".into()]).unwrap();
+        assert_eq!(argv.len(), 3);
+        assert!(argv[2].is_null());
+        // SAFETY: entries 0 and 1 are leaked CStrings.
+        assert_eq!(unsafe { CStr::from_ptr(argv[1]) }, c"bc");
+        assert!(leak_argv(vec![]).is_err());
+        assert!(leak_argv(vec!["a\0b".into()]).is_err());
+    }
+}

@@ -1,0 +1,486 @@
+//! Ethernet ports: configure, start, stop, link, stats, MTU, capabilities, rx/tx bursts.
+
+use std::cell::Cell;
+use std::ffi::{CStr, CString};
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::time::{Duration, Instant};
+
+use super::eal::Eal;
+use super::error::{check, DpdkError, Result};
+use super::mbuf::Burst;
+use super::mempool::Mempool;
+use super::ring::Ring;
+
+/// How to configure a port ([`Port::configure`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortConfig {
+    /// Number of rx queues (each filled from the same pool).
+    pub rx_queues: u16,
+    /// Number of tx queues.
+    pub tx_queues: u16,
+    /// Descriptors per rx queue (adjusted to the device's limits).
+    pub rx_desc: u16,
+    /// Descriptors per tx queue (adjusted to the device's limits).
+    pub tx_desc: u16,
+    /// MTU to set after configuring; `None` keeps the device's default (memif: 1500 is also its maximum).
+    pub mtu: Option<u16>,
+    /// `RTE_ETH_RX_OFFLOAD_*` bits to enable (must be in [`PortInfo::rx_offload_capa`]).
+    pub rx_offloads: u64,
+    /// `RTE_ETH_TX_OFFLOAD_*` bits to enable (must be in [`PortInfo::tx_offload_capa`]).
+    pub tx_offloads: u64,
+}
+
+impl Default for PortConfig {
+    fn default() -> Self {
+        Self { rx_queues: 1, tx_queues: 1, rx_desc: 1024, tx_desc: 1024, mtu: None, rx_offloads: 0, tx_offloads: 0 }
+    }
+}
+
+/// What the driver reports about a port (`rte_eth_dev_info_get`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// Driver name, e.g. `net_memif`.
+    pub driver: String,
+    /// Most rx queues the device supports.
+    pub max_rx_queues: u16,
+    /// Most tx queues the device supports.
+    pub max_tx_queues: u16,
+    /// Smallest MTU.
+    pub min_mtu: u16,
+    /// Largest MTU.
+    pub max_mtu: u16,
+    /// Largest frame the device receives (memif: 1518).
+    pub max_rx_pktlen: u32,
+    /// Smallest rx buffer (mbuf data room minus headroom) the driver accepts.
+    pub min_rx_bufsize: u32,
+    /// Supported `RTE_ETH_RX_OFFLOAD_*` bits.
+    pub rx_offload_capa: u64,
+    /// Supported `RTE_ETH_TX_OFFLOAD_*` bits.
+    pub tx_offload_capa: u64,
+}
+
+/// Link state (`rte_eth_link_get_nowait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Link {
+    /// Whether the link is up (memif: connected to its peer).
+    pub up: bool,
+    /// Speed in Mbit/s (0 if unknown).
+    pub speed_mbps: u32,
+    /// Full duplex.
+    pub full_duplex: bool,
+}
+
+/// Basic port counters (`rte_eth_stats_get`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Frames received.
+    pub ipackets: u64,
+    /// Frames sent.
+    pub opackets: u64,
+    /// Bytes received.
+    pub ibytes: u64,
+    /// Bytes sent.
+    pub obytes: u64,
+    /// Frames dropped by the device because no rx descriptor was free.
+    pub imissed: u64,
+    /// Erroneous frames received.
+    pub ierrors: u64,
+    /// Failed transmissions.
+    pub oerrors: u64,
+    /// Rx failures because the mempool was empty.
+    pub rx_nombuf: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Idle,
+    Configured,
+    Started,
+}
+
+/// An ethdev port. Stopped and closed on drop (and its vdev removed, if this layer created one).
+///
+/// `Send` (a worker thread may own it) but not `Sync`: rx/tx bursts on one queue must not run concurrently.
+pub struct Port {
+    id: u16,
+    state: State,
+    /// The vdev name when this layer created the device (removed on drop).
+    vdev: Option<CString>,
+    /// Pools the rx queues fill from; they must outlive the port.
+    pools: Vec<Mempool>,
+    /// Rings behind a net_ring port; they must outlive the port.
+    rings: Vec<Ring>,
+    eal: Eal,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl Port {
+    /// The port with id `id`.
+    pub fn from_id(eal: &Eal, id: u16) -> Result<Port> {
+        // SAFETY: EAL is initialised; any id is accepted.
+        if unsafe { dpdk_sys::rte_eth_dev_is_valid_port(id) } == 0 {
+            return Err(DpdkError::new("rte_eth_dev_is_valid_port", libc::ENODEV));
+        }
+        Ok(Self::wrap(eal, id, None, Vec::new()))
+    }
+
+    /// The port named `name` (e.g. `net_memif0`, or a PCI address).
+    pub fn by_name(eal: &Eal, name: &str) -> Result<Port> {
+        const OP: &str = "rte_eth_dev_get_port_by_name";
+        let id = port_id_by_name(OP, name)?;
+        Ok(Self::wrap(eal, id, None, Vec::new()))
+    }
+
+    /// Create the virtual device `name` (its driver is the name without the trailing number, e.g. `net_memif0`)
+    /// with driver arguments `args` (e.g. `role=server,socket=/run/x.sock`) and return its port.
+    pub fn vdev(eal: &Eal, name: &str, args: &str) -> Result<Port> {
+        const OP: &str = "rte_vdev_init";
+        let cname = CString::new(name).map_err(|_| DpdkError::new(OP, libc::EINVAL))?;
+        let cargs = CString::new(args).map_err(|_| DpdkError::new(OP, libc::EINVAL))?;
+        // Drivers fail with -errno or with a plain -1 after a failed system call (memif: bind, af_packet: ioctl),
+        // leaving rte_errno or errno as the only hint; clear both first so a stale value is not reported.
+        // SAFETY: writes the thread-local rte_errno.
+        unsafe { dpdk_sys::rte_errno_set_(0) };
+        set_errno(0);
+        // SAFETY: EAL is initialised; both strings are NUL-terminated and copied by DPDK.
+        let ret = unsafe { dpdk_sys::rte_vdev_init(cname.as_ptr(), cargs.as_ptr()) };
+        let os_errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        if ret != 0 {
+            // SAFETY: reads the thread-local rte_errno.
+            let rte_errno = unsafe { dpdk_sys::rte_errno_() };
+            let errno = match ret {
+                -1 if rte_errno > 0 => rte_errno,
+                -1 if os_errno > 0 => os_errno,
+                -1 => libc::ENODEV,
+                r => -r,
+            };
+            return Err(DpdkError::new(OP, errno));
+        }
+        match port_id_by_name("rte_eth_dev_get_port_by_name", name) {
+            Ok(id) => Ok(Self::wrap(eal, id, Some(cname), Vec::new())),
+            Err(e) => {
+                // SAFETY: the device was created above and has no port we could use; remove it again.
+                unsafe { dpdk_sys::rte_vdev_uninit(cname.as_ptr()) };
+                Err(e)
+            }
+        }
+    }
+
+    /// A net_ring port named `name` that receives from `rx` and transmits into `tx` (one queue each way). Two such
+    /// ports with the rings swapped are cross-connected: what one sends, the other receives.
+    pub fn from_rings(eal: &Eal, name: &str, rx: &Ring, tx: &Ring) -> Result<Port> {
+        const OP: &str = "rte_eth_from_rings";
+        let cname = CString::new(name).map_err(|_| DpdkError::new(OP, libc::EINVAL))?;
+        let mut rxr = [rx.as_ptr()];
+        let mut txr = [tx.as_ptr()];
+        // SAFETY: EAL is initialised; the ring arrays hold one valid ring each (counts 1), which the returned Port
+        // keeps alive; the name is NUL-terminated. Returns the port id or -1 with rte_errno.
+        let ret = unsafe { dpdk_sys::rte_eth_from_rings(cname.as_ptr(), rxr.as_mut_ptr(), 1, txr.as_mut_ptr(), 1, 0) };
+        let id = u16::try_from(ret).map_err(|_| DpdkError::from_rte_errno(OP))?;
+        Ok(Self::wrap(eal, id, None, vec![rx.clone(), tx.clone()]))
+    }
+
+    fn wrap(eal: &Eal, id: u16, vdev: Option<CString>, rings: Vec<Ring>) -> Port {
+        Port { id, state: State::Idle, vdev, pools: Vec::new(), rings, eal: eal.clone(), _not_sync: PhantomData }
+    }
+
+    /// The port id.
+    pub fn id(&self) -> u16 {
+        self.id
+    }
+
+    /// The device name (`rte_eth_dev_get_name_by_port`).
+    pub fn name(&self) -> String {
+        let mut buf = [0 as std::ffi::c_char; dpdk_sys::RTE_ETH_NAME_MAX_LEN as usize];
+        // SAFETY: buf has RTE_ETH_NAME_MAX_LEN bytes as the API requires; the id is valid while self exists.
+        let ret = unsafe { dpdk_sys::rte_eth_dev_get_name_by_port(self.id, buf.as_mut_ptr()) };
+        if ret != 0 {
+            return format!("port{}", self.id);
+        }
+        // SAFETY: on success DPDK wrote a NUL-terminated name into buf.
+        unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+    }
+
+    /// Driver capabilities and limits.
+    pub fn info(&self) -> Result<PortInfo> {
+        let i = self.raw_info()?;
+        let driver = if i.driver_name.is_null() {
+            String::new()
+        } else {
+            // SAFETY: checked non-null; the driver name is a static string of the PMD.
+            unsafe { CStr::from_ptr(i.driver_name) }.to_string_lossy().into_owned()
+        };
+        Ok(PortInfo {
+            driver,
+            max_rx_queues: i.max_rx_queues,
+            max_tx_queues: i.max_tx_queues,
+            min_mtu: i.min_mtu,
+            max_mtu: i.max_mtu,
+            max_rx_pktlen: i.max_rx_pktlen,
+            min_rx_bufsize: i.min_rx_bufsize,
+            rx_offload_capa: i.rx_offload_capa,
+            tx_offload_capa: i.tx_offload_capa,
+        })
+    }
+
+    fn raw_info(&self) -> Result<dpdk_sys::rte_eth_dev_info> {
+        let mut info = MaybeUninit::<dpdk_sys::rte_eth_dev_info>::zeroed();
+        // SAFETY: info is writable storage of the right type; the port id is valid while self exists.
+        check("rte_eth_dev_info_get", unsafe { dpdk_sys::rte_eth_dev_info_get(self.id, info.as_mut_ptr()) })?;
+        // SAFETY: zero-initialised (a valid bit pattern for this plain C struct) and filled by DPDK.
+        Ok(unsafe { info.assume_init() })
+    }
+
+    /// Configure queues, descriptors, offloads and MTU; rx queues fill from `pool`. The port must be stopped.
+    pub fn configure(&mut self, conf: &PortConfig, pool: &Mempool) -> Result<()> {
+        if self.state == State::Started {
+            return Err(DpdkError::new("rte_eth_dev_configure", libc::EBUSY));
+        }
+        // SAFETY: rte_eth_conf is a plain C struct for which all-zero is the documented default configuration.
+        let mut eth_conf: dpdk_sys::rte_eth_conf = unsafe { std::mem::zeroed() };
+        eth_conf.rxmode.offloads = conf.rx_offloads;
+        eth_conf.txmode.offloads = conf.tx_offloads;
+        // SAFETY: the port id is valid; eth_conf is fully initialised and only read by DPDK.
+        let ret = unsafe { dpdk_sys::rte_eth_dev_configure(self.id, conf.rx_queues, conf.tx_queues, &eth_conf) };
+        check("rte_eth_dev_configure", ret)?;
+        self.state = State::Configured;
+        let (mut rx_desc, mut tx_desc) = (conf.rx_desc, conf.tx_desc);
+        // SAFETY: the port id is valid; both pointers are to live u16s.
+        let ret = unsafe { dpdk_sys::rte_eth_dev_adjust_nb_rx_tx_desc(self.id, &mut rx_desc, &mut tx_desc) };
+        check("rte_eth_dev_adjust_nb_rx_tx_desc", ret)?;
+        if let Some(mtu) = conf.mtu {
+            // SAFETY: the port id is valid and the port is configured, not started.
+            check("rte_eth_dev_set_mtu", unsafe { dpdk_sys::rte_eth_dev_set_mtu(self.id, mtu) })?;
+        }
+        // SAFETY: the port id is valid.
+        let socket = unsafe { dpdk_sys::rte_eth_dev_socket_id(self.id) };
+        let socket = u32::try_from(socket).unwrap_or(dpdk_sys::SOCKET_ID_ANY as u32);
+        for q in 0..conf.rx_queues {
+            // SAFETY: valid port and queue index; NULL rxconf means the driver's defaults; the pool is alive and
+            // kept alive by self.pools for as long as the port exists.
+            let ret = unsafe {
+                dpdk_sys::rte_eth_rx_queue_setup(self.id, q, rx_desc, socket, std::ptr::null(), pool.as_ptr())
+            };
+            check("rte_eth_rx_queue_setup", ret)?;
+        }
+        for q in 0..conf.tx_queues {
+            // SAFETY: valid port and queue index; NULL txconf means the driver's defaults.
+            let ret = unsafe { dpdk_sys::rte_eth_tx_queue_setup(self.id, q, tx_desc, socket, std::ptr::null()) };
+            check("rte_eth_tx_queue_setup", ret)?;
+        }
+        self.pools.push(pool.clone());
+        Ok(())
+    }
+
+    /// Start the port (after [`Port::configure`]).
+    pub fn start(&mut self) -> Result<()> {
+        // SAFETY: the port id is valid; DPDK checks the configuration state itself.
+        check("rte_eth_dev_start", unsafe { dpdk_sys::rte_eth_dev_start(self.id) })?;
+        self.state = State::Started;
+        Ok(())
+    }
+
+    /// Stop the port. memif: make sure the peer no longer polls first (see `rdp-porttest`'s stop handshake).
+    pub fn stop(&mut self) -> Result<()> {
+        if self.state != State::Started {
+            return Ok(());
+        }
+        // SAFETY: the port id is valid and the port is started.
+        check("rte_eth_dev_stop", unsafe { dpdk_sys::rte_eth_dev_stop(self.id) })?;
+        self.state = State::Configured;
+        Ok(())
+    }
+
+    /// Whether the port is started.
+    pub fn is_started(&self) -> bool {
+        self.state == State::Started
+    }
+
+    /// Receive all frames without a matching destination MAC too.
+    pub fn enable_promiscuous(&mut self) -> Result<()> {
+        // SAFETY: the port id is valid.
+        check("rte_eth_promiscuous_enable", unsafe { dpdk_sys::rte_eth_promiscuous_enable(self.id) }).map(drop)
+    }
+
+    /// The current link state, without waiting.
+    pub fn link(&self) -> Result<Link> {
+        let mut link = dpdk_sys::rte_eth_link::default();
+        // SAFETY: the port id is valid; link is writable storage of the right type.
+        check("rte_eth_link_get_nowait", unsafe { dpdk_sys::rte_eth_link_get_nowait(self.id, &mut link) })?;
+        Ok(Link { up: link.link_status() != 0, speed_mbps: link.link_speed, full_duplex: link.link_duplex() != 0 })
+    }
+
+    /// Poll the link every 10 ms until it is up; `ETIMEDOUT` after `timeout`.
+    pub fn wait_link_up(&self, timeout: Duration) -> Result<Link> {
+        self.wait_link(true, timeout)
+    }
+
+    /// Poll the link every 10 ms until it is down (memif: the peer disconnected); `ETIMEDOUT` after `timeout`.
+    pub fn wait_link_down(&self, timeout: Duration) -> Result<Link> {
+        self.wait_link(false, timeout)
+    }
+
+    fn wait_link(&self, up: bool, timeout: Duration) -> Result<Link> {
+        let start = Instant::now();
+        loop {
+            let link = self.link()?;
+            if link.up == up {
+                return Ok(link);
+            }
+            if start.elapsed() >= timeout {
+                return Err(DpdkError::new(
+                    if up { "wait for link up" } else { "wait for link down" },
+                    libc::ETIMEDOUT,
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Port counters.
+    pub fn stats(&self) -> Result<PortStats> {
+        let mut s = dpdk_sys::rte_eth_stats::default();
+        // SAFETY: the port id is valid; s is writable storage of the right type.
+        check("rte_eth_stats_get", unsafe { dpdk_sys::rte_eth_stats_get(self.id, &mut s) })?;
+        Ok(PortStats {
+            ipackets: s.ipackets,
+            opackets: s.opackets,
+            ibytes: s.ibytes,
+            obytes: s.obytes,
+            imissed: s.imissed,
+            ierrors: s.ierrors,
+            oerrors: s.oerrors,
+            rx_nombuf: s.rx_nombuf,
+        })
+    }
+
+    /// Reset the port counters.
+    pub fn reset_stats(&self) -> Result<()> {
+        // SAFETY: the port id is valid.
+        check("rte_eth_stats_reset", unsafe { dpdk_sys::rte_eth_stats_reset(self.id) }).map(drop)
+    }
+
+    /// The current MTU.
+    pub fn mtu(&self) -> Result<u16> {
+        let mut mtu = 0u16;
+        // SAFETY: the port id is valid; mtu is a live u16.
+        check("rte_eth_dev_get_mtu", unsafe { dpdk_sys::rte_eth_dev_get_mtu(self.id, &mut mtu) })?;
+        Ok(mtu)
+    }
+
+    /// Set the MTU (most drivers want the port stopped).
+    pub fn set_mtu(&mut self, mtu: u16) -> Result<()> {
+        // SAFETY: the port id is valid.
+        check("rte_eth_dev_set_mtu", unsafe { dpdk_sys::rte_eth_dev_set_mtu(self.id, mtu) }).map(drop)
+    }
+
+    /// The port's MAC address.
+    pub fn mac(&self) -> Result<[u8; 6]> {
+        let mut addr = dpdk_sys::rte_ether_addr::default();
+        // SAFETY: the port id is valid; addr is writable storage of the right type.
+        check("rte_eth_macaddr_get", unsafe { dpdk_sys::rte_eth_macaddr_get(self.id, &mut addr) })?;
+        Ok(addr.addr_bytes)
+    }
+
+    /// Receive into the free slots of `burst` from rx queue `queue`; returns how many frames arrived.
+    #[inline]
+    pub fn rx_burst(&self, queue: u16, burst: &mut Burst) -> usize {
+        let id = self.id;
+        // SAFETY: the port is valid and (when the caller configured the queue) the PMD writes at most `n` owned
+        // mbufs to the slots it is given and returns their number, as fill_with requires. Port is !Sync, so no
+        // other thread polls this queue through this Port.
+        unsafe { burst.fill_with(|slots, n| dpdk_sys::rte_eth_rx_burst_(id, queue, slots, n)) }
+    }
+
+    /// Transmit `burst` on tx queue `queue`; the mbufs the PMD did not take stay in `burst` (at the front).
+    /// Returns how many were sent.
+    #[inline]
+    pub fn tx_burst(&self, queue: u16, burst: &mut Burst) -> usize {
+        let id = self.id;
+        // SAFETY: the PMD takes ownership of exactly the first `ret` mbufs, as take_with requires; Port is !Sync.
+        unsafe { burst.take_with(|pkts, n| dpdk_sys::rte_eth_tx_burst_(id, queue, pkts, n)) }
+    }
+
+    /// The EAL this port belongs to.
+    pub fn eal(&self) -> &Eal {
+        &self.eal
+    }
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        // SAFETY: the port id is valid until closed here; after close neither the id nor the vdev is used again.
+        unsafe {
+            if self.state == State::Started {
+                dpdk_sys::rte_eth_dev_stop(self.id);
+            }
+            dpdk_sys::rte_eth_dev_close(self.id);
+            if let Some(name) = &self.vdev {
+                dpdk_sys::rte_vdev_uninit(name.as_ptr());
+            }
+        }
+        // Pools and rings (and the EAL handle) drop after the port is closed.
+        self.rings.clear();
+        self.pools.clear();
+    }
+}
+
+/// Set the calling thread's C `errno`.
+fn set_errno(value: i32) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = value };
+}
+
+fn port_id_by_name(op: &'static str, name: &str) -> Result<u16> {
+    let cname = CString::new(name).map_err(|_| DpdkError::new(op, libc::EINVAL))?;
+    let mut id = 0u16;
+    // SAFETY: cname is NUL-terminated; id is a live u16.
+    check(op, unsafe { dpdk_sys::rte_eth_dev_get_port_by_name(cname.as_ptr(), &mut id) })?;
+    Ok(id)
+}
+
+/// Names of the offload bits set in `bits`, for printing capabilities (`rx` selects the rx table).
+pub fn offload_names(rx: bool, bits: u64) -> Vec<&'static str> {
+    const RX: &[(u32, &str)] = &[
+        (dpdk_sys::RTE_ETH_RX_OFFLOAD_VLAN_STRIP, "vlan_strip"),
+        (dpdk_sys::RTE_ETH_RX_OFFLOAD_IPV4_CKSUM, "ipv4_cksum"),
+        (dpdk_sys::RTE_ETH_RX_OFFLOAD_UDP_CKSUM, "udp_cksum"),
+        (dpdk_sys::RTE_ETH_RX_OFFLOAD_TCP_CKSUM, "tcp_cksum"),
+        (dpdk_sys::RTE_ETH_RX_OFFLOAD_TCP_LRO, "tcp_lro"),
+        (dpdk_sys::RTE_ETH_RX_OFFLOAD_SCATTER, "scatter"),
+        (dpdk_sys::RTE_ETH_RX_OFFLOAD_TIMESTAMP, "timestamp"),
+        (dpdk_sys::RTE_ETH_RX_OFFLOAD_KEEP_CRC, "keep_crc"),
+        (dpdk_sys::RTE_ETH_RX_OFFLOAD_RSS_HASH, "rss_hash"),
+    ];
+    const TX: &[(u32, &str)] = &[
+        (dpdk_sys::RTE_ETH_TX_OFFLOAD_VLAN_INSERT, "vlan_insert"),
+        (dpdk_sys::RTE_ETH_TX_OFFLOAD_IPV4_CKSUM, "ipv4_cksum"),
+        (dpdk_sys::RTE_ETH_TX_OFFLOAD_UDP_CKSUM, "udp_cksum"),
+        (dpdk_sys::RTE_ETH_TX_OFFLOAD_TCP_CKSUM, "tcp_cksum"),
+        (dpdk_sys::RTE_ETH_TX_OFFLOAD_TCP_TSO, "tcp_tso"),
+        (dpdk_sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS, "multi_segs"),
+        (dpdk_sys::RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE, "mbuf_fast_free"),
+    ];
+    let table = if rx { RX } else { TX };
+    table.iter().filter(|(bit, _)| bits & u64::from(*bit) != 0).map(|(_, n)| *n).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offload_names_pick_set_bits() {
+        let bits = u64::from(dpdk_sys::RTE_ETH_RX_OFFLOAD_UDP_CKSUM | dpdk_sys::RTE_ETH_RX_OFFLOAD_SCATTER);
+        assert_eq!(offload_names(true, bits), ["udp_cksum", "scatter"]);
+        assert_eq!(offload_names(false, 0), Vec::<&str>::new());
+        assert_eq!(offload_names(false, u64::from(dpdk_sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS)), ["multi_segs"]);
+    }
+
+    #[test]
+    fn default_config_is_one_queue_pair() {
+        let c = PortConfig::default();
+        assert_eq!((c.rx_queues, c.tx_queues, c.mtu), (1, 1, None));
+    }
+}

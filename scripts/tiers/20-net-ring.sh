@@ -1,0 +1,23 @@
+# Tier 2: one process, no hugepages: two net_ring ports cross-connected (rte_eth_from_rings); 64 B, 1 KiB and 4 KiB
+# frames both ways, every byte checked. Plus bad input: a wrong EAL argument and a vdev that does not exist.
+TIERS+=(tier2_ring)
+
+tier2_ring() {
+    tier_begin "tier 2 net_ring"
+    if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
+    local p="${RUN_ID}t2" log="$LOG_DIR/tier2-ring.log" rc=0
+    track_prefix "$p"
+    timeout 120 "$PORTTEST" ring --file-prefix "$p" --mem 256 >"$log" 2>&1 || rc=$?
+    check "ring pair: exit status 0 (got $rc)" test "$rc" -eq 0
+    tool_checks "$log"
+    local left
+    left=$(prefix_leftovers "$p")
+    check "ring pair: nothing left behind${left:+ ($left)}" test -z "$left"
+
+    expect_setup_error "wrong EAL argument" "${p}e" "rte_eal_init failed: Invalid argument" -- \
+        "$PORTTEST" ring --file-prefix "${p}e" --eal=--no-such-eal-option
+    expect_setup_error "vdev that does not exist" "${p}v" "rte_eal_init failed: .*net_nosuchdriver0" -- \
+        "$PORTTEST" ring --file-prefix "${p}v" --eal=--vdev=net_nosuchdriver0
+    TIER_NOTE="($(grep -m1 '^RESULT ring a' "$log" | grep -Eo 'rx [0-9]+ frames' | head -1) each way, 64/1024/4096 B)"
+    tier_end
+}
