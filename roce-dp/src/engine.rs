@@ -10,14 +10,15 @@
 //! most one live entry per (QP, timer kind), so `poll_timeout` is O(1) and expiry O(log n). QPs with something to
 //! send sit in a FIFO ready queue (round-robin), so `poll_transmit` never scans idle QPs.
 
+use crate::cc::{CcConfig, CcState, RateController};
 use crate::mr::{AccessFlags, MrKeys, MrTable, Pd};
 use crate::qp::requester::ReqOutcome;
 use crate::qp::{timer::NUM_TIMERS, LocalIp, Qp, QpAttr, QpCaps, QpState, RecvWqe, SendWqe, TimerTable, VerbsError};
-use crate::qp::{TimerKind, WqeState, MAX_MSG_LEN};
+use crate::qp::{PeerAddr, TimerKind, WqeState, MAX_MSG_LEN};
 use crate::stats::{EngineStats, QpCounters};
 use crate::time::{Duration, Instant};
 use crate::verbs::{Cq, CqId, Cqe, SendWr, Sge};
-use crate::wire::{self, op, BthRepr, Error as WireError, ExtRepr, MacAddr, Psn};
+use crate::wire::{self, op, BthRepr, Ecn, Error as WireError, ExtRepr, IpAddrs, MacAddr, Psn, RoceFrame};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -60,6 +61,9 @@ pub struct EngineConfig {
     /// Treat `retry_cnt = 7` as "retry forever", as Linux rxe does (ROCE-NOTES §1.4). Off by default: the IBA
     /// and ConnectX count 7 retries and then complete with RETRY_EXC_ERR; only `rnr_retry = 7` is infinite.
     pub retry_cnt_7_infinite: bool,
+    /// Congestion control: the reaction point of every QP (line rate or DCQCN), the notification point (CNPs for
+    /// CE-marked frames), and their parameters.
+    pub cc: CcConfig,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +79,7 @@ impl Default for EngineConfig {
             ack_req_every: 64,
             ack: AckPolicy::default(),
             retry_cnt_7_infinite: false,
+            cc: CcConfig::default(),
         }
     }
 }
@@ -297,7 +302,8 @@ impl Engine {
         };
         let qpn = self.cfg.qpn_base + idx;
         match Qp::new(qpn, pd, send_cq, recv_cq, caps) {
-            Ok(qp) => {
+            Ok(mut qp) => {
+                qp.rc = RateController::new(&self.cfg.cc);
                 self.qps[idx as usize] = Some(Box::new(qp));
                 Ok(qpn)
             }
@@ -351,6 +357,14 @@ impl Engine {
             sq_outstanding: q.sq.len(),
             rq_posted: q.rq.len(),
         })
+    }
+
+    /// A QP's rate control: the DCQCN state, or the line rate when congestion control is off.
+    pub fn qp_cc_state(&self, qpn: u32) -> Option<CcState> {
+        let i = self.qp_index(qpn)?;
+        let q = self.qps[i as usize].as_deref()?;
+        let line = u64::from(self.cfg.cc.line_rate_mbps) * 1000;
+        Some(q.rc.state().unwrap_or(CcState { rate_kbps: line, target_kbps: line, alpha_q20: 0, limited: false }))
     }
 
     /// A QP's counters.
@@ -482,6 +496,7 @@ impl Engine {
         let flags = f.repr.bth.opcode.flags();
         if flags & op::CNP != 0 {
             self.stats.rx_cnp += 1;
+            self.handle_cnp(now, &f);
             return;
         }
         if flags & op::RC == 0 {
@@ -497,14 +512,17 @@ impl Engine {
             self.stats.rx_drop_bad_state += 1;
             return;
         }
-        let peer_ok = match (qp.peer, f.repr.ip.addrs) {
-            (Some(p), wire::IpAddrs::V4 { src, .. }) => matches!(p.ip, wire::IpAddrs::V4 { dst, .. } if dst == src),
-            (Some(p), wire::IpAddrs::V6 { src, .. }) => matches!(p.ip, wire::IpAddrs::V6 { dst, .. } if dst == src),
-            (None, _) => false,
-        };
-        if !peer_ok {
+        if !from_peer(qp.peer, f.repr.ip.addrs) {
             self.stats.rx_drop_wrong_peer += 1;
             return;
+        }
+        if f.repr.ip.ecn == Ecn::Ce {
+            // DCQCN notification point: a CE-marked frame asks for a CNP to the peer QP, at most one per interval.
+            qp.cnt.ecn_ce_rcvd += 1;
+            let iv = Duration::from_micros(u64::from(self.cfg.cc.dcqcn.np_min_time_between_cnps));
+            if !(self.cfg.cc.np_enabled && qp.np.on_ce(now, iv)) {
+                qp.cnt.cnp_suppressed += 1;
+            }
         }
         let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
         if flags & op::REQ != 0 {
@@ -514,6 +532,28 @@ impl Engine {
         }
         self.sync_qp(i);
         self.prune_timers();
+    }
+
+    /// A CNP: its destination QP is ours, the QP whose frames were marked. The reaction point acts on it.
+    fn handle_cnp(&mut self, now: Instant, f: &RoceFrame<'_>) {
+        let Some(i) = self.qp_index(f.repr.bth.dest_qp) else {
+            self.stats.rx_cnp_ignored += 1;
+            return;
+        };
+        let qp = self.qps[i as usize].as_deref_mut().expect("checked");
+        if matches!(qp.state, QpState::Reset | QpState::Init) || !from_peer(qp.peer, f.repr.ip.addrs) {
+            self.stats.rx_cnp_ignored += 1;
+            return;
+        }
+        if qp.rc.on_cnp(now) {
+            qp.cnt.cnp_rcvd += 1;
+            qp.sync_cc();
+            self.sync_timers(i);
+            self.prune_timers();
+        } else {
+            qp.cnt.cnp_ignored += 1;
+            self.stats.rx_cnp_ignored += 1;
+        }
     }
 
     fn count_parse_error(&mut self, e: WireError) {
@@ -549,9 +589,22 @@ impl Engine {
                 self.sync_qp(i);
                 return None;
             }
+            if qp.np.pending() {
+                // A CNP leaves ahead of everything else of the QP, unpaced (CNPs go to the highest priority).
+                qp.np.sent();
+                let repr = qp.cnp_repr(&self.cfg.cc);
+                return self.emit_cnp(i, repr, buf);
+            }
+            // Pacing: data frames (requests, READ responses) wait for the rate controller; ACKs do not.
+            let pace_at = qp.rc.earliest_departure(now);
+            let paced = pace_at > now;
             let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
-            let plan = match qp.next_response(&mut ctx) {
+            let plan = match if qp.response_ready(paced) { qp.next_response(&mut ctx) } else { None } {
                 Some(p) => Some(p),
+                None if paced => {
+                    qp.timers.set(TimerKind::Pace, pace_at);
+                    None
+                }
                 None => match qp.next_request(&mut ctx) {
                     ReqOutcome::Packet(p) => Some(p),
                     ReqOutcome::LocalError(st) => {
@@ -597,6 +650,12 @@ impl Engine {
                     r
                 }
             };
+            if let (Ok(n), true) = (res, plan.data_frame) {
+                if !matches!(qp.rc, RateController::LineRate) {
+                    qp.rc.on_sent(now, n);
+                    qp.sync_cc();
+                }
+            }
             self.sync_qp(i);
             match res {
                 Ok(n) => {
@@ -614,6 +673,25 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// Writes the CNP of QP `i` into `buf`.
+    fn emit_cnp(&mut self, i: u32, mut repr: wire::RoceRepr, buf: &mut [u8]) -> Option<usize> {
+        self.ip_ident = self.ip_ident.wrapping_add(1);
+        repr.ip.ident = self.ip_ident;
+        let res = wire::emit_frame(buf, &repr, 0, |_| {});
+        self.sync_qp(i);
+        let Ok(n) = res else {
+            self.stats.tx_emit_errors += 1;
+            return None;
+        };
+        let qp = self.qps[i as usize].as_deref_mut().expect("present");
+        qp.cnt.cnp_sent += 1;
+        qp.cnt.tx_packets += 1;
+        qp.cnt.tx_bytes += n as u64;
+        self.stats.tx_frames += 1;
+        self.stats.tx_bytes += n as u64;
+        Some(n)
     }
 
     /// The earliest time `handle_timeout` has work (may be early: a spurious call is a no-op).
@@ -650,6 +728,11 @@ impl Engine {
                 TimerKind::Retransmit => qp.on_retransmit_timeout(&mut ctx),
                 TimerKind::Rnr => qp.rnr_until = None,
                 TimerKind::AckCoalesce => qp.flush_pending_ack(),
+                TimerKind::Cc => {
+                    qp.rc.on_timer(now);
+                    qp.sync_cc();
+                }
+                TimerKind::Pace => {} // the QP may send again: sync_qp puts it back in the ready queue
             }
             self.sync_qp(i);
         }
@@ -684,7 +767,11 @@ impl Engine {
     fn sync_qp(&mut self, i: u32) {
         self.sync_timers(i);
         let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
-        let has_work = !qp.out.is_empty() || (qp.requester_has_work() && qp.rnr_until.is_none());
+        // While the pacer holds the QP (Pace armed) only ACK-type responses and CNPs may leave.
+        let paced = qp.timers.get(TimerKind::Pace).is_some();
+        let has_work = qp.np.pending()
+            || qp.response_ready(paced)
+            || (!paced && qp.requester_has_work() && qp.rnr_until.is_none());
         if has_work && !qp.in_ready {
             qp.in_ready = true;
             self.ready.push_back(i);
@@ -706,5 +793,14 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// True if a frame from `src` comes from the QP's peer.
+fn from_peer(peer: Option<PeerAddr>, src: IpAddrs) -> bool {
+    match (peer, src) {
+        (Some(p), IpAddrs::V4 { src, .. }) => matches!(p.ip, IpAddrs::V4 { dst, .. } if dst == src),
+        (Some(p), IpAddrs::V6 { src, .. }) => matches!(p.ip, IpAddrs::V6 { dst, .. } if dst == src),
+        (None, _) => false,
     }
 }

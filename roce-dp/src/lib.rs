@@ -7,6 +7,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod cc;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
 pub mod engine;
@@ -18,6 +19,7 @@ pub mod time;
 pub mod verbs;
 pub mod wire;
 
+pub use cc::{CcAlgorithm, CcConfig, CcState, DcqcnConfig};
 pub use engine::{AckPolicy, Engine, EngineConfig, QpInfo, RxMeta};
 pub use mr::{AccessFlags, MrKeys, Pd};
 pub use qp::{LocalIp, PeerAddr, QpAttr, QpCaps, QpState, VerbsError};

@@ -59,6 +59,8 @@ counters! {
         rx_drop_wrong_transport,
         /// CNPs received.
         rx_cnp,
+        /// CNPs ignored: no congestion control, unknown QP, or not from the QP's peer.
+        rx_cnp_ignored,
         /// Frames written by `poll_transmit`.
         tx_frames,
         /// Bytes written by `poll_transmit`.
@@ -127,6 +129,18 @@ counters! {
         cq_overflows,
         /// Payload bytes that could not be read at transmit time (zero-filled).
         tx_local_access_errors,
+        /// Frames received with ECN = CE (congestion experienced).
+        ecn_ce_rcvd,
+        /// CNPs sent (notification point).
+        cnp_sent,
+        /// CE-marked frames that sent no CNP (inside np_min_time_between_cnps, or NP disabled).
+        cnp_suppressed,
+        /// CNPs received and acted on (reaction point).
+        cnp_rcvd,
+        /// CNPs received and ignored (congestion control off).
+        cnp_ignored,
+        /// Rate decreases by the reaction point.
+        rate_decreases,
     }
 }
 

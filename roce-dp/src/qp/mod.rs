@@ -8,6 +8,7 @@ pub(crate) mod requester;
 pub(crate) mod responder;
 pub(crate) mod timer;
 
+use crate::cc::{NotificationPoint, RateController};
 use crate::mr::{AccessFlags, Pd};
 pub use crate::stats::QpCounters;
 use crate::time::{Duration, Instant};
@@ -86,7 +87,7 @@ pub struct QpAttr {
     pub max_rd_atomic: Option<u8>,
     /// DSCP of transmitted frames.
     pub dscp: Option<u8>,
-    /// ECN codepoint of transmitted data frames.
+    /// ECN codepoint of the frames the QP sends (default ECT(0); CNPs are always Not-ECT).
     pub ecn: Option<Ecn>,
     /// IP TTL / hop limit.
     pub ttl: Option<u8>,
@@ -334,6 +335,10 @@ pub(crate) struct Qp {
     pub(crate) pending_ack: Option<(Psn, u32)>,
 
     pub(crate) timers: TimerTable,
+    /// Reaction point and pacer (congestion control of what this QP sends).
+    pub(crate) rc: RateController,
+    /// Notification point (CNPs for CE-marked frames this QP receives).
+    pub(crate) np: NotificationPoint,
     /// In the engine's ready queue.
     pub(crate) in_ready: bool,
     pub(crate) cnt: QpCounters,
@@ -394,7 +399,8 @@ impl Qp {
             max_dest_rd_atomic: 1,
             peer: None,
             dscp: 0,
-            ecn: Ecn::NotEct,
+            // ECN-capable by default so switches mark instead of dropping (rxe sends Not-ECT: ROCE-NOTES §1.9).
+            ecn: Ecn::Ect0,
             ttl: 64,
             tmpl,
             sq: Ring::new(sq_depth, blank_wqe),
@@ -422,6 +428,8 @@ impl Qp {
             out_cap: 0,
             pending_ack: None,
             timers: TimerTable::default(),
+            rc: RateController::LineRate,
+            np: NotificationPoint::default(),
             in_ready: false,
             cnt: QpCounters::default(),
         })
@@ -614,9 +622,46 @@ impl Qp {
         self.out.clear();
         self.pending_ack = None;
         self.timers = TimerTable::default();
+        self.rc.reset();
+        self.np.reset();
         for r in &mut self.resources {
             *r = Resource::Free;
         }
+    }
+
+    /// True if the responder has a frame that may leave: an ACK-type item, or READ response data when the pacer
+    /// does not hold the QP.
+    #[inline]
+    pub(crate) fn response_ready(&self, paced: bool) -> bool {
+        match self.out.front() {
+            Some(RespOut::Read { .. }) => !paced,
+            Some(_) => true,
+            None => false,
+        }
+    }
+
+    /// Mirrors the rate controller's next event into the CC timer, and its decrease count into the counters.
+    pub(crate) fn sync_cc(&mut self) {
+        match self.rc.next_timer() {
+            Some(t) => self.timers.set(TimerKind::Cc, t),
+            None => self.timers.stop(TimerKind::Cc),
+        }
+        self.cnt.rate_decreases = self.rc.rate_decreases();
+    }
+
+    /// The headers of a CNP to the peer QP (ROCE-NOTES §3.3): the QP's addresses and UDP ports, BTH opcode 0x81
+    /// with BECN, P_Key 0xffff and PSN 0 (then 16 zero bytes and the ICRC), DSCP `np_cnp_dscp`, Not-ECT (a CNP is
+    /// never marked), and 802.1p priority `np_cnp_prio` when the QP's frames carry a VLAN tag.
+    pub(crate) fn cnp_repr(&self, cc: &crate::cc::CcConfig) -> RoceRepr {
+        let mut r = self.tmpl;
+        r.ip.dscp = cc.dcqcn.np_cnp_dscp & 0x3f;
+        r.ip.ecn = Ecn::NotEct;
+        if let Some(v) = r.eth.vlan.as_mut() {
+            v.pcp = cc.dcqcn.np_cnp_prio & 7;
+        }
+        r.bth = wire::BthRepr::cnp(self.dest_qpn);
+        r.ext = wire::ExtRepr::default();
+        r
     }
 
     /// Offset of `psn` inside a WQE's message, in bytes.

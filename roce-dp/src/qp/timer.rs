@@ -12,10 +12,14 @@ pub(crate) enum TimerKind {
     Rnr = 1,
     /// Coalesced ACK must leave by now.
     AckCoalesce = 2,
+    /// Congestion control: the rate controller's next event (DCQCN rate-increase timer, deferred decrease).
+    Cc = 3,
+    /// Pacing: the rate controller lets the next data frame leave at this time.
+    Pace = 4,
 }
 
 /// Number of timer kinds.
-pub(crate) const NUM_TIMERS: usize = 3;
+pub(crate) const NUM_TIMERS: usize = 5;
 
 /// Timer deadlines of one QP plus what the engine's heap holds for each.
 #[derive(Clone, Copy, Debug, Default)]
@@ -43,7 +47,9 @@ impl TimerTable {
         match i {
             0 => TimerKind::Retransmit,
             1 => TimerKind::Rnr,
-            _ => TimerKind::AckCoalesce,
+            2 => TimerKind::AckCoalesce,
+            3 => TimerKind::Cc,
+            _ => TimerKind::Pace,
         }
     }
 }

@@ -1,0 +1,411 @@
+//! The DCQCN reaction point (RP) of one QP, in integer fixed point, and its pacer.
+//!
+//! The equations are those of ROCE-NOTES §3.1 (Zhu et al., SIGCOMM 2015, and the author's ns3-rdma model), with
+//! the ConnectX parameter set of §3.2. Written from those equations; no simulator or driver code was copied.
+//!
+//! ```text
+//! on CNP      alpha = g'*alpha + (1-g')               g' = rp_dce_tcp_g/1024 (1019/1024: the paper's g = 5/1024)
+//!             Rt = Rc   (first CNP; or clamp_tgt_rate; or clamp_tgt_rate_ati and the timer raised Rc since)
+//!             Rc = max(Rc * (1 - alpha / 2^(rp_gd-10)), Rc * rp_min_dec_fac/100, rp_min_rate)
+//!             time/byte stages := 0, byte counter := 0, timer T restarts, alpha period K restarts
+//! every K     alpha = g'*alpha                          (K = rp_dce_tcp_rtt, only while no CNP arrives)
+//! timer T     time stage += 1, then increase           (T = rp_time_reset; T/2 in hyper increase)
+//! B bytes     byte stage += 1, then increase           (B = rp_byte_reset; B/2 in hyper increase)
+//! increase    both stages < F:  fast recovery          Rc = (Rc + Rt) / 2
+//!             one stage >= F:   additive increase      Rt += R_AI;                      Rc = (Rc + Rt) / 2
+//!             both >= F:        hyper increase         Rt += R_HAI * (min stage - F + 1); Rc = (Rc + Rt) / 2
+//! ```
+//! Decisions where the sources leave room (each a documented reading, `[est]` in the notes' sense):
+//! - A QP runs at the line rate with no limiter until its first CNP; the first CNP allocates the limiter with
+//!   alpha = `rp_initial_alpha_value` and Rc = Rt = line rate (or `rp_rate_to_set_on_first_cnp` when non-zero, in
+//!   which case that rate is set and no further decrease is applied for this CNP). Once Rc climbs back to the
+//!   line rate the limiter is released and the QP is unpaced again (as ConnectX frees its rate limiter).
+//! - `rp_rate_reduce_monitor_period`: at most one decrease per period. A CNP inside the period still updates alpha
+//!   and leaves one decrease pending, applied when the period ends (ConnectX checks once per period whether a CNP
+//!   arrived).
+//! - Alpha decays lazily: the number of whole K periods since the last CNP is applied when the next CNP arrives,
+//!   which equals a timer firing every K µs without per-µs timer events.
+//! - Rc = (Rc + Rt) / 2 rounds up, so Rc reaches Rt (and the line rate) instead of stalling one unit below.
+//! - ns3-rdma's special case "first stage and Rt > 10*Rc: Rt /= 8" is not part of the ConnectX parameter set and
+//!   is not implemented.
+//! - Pacing counts frame bytes (Ethernet header to ICRC) at the current rate Rc; a QP that was idle does not bank
+//!   credit (the next frame leaves at once, the one after it one frame time later).
+
+use super::{CcState, DcqcnConfig};
+use crate::time::{Duration, Instant};
+
+/// Alpha 1.0 in the Q20 fixed point used internally (the firmware's 1/1024 units shifted left by 10).
+pub const ALPHA_ONE: u64 = 1 << 20;
+
+/// The parameters converted to the units the arithmetic uses.
+#[derive(Clone, Copy, Debug)]
+struct Params {
+    max_kbps: u64,
+    min_kbps: u64,
+    ai_kbps: u64,
+    hai_kbps: u64,
+    first_kbps: u64,
+    t_reset: Duration,
+    byte_reset: u64,
+    threshold: u32,
+    gd: u32,
+    min_dec_fac: u64,
+    g: u64,
+    k: Duration,
+    rrm: Duration,
+    alpha0: u64,
+    clamp: bool,
+    clamp_ati: bool,
+}
+
+/// The DCQCN reaction point of one QP plus its pacer.
+#[derive(Clone, Debug)]
+pub struct Dcqcn {
+    p: Params,
+    /// A rate limiter is allocated (a CNP arrived and Rc has not returned to the line rate).
+    limited: bool,
+    /// Current rate Rc, kb/s.
+    rc: u64,
+    /// Target rate Rt, kb/s.
+    rt: u64,
+    /// Alpha, Q20.
+    alpha: u64,
+    /// Start of the running alpha period (the last CNP).
+    alpha_at: Instant,
+    /// Time of the last decrease.
+    last_cut: Option<Instant>,
+    /// A CNP arrived inside the monitor period: decrease at `last_cut + rrm`.
+    cut_pending: bool,
+    /// The timer raised the rate since the last decrease (for `rp_clamp_tgt_rate_ati`).
+    timer_raised: bool,
+    time_stage: u32,
+    byte_stage: u32,
+    /// Bytes sent since the last byte-counter event.
+    bytes: u64,
+    /// Next rate-increase timer event.
+    t_next: Option<Instant>,
+    /// Earliest departure of the next frame.
+    next_tx: Instant,
+    /// Sub-nanosecond remainder of the pacing interval, in ns*kb/s.
+    frac: u64,
+    decreases: u64,
+}
+
+impl Dcqcn {
+    /// A reaction point for a port of `line_rate_mbps`.
+    pub fn new(c: &DcqcnConfig, line_rate_mbps: u32) -> Dcqcn {
+        let line = u64::from(line_rate_mbps.max(1)) * 1000;
+        let max_kbps = if c.rp_max_rate == 0 { line } else { (u64::from(c.rp_max_rate) * 1000).min(line) };
+        let min_kbps = (u64::from(c.rp_min_rate.max(1)) * 1000).min(max_kbps);
+        let p = Params {
+            max_kbps,
+            min_kbps,
+            ai_kbps: u64::from(c.rp_ai_rate) * 1000,
+            hai_kbps: u64::from(c.rp_hai_rate) * 1000,
+            first_kbps: (u64::from(c.rp_rate_to_set_on_first_cnp) * 1000).min(max_kbps),
+            t_reset: Duration::from_micros(u64::from(c.rp_time_reset.max(1))),
+            byte_reset: u64::from(c.rp_byte_reset),
+            threshold: c.rp_threshold.max(1),
+            gd: c.rp_gd.clamp(10, 20),
+            min_dec_fac: u64::from(c.rp_min_dec_fac.min(100)),
+            g: u64::from(c.rp_dce_tcp_g.min(1024)),
+            k: Duration::from_micros(u64::from(c.rp_dce_tcp_rtt.max(1))),
+            rrm: Duration::from_micros(u64::from(c.rp_rate_reduce_monitor_period)),
+            alpha0: u64::from(c.rp_initial_alpha_value.min(1024)) << 10,
+            clamp: c.rp_clamp_tgt_rate,
+            clamp_ati: c.rp_clamp_tgt_rate_ati,
+        };
+        let mut d = Dcqcn {
+            p,
+            limited: false,
+            rc: 0,
+            rt: 0,
+            alpha: 0,
+            alpha_at: Instant::ZERO,
+            last_cut: None,
+            cut_pending: false,
+            timer_raised: false,
+            time_stage: 0,
+            byte_stage: 0,
+            bytes: 0,
+            t_next: None,
+            next_tx: Instant::ZERO,
+            frac: 0,
+            decreases: 0,
+        };
+        d.reset();
+        d
+    }
+
+    /// Back to the line rate with no limiter (QP reset).
+    pub fn reset(&mut self) {
+        self.release();
+        self.alpha = self.p.alpha0;
+        self.last_cut = None;
+        self.next_tx = Instant::ZERO;
+        self.frac = 0;
+    }
+
+    fn release(&mut self) {
+        self.limited = false;
+        self.rc = self.p.max_kbps;
+        self.rt = self.p.max_kbps;
+        self.cut_pending = false;
+        self.timer_raised = false;
+        self.time_stage = 0;
+        self.byte_stage = 0;
+        self.bytes = 0;
+        self.t_next = None;
+    }
+
+    /// The earliest time the next data frame may leave.
+    #[inline]
+    pub fn earliest_departure(&self, now: Instant) -> Instant {
+        if self.limited {
+            self.next_tx
+        } else {
+            now
+        }
+    }
+
+    /// A data frame of `bytes` left at `now`: advance the pacer and the byte counter.
+    pub fn on_sent(&mut self, now: Instant, bytes: u64) {
+        if !self.limited {
+            return;
+        }
+        // Pacing: this frame occupies bytes*8 / Rc of the QP's time; nanoseconds = bytes * 8e6 / kb/s.
+        if self.next_tx < now {
+            self.next_tx = now;
+            self.frac = 0;
+        }
+        let num = bytes * 8_000_000 + self.frac;
+        self.next_tx += Duration::from_nanos(num / self.rc);
+        self.frac = num % self.rc;
+        if self.p.byte_reset > 0 {
+            self.bytes += bytes;
+            let thr = if self.hyper() { (self.p.byte_reset / 2).max(1) } else { self.p.byte_reset };
+            if self.bytes >= thr {
+                self.bytes = (self.bytes - thr).min(thr - 1);
+                self.byte_stage = self.byte_stage.saturating_add(1);
+                self.increase();
+            }
+        }
+    }
+
+    /// A CNP arrived at `now`.
+    pub fn on_cnp(&mut self, now: Instant) {
+        if !self.limited {
+            // The first CNP allocates a rate limiter.
+            self.limited = true;
+            self.alpha = self.p.alpha0;
+            self.alpha_at = now;
+            self.rc = self.p.max_kbps;
+            self.rt = self.p.max_kbps;
+            if self.p.first_kbps > 0 {
+                self.rc = self.p.first_kbps.max(self.p.min_kbps);
+                self.rt = self.rc;
+                self.after_decrease(now);
+                return;
+            }
+        } else {
+            self.decay_alpha(now);
+            //= DCQCN SIGCOMM'15 RP: alpha = (1 - g) * alpha + g on a CNP (g = (1024 - rp_dce_tcp_g) / 1024)
+            self.alpha = (self.alpha * self.p.g + ((1024 - self.p.g) << 20)) / 1024;
+            self.alpha_at = now;
+        }
+        let free = match self.last_cut {
+            None => true,
+            Some(t) => now >= t + self.p.rrm,
+        };
+        if free {
+            self.decrease(now);
+        } else {
+            self.cut_pending = true;
+        }
+    }
+
+    /// Applies the alpha decays of every whole period K since the last CNP.
+    fn decay_alpha(&mut self, now: Instant) {
+        let periods = (now - self.alpha_at).as_nanos() / self.p.k.as_nanos().max(1);
+        if self.p.g >= 1024 {
+            return;
+        }
+        // Each step strictly lowers a non-zero alpha, so at most ~2000 steps reach 0 from 1.0 at g = 1019.
+        for _ in 0..periods {
+            if self.alpha == 0 {
+                break;
+            }
+            self.alpha = self.alpha * self.p.g / 1024;
+        }
+    }
+
+    /// The rate decrease of a CNP.
+    fn decrease(&mut self, now: Instant) {
+        // (On the first CNP Rt = Rc = line rate already.)
+        if self.p.clamp || (self.p.clamp_ati && self.timer_raised) {
+            self.rt = self.rc;
+        }
+        //= DCQCN SIGCOMM'15 RP: Rc = Rc * (1 - alpha / 2), here alpha / 2^(rp_gd - 10)
+        let cut = ((u128::from(self.rc) * u128::from(self.alpha)) >> (self.p.gd + 10)) as u64;
+        let floor = self.rc * self.p.min_dec_fac / 100;
+        self.rc = (self.rc - cut.min(self.rc)).max(floor).max(self.p.min_kbps).min(self.p.max_kbps);
+        self.after_decrease(now);
+    }
+
+    fn after_decrease(&mut self, now: Instant) {
+        self.decreases += 1;
+        self.last_cut = Some(now);
+        self.cut_pending = false;
+        self.timer_raised = false;
+        self.time_stage = 0;
+        self.byte_stage = 0;
+        self.bytes = 0;
+        self.t_next = Some(now + self.p.t_reset);
+    }
+
+    #[inline]
+    fn hyper(&self) -> bool {
+        self.time_stage >= self.p.threshold && self.byte_stage >= self.p.threshold
+    }
+
+    /// One rate-increase event (the caller bumped the stage that caused it).
+    fn increase(&mut self) {
+        let f = self.p.threshold;
+        if self.hyper() {
+            let n = u64::from(self.time_stage.min(self.byte_stage) - f + 1);
+            self.rt = self.rt.saturating_add(self.p.hai_kbps.saturating_mul(n));
+        } else if self.time_stage >= f || self.byte_stage >= f {
+            self.rt = self.rt.saturating_add(self.p.ai_kbps);
+        }
+        self.rt = self.rt.min(self.p.max_kbps);
+        self.rc = (self.rc + self.rt).div_ceil(2).min(self.p.max_kbps);
+        if self.rc >= self.p.max_kbps {
+            // Back at the line rate: the limiter is freed (a later CNP starts again from the initial alpha).
+            self.release();
+        }
+    }
+
+    /// Runs the rate-increase timer and a pending decrease whose time has come.
+    pub fn on_timer(&mut self, now: Instant) {
+        if !self.limited {
+            return;
+        }
+        if self.cut_pending {
+            if let Some(t) = self.last_cut {
+                if now >= t + self.p.rrm {
+                    self.decrease(now);
+                }
+            }
+        }
+        if let Some(t) = self.t_next {
+            if now >= t {
+                self.time_stage = self.time_stage.saturating_add(1);
+                self.timer_raised = true;
+                self.increase();
+                if self.limited {
+                    let period =
+                        if self.hyper() { Duration::from_nanos(self.p.t_reset.as_nanos() / 2) } else { self.p.t_reset };
+                    self.t_next = Some(now + period);
+                }
+            }
+        }
+    }
+
+    /// When `on_timer` has work next.
+    #[inline]
+    pub fn next_timer(&self) -> Option<Instant> {
+        let cut = match (self.cut_pending, self.last_cut) {
+            (true, Some(t)) => Some(t + self.p.rrm),
+            _ => None,
+        };
+        match (cut, self.t_next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Decreases so far.
+    pub fn rate_decreases(&self) -> u64 {
+        self.decreases
+    }
+
+    /// Current rate Rc, kb/s.
+    pub fn rate_kbps(&self) -> u64 {
+        self.rc
+    }
+
+    /// A snapshot.
+    pub fn state(&self) -> CcState {
+        CcState { rate_kbps: self.rc, target_kbps: self.rt, alpha_q20: self.alpha as u32, limited: self.limited }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(t: u64) -> Instant {
+        Instant::from_micros(t)
+    }
+
+    #[test]
+    fn first_cnp_halves_then_min_dec_fac_bounds_the_cut() {
+        let mut d = Dcqcn::new(&DcqcnConfig::default(), 25_000);
+        assert_eq!(d.earliest_departure(us(1)), us(1));
+        d.on_cnp(us(10));
+        // alpha = 1023/1024: Rc = 25e6 * (1 - 1023/2048) = 12_512_207.03 kb/s (floor of the cut rounds Rc up).
+        assert_eq!(d.rate_kbps(), 25_000_000 - 25_000_000 * 1023 / 2048);
+        assert_eq!(d.state().target_kbps, 25_000_000);
+        // gd = 10 would cut by alpha ~ 1: min_dec_fac = 50 keeps half.
+        let mut d = Dcqcn::new(&DcqcnConfig { rp_gd: 10, ..DcqcnConfig::default() }, 25_000);
+        d.on_cnp(us(10));
+        assert_eq!(d.rate_kbps(), 12_500_000);
+    }
+
+    #[test]
+    fn monitor_period_folds_cnps_into_one_deferred_decrease() {
+        let mut d = Dcqcn::new(&DcqcnConfig::default(), 25_000);
+        d.on_cnp(us(10));
+        let r1 = d.rate_kbps();
+        d.on_cnp(us(11)); // inside the 4 µs period
+        d.on_cnp(us(12));
+        assert_eq!(d.rate_kbps(), r1);
+        assert_eq!(d.next_timer(), Some(us(14)));
+        d.on_timer(us(14));
+        assert!(d.rate_kbps() < r1);
+        assert_eq!(d.rate_decreases(), 2);
+        assert_eq!(d.next_timer(), Some(us(14 + 300)));
+    }
+
+    #[test]
+    fn pacing_spaces_frames_at_the_current_rate_exactly() {
+        let mut d = Dcqcn::new(&DcqcnConfig { rp_byte_reset: 0, ..DcqcnConfig::default() }, 10_000);
+        d.on_cnp(us(0));
+        let rate = d.rate_kbps(); // ~5 Gb/s
+        let t0 = us(1);
+        assert!(d.earliest_departure(t0) <= t0);
+        let mut t = t0;
+        for _ in 0..1000 {
+            d.on_sent(t, 1000);
+            t = d.earliest_departure(t);
+        }
+        // 1000 frames of 8000 bits at `rate` kb/s, to the nanosecond (the remainder is carried).
+        let want = 1000 * 8_000 * 1_000_000 / rate;
+        assert_eq!((t - t0).as_nanos(), want);
+    }
+
+    #[test]
+    fn recovers_to_line_rate_and_releases_the_limiter() {
+        let mut d = Dcqcn::new(&DcqcnConfig::default(), 25_000);
+        d.on_cnp(us(0));
+        let mut now = us(0);
+        while let Some(t) = d.next_timer() {
+            now = t;
+            d.on_timer(now);
+            assert!(d.rate_kbps() >= 1_000 && d.rate_kbps() <= 25_000_000);
+        }
+        assert!(!d.state().limited);
+        assert_eq!(d.rate_kbps(), 25_000_000);
+        assert!(now < us(100_000));
+    }
+}
