@@ -547,7 +547,7 @@ impl Engine {
         }
         if qp.rc.on_cnp(now) {
             qp.cnt.cnp_rcvd += 1;
-            qp.sync_cc();
+            qp.sync_cc(now);
             self.sync_timers(i);
             self.prune_timers();
         } else {
@@ -653,7 +653,7 @@ impl Engine {
             if let (Ok(n), true) = (res, plan.data_frame) {
                 if !matches!(qp.rc, RateController::LineRate) {
                     qp.rc.on_sent(now, n);
-                    qp.sync_cc();
+                    qp.sync_cc(now);
                 }
             }
             self.sync_qp(i);
@@ -730,7 +730,7 @@ impl Engine {
                 TimerKind::AckCoalesce => qp.flush_pending_ack(),
                 TimerKind::Cc => {
                     qp.rc.on_timer(now);
-                    qp.sync_cc();
+                    qp.sync_cc(now);
                 }
                 TimerKind::Pace => {} // the QP may send again: sync_qp puts it back in the ready queue
             }

@@ -12,6 +12,8 @@ use crate::wire::{IpAddrs, MacAddr};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+pub mod incast;
+
 /// SplitMix64: a small, fast, seedable generator (no dependency, same sequence everywhere).
 #[derive(Clone, Debug)]
 pub struct SimRng(u64);

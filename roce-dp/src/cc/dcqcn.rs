@@ -187,7 +187,7 @@ impl Dcqcn {
             if self.bytes >= thr {
                 self.bytes = (self.bytes - thr).min(thr - 1);
                 self.byte_stage = self.byte_stage.saturating_add(1);
-                self.increase();
+                self.increase(now);
             }
         }
     }
@@ -202,7 +202,7 @@ impl Dcqcn {
             self.rc = self.p.max_kbps;
             self.rt = self.p.max_kbps;
             if self.p.first_kbps > 0 {
-                self.rc = self.p.first_kbps.max(self.p.min_kbps);
+                self.set_rate(now, self.p.first_kbps.max(self.p.min_kbps));
                 self.rt = self.rc;
                 self.after_decrease(now);
                 return;
@@ -241,14 +241,18 @@ impl Dcqcn {
 
     /// The rate decrease of a CNP.
     fn decrease(&mut self, now: Instant) {
+        // Rt keeps the rate before a run of CNPs unless the rate was raised since the last decrease: by the byte
+        // counter (always), by the timer (with clamp_tgt_rate_ati), or on every decrease with clamp_tgt_rate.
         // (On the first CNP Rt = Rc = line rate already.)
-        if self.p.clamp || (self.p.clamp_ati && self.timer_raised) {
+        let raised_by_bytes = self.byte_stage > 0;
+        if self.p.clamp || raised_by_bytes || (self.p.clamp_ati && self.timer_raised) {
             self.rt = self.rc;
         }
         //= DCQCN SIGCOMM'15 RP: Rc = Rc * (1 - alpha / 2), here alpha / 2^(rp_gd - 10)
         let cut = ((u128::from(self.rc) * u128::from(self.alpha)) >> (self.p.gd + 10)) as u64;
         let floor = self.rc * self.p.min_dec_fac / 100;
-        self.rc = (self.rc - cut.min(self.rc)).max(floor).max(self.p.min_kbps).min(self.p.max_kbps);
+        let rc = (self.rc - cut.min(self.rc)).max(floor).max(self.p.min_kbps).min(self.p.max_kbps);
+        self.set_rate(now, rc);
         self.after_decrease(now);
     }
 
@@ -268,8 +272,19 @@ impl Dcqcn {
         self.time_stage >= self.p.threshold && self.byte_stage >= self.p.threshold
     }
 
+    /// Changes Rc; the part of the current pacing gap still ahead is rescaled to the new rate, so a rate change
+    /// takes effect at once (a frame sent at 1 Mb/s does not hold the QP for 33 ms after the rate recovered).
+    fn set_rate(&mut self, now: Instant, rc: u64) {
+        if rc != self.rc && self.next_tx > now {
+            let left = (self.next_tx - now).as_nanos();
+            self.next_tx = now + Duration::from_nanos(left * self.rc / rc);
+            self.frac = 0;
+        }
+        self.rc = rc;
+    }
+
     /// One rate-increase event (the caller bumped the stage that caused it).
-    fn increase(&mut self) {
+    fn increase(&mut self, now: Instant) {
         let f = self.p.threshold;
         if self.hyper() {
             let n = u64::from(self.time_stage.min(self.byte_stage) - f + 1);
@@ -278,7 +293,8 @@ impl Dcqcn {
             self.rt = self.rt.saturating_add(self.p.ai_kbps);
         }
         self.rt = self.rt.min(self.p.max_kbps);
-        self.rc = (self.rc + self.rt).div_ceil(2).min(self.p.max_kbps);
+        let rc = (self.rc + self.rt).div_ceil(2).min(self.p.max_kbps);
+        self.set_rate(now, rc);
         if self.rc >= self.p.max_kbps {
             // Back at the line rate: the limiter is freed (a later CNP starts again from the initial alpha).
             self.release();
@@ -301,7 +317,7 @@ impl Dcqcn {
             if now >= t {
                 self.time_stage = self.time_stage.saturating_add(1);
                 self.timer_raised = true;
-                self.increase();
+                self.increase(now);
                 if self.limited {
                     let period =
                         if self.hyper() { Duration::from_nanos(self.p.t_reset.as_nanos() / 2) } else { self.p.t_reset };

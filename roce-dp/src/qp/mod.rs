@@ -640,11 +640,15 @@ impl Qp {
         }
     }
 
-    /// Mirrors the rate controller's next event into the CC timer, and its decrease count into the counters.
-    pub(crate) fn sync_cc(&mut self) {
+    /// Mirrors the rate controller's next event into the CC timer, moves a waiting pacer deadline to what the
+    /// (possibly changed) rate gives now, and copies the decrease count into the counters.
+    pub(crate) fn sync_cc(&mut self, now: Instant) {
         match self.rc.next_timer() {
             Some(t) => self.timers.set(TimerKind::Cc, t),
             None => self.timers.stop(TimerKind::Cc),
+        }
+        if self.timers.get(TimerKind::Pace).is_some() {
+            self.timers.set(TimerKind::Pace, self.rc.earliest_departure(now).max(now));
         }
         self.cnt.rate_decreases = self.rc.rate_decreases();
     }
