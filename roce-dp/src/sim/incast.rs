@@ -220,8 +220,9 @@ fn sender_ip(i: u32) -> [u8; 4] {
 const RECV_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 0x64]);
 const RECV_IP: [u8; 4] = [10, 0, 0, 100];
 
-/// Sets CE in an IPv4 frame's ECN field (and the header checksum); false if the frame is not ECN-capable.
-fn mark_ce(frame: &mut [u8]) -> bool {
+/// Sets CE in an IPv4 frame's ECN field (and the header checksum), as a switch does; false if the frame is not
+/// ECN-capable (Not-ECT) or not IPv4.
+pub fn mark_ce(frame: &mut [u8]) -> bool {
     let Ok(eth) = EthernetFrame::new_checked(&frame[..]) else { return false };
     let h = eth.header_len();
     if eth.payload_ethertype() != 0x0800 {
@@ -682,7 +683,9 @@ const BLANK: Cqe = Cqe {
     invalidated_rkey: None,
 };
 
-fn connect(e: &mut Engine, qpn: u32, dest: u32, peer: PeerAddr, mtu: u32) -> Result<(), String> {
+/// Takes a QP from RESET to RTS towards `dest` at `peer` (PSNs 0, all remote access, ACK timeout 4 ms, seven
+/// retries).
+pub fn connect(e: &mut Engine, qpn: u32, dest: u32, peer: PeerAddr, mtu: u32) -> Result<(), String> {
     let q = |s| QpAttr { state: Some(s), ..QpAttr::default() };
     e.modify_qp(qpn, &QpAttr { access: Some(AccessFlags::ALL), ..q(QpState::Init) }).map_err(|x| x.to_string())?;
     let rtr = QpAttr {

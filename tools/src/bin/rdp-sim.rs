@@ -4,11 +4,42 @@
 //! The last line is always
 //! `result: status=ok|FAIL completed=N/N verified_bytes=N retransmits=N naks=N timeouts=N goodput_gbps=X sim_time_us=T`
 //! and the exit code is 0 only for status=ok (1 for FAIL, 2 for bad arguments).
+//!
+//! With `--incast N` it runs the N:1 incast instead (N senders -> one switch queue with RED/ECN -> one receiver,
+//! DCQCN on or off) and prints per-flow throughput, Jain fairness, link utilisation, queue, CNPs and drops; the
+//! last line is then
+//! `result: status=ok|FAIL flows=N jain=J util=U max_queue_kb=Q cnps=C drops=D`
+//! where status=FAIL means a work request failed or the simulation stalled (drops and unfairness are reported,
+//! not judged). `--trace FILE.csv` writes `time_us,flow,rate_gbps,goodput_gbps,queue_kb` per flow per sample;
+//! `--plot FILE.svg` draws the rates and the queue over time.
 
 use clap::{Parser, ValueEnum};
+use roce_dp::sim::incast::{Incast, IncastConfig};
 use roce_dp::sim::{ppm, run_workload, LinkConfig, Sim, SimOp, Workload};
-use roce_dp::{Duration, EngineConfig};
+use roce_dp::{CcAlgorithm, CcConfig, DcqcnConfig, Duration, EngineConfig};
+use roce_dp_tools::incast::{plot_svg, trace_csv};
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Preset {
+    /// ns3-rdma sample timing with a 10 us CNP interval (DcqcnConfig::ns3_sample).
+    Ns3,
+    /// The ConnectX firmware defaults (DcqcnConfig::default).
+    Connectx,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum MarkOn {
+    Dequeue,
+    Enqueue,
+}
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Op {
@@ -79,6 +110,197 @@ struct Args {
     /// Print the report as one JSON object (before the result line).
     #[arg(long)]
     json: bool,
+
+    /// Run an N:1 incast (N senders, one switch, one receiver) instead of the two-node workload.
+    #[arg(long, value_name = "N", help_heading = "Incast")]
+    incast: Option<u32>,
+    /// Incast: rate of every link, Gb/s.
+    #[arg(long, default_value_t = 25.0, help_heading = "Incast")]
+    link_gbps: f64,
+    /// Incast: virtual time to run, ms.
+    #[arg(long, default_value_t = 20.0, help_heading = "Incast")]
+    duration_ms: f64,
+    /// Incast: measure throughput, fairness and utilisation from this time on, ms (default: half the duration).
+    #[arg(long, help_heading = "Incast")]
+    measure_from_ms: Option<f64>,
+    /// Incast: DCQCN on the senders (off: line rate, CNPs ignored).
+    #[arg(long, value_enum, default_value = "on", help_heading = "Incast")]
+    dcqcn: OnOff,
+    /// Incast: DCQCN parameter set when no --cc-config is given.
+    #[arg(long, value_enum, default_value = "ns3", help_heading = "Incast")]
+    dcqcn_preset: Preset,
+    /// Incast: congestion-control parameters from a TOML file (ConnectX rp_*/np_* names; see conf/dcqcn.toml).
+    #[arg(long, value_name = "FILE.toml", help_heading = "Incast")]
+    cc_config: Option<PathBuf>,
+    /// Incast: RED Kmin, KiB (no marking at or below).
+    #[arg(long, default_value_t = 20.0, help_heading = "Incast")]
+    kmin_kb: f64,
+    /// Incast: RED Kmax, KiB (every frame marked above).
+    #[arg(long, default_value_t = 200.0, help_heading = "Incast")]
+    kmax_kb: f64,
+    /// Incast: RED marking probability at Kmax (0..1).
+    #[arg(long, default_value_t = 0.1, help_heading = "Incast")]
+    pmax: f64,
+    /// Incast: switch buffer for the egress queue, KiB (tail drop beyond).
+    #[arg(long, default_value_t = 1024.0, help_heading = "Incast")]
+    buffer_kb: f64,
+    /// Incast: decide ECN marking when a frame leaves the queue or when it enters.
+    #[arg(long, value_enum, default_value = "dequeue", help_heading = "Incast")]
+    mark_on: MarkOn,
+    /// Incast: one-way propagation delay of each hop, µs.
+    #[arg(long, default_value_t = 1.0, help_heading = "Incast")]
+    hop_delay_us: f64,
+    /// Incast: trace sample period, µs.
+    #[arg(long, default_value_t = 10.0, help_heading = "Incast")]
+    sample_us: f64,
+    /// Incast: write per-flow rate, goodput and queue depth over time as CSV.
+    #[arg(long, value_name = "FILE.csv", help_heading = "Incast")]
+    trace: Option<PathBuf>,
+    /// Incast: draw the rates and the queue over time as SVG.
+    #[arg(long, value_name = "FILE.svg", help_heading = "Incast")]
+    plot: Option<PathBuf>,
+}
+
+/// Reads a congestion-control configuration from TOML; unknown keys and bad values are errors naming the key.
+fn read_cc_config(path: &PathBuf) -> Result<CcConfig, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
+    let cfg: CcConfig = toml::from_str(&text).map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
+    cfg.validate().map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
+    Ok(cfg)
+}
+
+fn incast_config(a: &Args, n: u32) -> Result<IncastConfig, String> {
+    if n == 0 || n > 1000 {
+        return Err(format!("--incast {n} must be 1..=1000"));
+    }
+    if !(a.link_gbps > 0.0 && a.link_gbps <= 1600.0) {
+        return Err(format!("--link-gbps {} must be in (0, 1600]", a.link_gbps));
+    }
+    if !(a.duration_ms > 0.0 && a.duration_ms <= 10_000.0) {
+        return Err(format!("--duration-ms {} must be in (0, 10000]", a.duration_ms));
+    }
+    let measure = a.measure_from_ms.unwrap_or(a.duration_ms / 2.0);
+    if !(measure >= 0.0 && measure < a.duration_ms) {
+        return Err(format!("--measure-from-ms {measure} must be in [0, --duration-ms)"));
+    }
+    if !(0.0..=1.0).contains(&a.pmax) {
+        return Err(format!("--pmax {} is not a probability in 0..1", a.pmax));
+    }
+    if !(a.kmin_kb >= 0.0 && a.kmax_kb >= a.kmin_kb && a.buffer_kb > 0.0 && a.buffer_kb < 1e9) {
+        return Err("need 0 <= --kmin-kb <= --kmax-kb and --buffer-kb > 0".into());
+    }
+    let sample_ok = a.sample_us > 0.0 && a.sample_us <= 1e6;
+    if !(0.0..=1e6).contains(&a.hop_delay_us) || !sample_ok {
+        return Err("--hop-delay-us must be in [0, 1e6] and --sample-us in (0, 1e6]".into());
+    }
+    let mut cc = match &a.cc_config {
+        Some(p) => read_cc_config(p)?,
+        None => CcConfig {
+            dcqcn: if a.dcqcn_preset == Preset::Ns3 { DcqcnConfig::ns3_sample() } else { DcqcnConfig::default() },
+            ..CcConfig::default()
+        },
+    };
+    cc.algorithm = if a.dcqcn == OnOff::On { CcAlgorithm::Dcqcn } else { CcAlgorithm::LineRate };
+    let ms = |v: f64| Duration::from_nanos((v * 1e6).round() as u64);
+    let us = |v: f64| Duration::from_nanos((v * 1e3).round() as u64);
+    let kib = |v: f64| (v * 1024.0).round() as u64;
+    Ok(IncastConfig {
+        senders: n,
+        link_mbps: (a.link_gbps * 1000.0).round().max(1.0) as u64,
+        hop_delay: us(a.hop_delay_us),
+        kmin_bytes: kib(a.kmin_kb),
+        kmax_bytes: kib(a.kmax_kb),
+        pmax_ppm: ppm(a.pmax),
+        buffer_bytes: kib(a.buffer_kb),
+        mark_on_dequeue: a.mark_on == MarkOn::Dequeue,
+        duration: ms(a.duration_ms),
+        measure_from: ms(measure),
+        cc,
+        sample_every: us(a.sample_us),
+        seed: a.seed,
+        ..IncastConfig::default()
+    })
+}
+
+fn run_incast(a: &Args, n: u32) -> ExitCode {
+    let cfg = match incast_config(a, n) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rdp-sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (sample_ns, buffer_kb) = (cfg.sample_every.as_nanos(), a.buffer_kb);
+    let d = &cfg.cc.dcqcn;
+    println!(
+        "rdp-sim: incast {n}:1 at {} Gb/s, {} ms, DCQCN {}, RED Kmin {} KiB Kmax {} KiB Pmax {} ({}), buffer {} KiB, seed {}",
+        a.link_gbps,
+        a.duration_ms,
+        if a.dcqcn == OnOff::On { "on" } else { "off" },
+        a.kmin_kb,
+        a.kmax_kb,
+        a.pmax,
+        if cfg.mark_on_dequeue { "on dequeue" } else { "on enqueue" },
+        a.buffer_kb,
+        a.seed
+    );
+    println!("dcqcn: {d:?}");
+    let measure_ms = cfg.measure_from.as_nanos() as f64 / 1e6;
+    let inc = match Incast::new(cfg) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("rdp-sim: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let r = inc.run();
+    for (i, f) in r.flows.iter().enumerate() {
+        println!(
+            "flow {i}: goodput_gbps={:.3} completed={} cnps_rcvd={} rate_decreases={} rate_gbps_min={:.3} rate_gbps_max={:.3} retransmits={}",
+            f.goodput_gbps,
+            f.completed,
+            f.cnps_rcvd,
+            f.rate_decreases,
+            f.min_rate_kbps as f64 / 1e6,
+            f.max_rate_kbps as f64 / 1e6,
+            f.retransmits
+        );
+    }
+    println!(
+        "after {measure_ms} ms: jain={:.4} util={:.4}; switch: max_queue_kb={:.1} mean_queue_kb={:.1} marked={} drops={}; receiver: cnps_sent={}",
+        r.jain,
+        r.util,
+        r.max_queue_bytes as f64 / 1024.0,
+        r.mean_queue_bytes / 1024.0,
+        r.marked,
+        r.drops,
+        r.cnps_sent
+    );
+    if let Some(f) = &r.failure {
+        println!("failure: {f} (reproduce with --seed {})", a.seed);
+    }
+    let mut io_ok = true;
+    if let Some(p) = &a.trace {
+        if let Err(e) = std::fs::write(p, trace_csv(&r.trace, sample_ns)) {
+            eprintln!("rdp-sim: --trace {}: {e}", p.display());
+            io_ok = false;
+        }
+    }
+    if let Some(p) = &a.plot {
+        let title = format!("rdp-sim --incast {n} --link-gbps {} --dcqcn {:?}", a.link_gbps, a.dcqcn).to_lowercase();
+        if let Err(e) = std::fs::write(p, plot_svg(&r, a.link_gbps, buffer_kb, &title)) {
+            eprintln!("rdp-sim: --plot {}: {e}", p.display());
+            io_ok = false;
+        }
+    }
+    println!("{}", r.result_line());
+    if !io_ok {
+        ExitCode::from(2)
+    } else if r.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 fn check(a: &Args) -> Result<(), String> {
@@ -128,6 +350,9 @@ fn check(a: &Args) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let a = Args::parse();
+    if let Some(n) = a.incast {
+        return run_incast(&a, n);
+    }
     if let Err(e) = check(&a) {
         eprintln!("rdp-sim: {e}");
         return ExitCode::from(2);

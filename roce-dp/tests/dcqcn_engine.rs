@@ -1,0 +1,186 @@
+//! DCQCN through the engine's sans-IO interface, with explicit time: ECN on transmit, the notification point (CNP
+//! generation, format, one per interval), the reaction point (a CNP cuts the rate, frames are paced, CNPs
+//! ignored without congestion control), counters.
+
+use roce_dp::engine::MAX_HEADER_BYTES;
+use roce_dp::sim::incast::{connect, mark_ce};
+use roce_dp::wire::{self, Ecn, IpAddrs, MacAddr, Opcode};
+use roce_dp::{
+    AccessFlags, CcAlgorithm, CcConfig, DcqcnConfig, Engine, EngineConfig, Instant, LocalIp, PeerAddr, QpAttr, QpCaps,
+    RxMeta, SendWr, Sge, WrOpcode,
+};
+
+const IP: [[u8; 4]; 2] = [[10, 0, 0, 1], [10, 0, 0, 2]];
+const MAC: [MacAddr; 2] = [MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2])];
+const VA: u64 = 0x1000_0000;
+const LEN: u32 = 1 << 20;
+
+/// Node 0 (requester, `cc0`) and node 1 (responder, `cc1`), one connected QP each; node 0 has a 1 MiB WRITE
+/// posted. Returns the engines and QP numbers.
+fn pair(cc0: CcConfig, cc1: CcConfig) -> ([Engine; 2], [u32; 2]) {
+    let mk = |n: usize, cc: CcConfig| {
+        Engine::new(EngineConfig {
+            local_mac: MAC[n],
+            local_ip: LocalIp { v4: Some(IP[n]), v6: None },
+            qpn_base: 0x40 + 0x10 * n as u32,
+            max_unacked_psns: 1024,
+            cc,
+            ..EngineConfig::default()
+        })
+    };
+    let mut e = [mk(0, cc0), mk(1, cc1)];
+    let mut qpn = [0; 2];
+    let mut keys = Vec::new();
+    for (n, eng) in e.iter_mut().enumerate() {
+        let pd = eng.alloc_pd();
+        let cq = eng.create_cq(64).unwrap();
+        keys.push(eng.reg_mr(pd, VA, LEN as usize, AccessFlags::ALL).unwrap());
+        qpn[n] = eng.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+    }
+    for n in 0..2 {
+        let peer = PeerAddr { ip: IpAddrs::V4 { src: [0; 4], dst: IP[1 - n] }, mac: MAC[1 - n] };
+        connect(&mut e[n], qpn[n], qpn[1 - n], peer, 4096).unwrap();
+    }
+    let wr = SendWr::new(1, WrOpcode::RdmaWrite).remote(VA, keys[1].rkey);
+    e[0].post_send(qpn[0], &wr, &[Sge { addr: VA, len: LEN, lkey: keys[0].lkey }]).unwrap();
+    (e, qpn)
+}
+
+fn tx(e: &mut Engine, now: Instant) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; 4096 + MAX_HEADER_BYTES];
+    e.poll_transmit(now, &mut buf).map(|n| buf[..n].to_vec())
+}
+
+fn dcqcn(np_us: u32) -> CcConfig {
+    CcConfig {
+        algorithm: CcAlgorithm::Dcqcn,
+        line_rate_mbps: 25_000,
+        dcqcn: DcqcnConfig { np_min_time_between_cnps: np_us, ..DcqcnConfig::default() },
+        ..CcConfig::default()
+    }
+}
+
+/// Sends one CE-marked data frame per microsecond from node 0 to node 1 for `us` µs; returns node 1's CNPs with
+/// their times (node 1's ACKs are dropped: node 0 keeps sending within its window).
+fn ce_stream(e: &mut [Engine; 2], us: u64) -> Vec<(Instant, Vec<u8>)> {
+    let mut cnps = Vec::new();
+    for t in 0..us {
+        let now = Instant::from_micros(t);
+        let mut f = tx(&mut e[0], now).expect("node 0 has data to send");
+        assert!(mark_ce(&mut f), "data frames are ECN-capable");
+        e[1].handle_rx(now, &f, RxMeta::default());
+        while let Some(out) = tx(&mut e[1], now) {
+            if wire::parse_frame(&out).unwrap().repr.bth.opcode == Opcode::CNP {
+                cnps.push((now, out));
+            }
+        }
+    }
+    cnps
+}
+
+#[test]
+fn data_frames_are_ect0_by_default_with_the_qp_dscp_and_not_ect_on_request() {
+    let (mut e, q) = pair(CcConfig::default(), CcConfig::default());
+    let f = tx(&mut e[0], Instant::ZERO).unwrap();
+    let p = wire::parse_frame(&f).unwrap();
+    assert_eq!((p.repr.ip.ecn, p.repr.ip.dscp), (Ecn::Ect0, 0));
+    e[0].modify_qp(q[0], &QpAttr { ecn: Some(Ecn::NotEct), dscp: Some(26), ..QpAttr::default() }).unwrap();
+    let p = wire::parse_frame(&tx(&mut e[0], Instant::ZERO).unwrap()).unwrap().repr;
+    assert_eq!((p.ip.ecn, p.ip.dscp), (Ecn::NotEct, 26));
+    e[0].modify_qp(q[0], &QpAttr { ecn: Some(Ecn::Ect1), ..QpAttr::default() }).unwrap();
+    let p = wire::parse_frame(&tx(&mut e[0], Instant::ZERO).unwrap()).unwrap().repr;
+    assert_eq!(p.ip.ecn, Ecn::Ect1);
+}
+
+#[test]
+fn ce_marked_frames_get_one_cnp_per_interval_in_the_cnp_format() {
+    let (mut e, q) = pair(CcConfig::default(), CcConfig::default());
+    let cnps = ce_stream(&mut e, 100);
+    // One CE frame per µs, ConnectX default interval 4 µs: CNPs at 0, 4, 8, ... 96 µs.
+    let times: Vec<u64> = cnps.iter().map(|(t, _)| t.as_nanos() / 1000).collect();
+    assert_eq!(times, (0..25).map(|k| 4 * k).collect::<Vec<u64>>());
+    for w in cnps.windows(2) {
+        assert!(w[1].0.saturating_since(w[0].0).as_micros() >= 4, "two CNPs inside the interval");
+    }
+    for (_, f) in &cnps {
+        let p = wire::parse_frame(f).unwrap();
+        let r = p.repr;
+        assert!(p.icrc_ok && p.payload.is_empty());
+        assert_eq!(r.bth.opcode.0, 0x81);
+        assert!(r.bth.becn && !r.bth.fecn && !r.bth.ack_req && !r.bth.solicited);
+        assert_eq!((r.bth.dest_qp, r.bth.pkey, r.bth.psn.value()), (q[0], 0xffff, 0));
+        assert_eq!((r.ip.dscp, r.ip.ecn), (48, Ecn::NotEct));
+        assert_eq!(r.ip.addrs, IpAddrs::V4 { src: IP[1], dst: IP[0] });
+        assert_eq!((r.eth.src, r.eth.dst, r.udp_dst), (MAC[1], MAC[0], 4791));
+        // Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + 16 reserved zero bytes + ICRC 4.
+        assert_eq!(f.len(), 74);
+        assert_eq!(&f[54..70], &[0u8; 16]);
+    }
+    let c = e[1].qp_counters(q[1]).unwrap();
+    assert_eq!((c.ecn_ce_rcvd, c.cnp_sent, c.cnp_suppressed), (100, 25, 75));
+}
+
+#[test]
+fn the_cnp_interval_and_dscp_are_configurable_and_the_np_can_be_off() {
+    let cc = CcConfig {
+        dcqcn: DcqcnConfig { np_min_time_between_cnps: 50, np_cnp_dscp: 26, ..DcqcnConfig::default() },
+        ..CcConfig::default()
+    };
+    let (mut e, _) = pair(CcConfig::default(), cc);
+    let cnps = ce_stream(&mut e, 120);
+    let times: Vec<u64> = cnps.iter().map(|(t, _)| t.as_nanos() / 1000).collect();
+    assert_eq!(times, vec![0, 50, 100]);
+    assert_eq!(wire::parse_frame(&cnps[0].1).unwrap().repr.ip.dscp, 26);
+
+    let (mut e, q) = pair(CcConfig::default(), CcConfig { np_enabled: false, ..CcConfig::default() });
+    assert!(ce_stream(&mut e, 20).is_empty());
+    let c = e[1].qp_counters(q[1]).unwrap();
+    assert_eq!((c.ecn_ce_rcvd, c.cnp_sent, c.cnp_suppressed), (20, 0, 20));
+}
+
+#[test]
+fn a_cnp_cuts_the_senders_rate_and_its_frames_are_paced() {
+    let (mut e, q) = pair(dcqcn(4), CcConfig::default());
+    let cnp = ce_stream(&mut e, 1).pop().expect("a CNP").1;
+    let st = e[0].qp_cc_state(q[0]).unwrap();
+    assert!(!st.limited && st.rate_kbps == 25_000_000);
+    let t0 = Instant::from_micros(10);
+    e[0].handle_rx(t0, &cnp, RxMeta::default());
+    let st = e[0].qp_cc_state(q[0]).unwrap();
+    // First CNP: alpha = 1023/1024, Rc = 25 Gb/s * (1 - alpha/2).
+    assert!(st.limited);
+    assert_eq!(st.rate_kbps, 25_000_000 - 25_000_000 * 1023 / 2048);
+    let c = e[0].qp_counters(q[0]).unwrap();
+    assert_eq!((c.cnp_rcvd, c.cnp_ignored, c.rate_decreases), (1, 0, 1));
+    assert_eq!(e[0].stats().rx_cnp, 1);
+    // The rate-increase timer is armed.
+    assert!(e[0].poll_timeout().is_some());
+
+    // Pacing: one frame now, the next only after frame_bits / rate.
+    let f = tx(&mut e[0], t0).expect("first frame leaves at once");
+    assert!(tx(&mut e[0], t0).is_none(), "the pacer holds the second frame");
+    let gap_ns = (f.len() as u64 * 8 * 1_000_000).div_ceil(st.rate_kbps);
+    let due = t0 + roce_dp::Duration::from_nanos(gap_ns - 1);
+    let deadline = e[0].poll_timeout().unwrap();
+    assert!(deadline <= due + roce_dp::Duration::from_nanos(1) && deadline >= due, "pace deadline {deadline}");
+    assert!(tx(&mut e[0], Instant(deadline.as_nanos() - 1)).is_none());
+    e[0].handle_timeout(deadline);
+    assert!(tx(&mut e[0], deadline).is_some(), "the frame leaves at the pace deadline");
+}
+
+#[test]
+fn cnps_are_ignored_without_congestion_control_or_for_an_unknown_qp() {
+    let (mut e, q) = pair(CcConfig::default(), CcConfig::default());
+    let cnp = ce_stream(&mut e, 1).pop().expect("a CNP").1;
+    e[0].handle_rx(Instant::from_micros(5), &cnp, RxMeta::default());
+    let c = e[0].qp_counters(q[0]).unwrap();
+    assert_eq!((c.cnp_rcvd, c.cnp_ignored, c.rate_decreases), (0, 1, 0));
+    assert!(!e[0].qp_cc_state(q[0]).unwrap().limited);
+    // A CNP to a QP number that does not exist.
+    let mut r = wire::parse_frame(&cnp).unwrap().repr;
+    r.bth = wire::BthRepr::cnp(q[0] + 7);
+    let mut buf = vec![0u8; 128];
+    let n = wire::emit_frame(&mut buf, &r, 0, |_| {}).unwrap();
+    e[0].handle_rx(Instant::from_micros(6), &buf[..n], RxMeta::default());
+    assert_eq!((e[0].stats().rx_cnp, e[0].stats().rx_cnp_ignored), (2, 2));
+}
