@@ -34,8 +34,11 @@
 use super::{CcState, DcqcnConfig};
 use crate::time::{Duration, Instant};
 
-/// Alpha 1.0 in the Q20 fixed point used internally (the firmware's 1/1024 units shifted left by 10).
-pub const ALPHA_ONE: u64 = 1 << 20;
+/// Fractional bits of alpha: Q30, so the floor of each of the thousands of decay steps a long idle period can
+/// apply costs at most 2^-30 (with Q20, rates drifted 0.1 % from an f64 model after a few hundred steps).
+const ALPHA_BITS: u32 = 30;
+/// Alpha 1.0.
+pub const ALPHA_ONE: u64 = 1 << ALPHA_BITS;
 
 /// The parameters converted to the units the arithmetic uses.
 #[derive(Clone, Copy, Debug)]
@@ -68,7 +71,7 @@ pub struct Dcqcn {
     rc: u64,
     /// Target rate Rt, kb/s.
     rt: u64,
-    /// Alpha, Q20.
+    /// Alpha, Q30.
     alpha: u64,
     /// Start of the running alpha period (the last CNP).
     alpha_at: Instant,
@@ -111,7 +114,7 @@ impl Dcqcn {
             g: u64::from(c.rp_dce_tcp_g.min(1024)),
             k: Duration::from_micros(u64::from(c.rp_dce_tcp_rtt.max(1))),
             rrm: Duration::from_micros(u64::from(c.rp_rate_reduce_monitor_period)),
-            alpha0: u64::from(c.rp_initial_alpha_value.min(1024)) << 10,
+            alpha0: u64::from(c.rp_initial_alpha_value.min(1024)) << (ALPHA_BITS - 10),
             clamp: c.rp_clamp_tgt_rate,
             clamp_ati: c.rp_clamp_tgt_rate_ati,
         };
@@ -210,7 +213,7 @@ impl Dcqcn {
         } else {
             self.decay_alpha(now);
             //= DCQCN SIGCOMM'15 RP: alpha = (1 - g) * alpha + g on a CNP (g = (1024 - rp_dce_tcp_g) / 1024)
-            self.alpha = (self.alpha * self.p.g + ((1024 - self.p.g) << 20)) / 1024;
+            self.alpha = (self.alpha * self.p.g + ((1024 - self.p.g) << ALPHA_BITS)) / 1024;
             self.alpha_at = now;
         }
         let free = match self.last_cut {
@@ -230,7 +233,12 @@ impl Dcqcn {
         if self.p.g >= 1024 {
             return;
         }
-        // Each step strictly lowers a non-zero alpha, so at most ~2000 steps reach 0 from 1.0 at g = 1019.
+        if periods >= 8192 {
+            // Below 2^-30 long before this many periods at any g < 1024 that matters (1023/1024: ~2e-4).
+            self.alpha = 0;
+            return;
+        }
+        // Each step strictly lowers a non-zero alpha.
         for _ in 0..periods {
             if self.alpha == 0 {
                 break;
@@ -249,7 +257,7 @@ impl Dcqcn {
             self.rt = self.rc;
         }
         //= DCQCN SIGCOMM'15 RP: Rc = Rc * (1 - alpha / 2), here alpha / 2^(rp_gd - 10)
-        let cut = ((u128::from(self.rc) * u128::from(self.alpha)) >> (self.p.gd + 10)) as u64;
+        let cut = ((u128::from(self.rc) * u128::from(self.alpha)) >> (self.p.gd - 10 + ALPHA_BITS)) as u64;
         let floor = self.rc * self.p.min_dec_fac / 100;
         let rc = (self.rc - cut.min(self.rc)).max(floor).max(self.p.min_kbps).min(self.p.max_kbps);
         self.set_rate(now, rc);
@@ -352,7 +360,8 @@ impl Dcqcn {
 
     /// A snapshot.
     pub fn state(&self) -> CcState {
-        CcState { rate_kbps: self.rc, target_kbps: self.rt, alpha_q20: self.alpha as u32, limited: self.limited }
+        let alpha_q20 = (self.alpha >> (ALPHA_BITS - 20)) as u32;
+        CcState { rate_kbps: self.rc, target_kbps: self.rt, alpha_q20, limited: self.limited }
     }
 }
 

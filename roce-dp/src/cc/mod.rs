@@ -8,7 +8,7 @@
 //! arm of every call is a constant the compiler folds away, so congestion control switched off costs one
 //! well-predicted branch per frame.
 //!
-//! All arithmetic is integer fixed point (rates in kb/s, alpha in 2^-20 units, time in ns), so a simulation gives
+//! All arithmetic is integer fixed point (rates in kb/s, alpha in 2^-30 units, time in ns), so a simulation gives
 //! the same trace bit for bit on every machine.
 //!
 //! Parameter names and defaults are the ConnectX ones (`/sys/kernel/debug/mlx5/<pci>/cc_params/rp_*`, `np_*`;
