@@ -420,6 +420,52 @@ mod tests {
     }
 
     #[test]
+    fn random_configs_and_events_keep_min_le_rc_le_rt_le_max() {
+        use crate::sim::SimRng;
+        let mut rng = SimRng::new(0xdc9c);
+        for _ in 0..200 {
+            let line = 1_000 + rng.below(400_000) as u32;
+            let c = DcqcnConfig {
+                rp_clamp_tgt_rate: rng.below(2) == 0,
+                rp_clamp_tgt_rate_ati: rng.below(2) == 0,
+                rp_time_reset: 1 + rng.below(500) as u32,
+                rp_byte_reset: if rng.below(3) == 0 { 0 } else { 100 + rng.below(100_000) as u32 },
+                rp_threshold: 1 + rng.below(5) as u32,
+                rp_ai_rate: rng.below(100) as u32,
+                rp_hai_rate: rng.below(1_000) as u32,
+                rp_gd: 10 + rng.below(4) as u32,
+                rp_min_dec_fac: rng.below(101) as u32,
+                rp_min_rate: 1 + rng.below(2_000) as u32,
+                rp_rate_to_set_on_first_cnp: if rng.below(2) == 0 { 0 } else { rng.below(50_000) as u32 },
+                rp_dce_tcp_g: 900 + rng.below(125) as u32,
+                rp_dce_tcp_rtt: 1 + rng.below(60) as u32,
+                rp_rate_reduce_monitor_period: rng.below(20) as u32,
+                rp_initial_alpha_value: rng.below(1025) as u32,
+                rp_max_rate: if rng.below(2) == 0 { 0 } else { 1 + rng.below(500_000) as u32 },
+                ..DcqcnConfig::default()
+            };
+            let mut d = Dcqcn::new(&c, line);
+            let max = u64::from(line) * 1000;
+            let min = (u64::from(c.rp_min_rate) * 1000).min(d.p.max_kbps);
+            let mut now = Instant::ZERO;
+            for _ in 0..500 {
+                now += Duration::from_nanos(rng.below(50_000));
+                while let Some(t) = d.next_timer().filter(|&t| t <= now) {
+                    d.on_timer(t);
+                    assert!(d.next_timer().is_none_or(|n| n > t), "a timer that does not advance");
+                }
+                match rng.below(3) {
+                    0 => d.on_cnp(now),
+                    _ => d.on_sent(now, 64 + rng.below(9000)),
+                }
+                let s = d.state();
+                assert!(min <= s.rate_kbps && s.rate_kbps <= s.target_kbps && s.target_kbps <= max, "{c:?} {s:?}");
+                assert!(u64::from(s.alpha_q20) <= 1 << 20);
+            }
+        }
+    }
+
+    #[test]
     fn recovers_to_line_rate_and_releases_the_limiter() {
         let mut d = Dcqcn::new(&DcqcnConfig::default(), 25_000);
         d.on_cnp(us(0));
