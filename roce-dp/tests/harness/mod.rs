@@ -532,3 +532,20 @@ pub fn assert_recv(c: &Cqe, wr_id: u64, byte_len: u32) {
         "{c:?}"
     );
 }
+
+/// The IPv4 identification of an untagged frame.
+pub fn ip_id(frame: &[u8]) -> u16 {
+    u16::from_be_bytes([frame[18], frame[19]])
+}
+
+/// `frame` (untagged IPv4) with its IP identification set to `id`, and the IPv4 header checksum and the ICRC (which
+/// covers the identification) recomputed. Comparing `with_ip_id(a, ip_id(b))` with `b` compares every other bit.
+pub fn with_ip_id(frame: &[u8], id: u16) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f[18..20].copy_from_slice(&id.to_be_bytes());
+    let total = usize::from(u16::from_be_bytes([f[16], f[17]]));
+    let mut ip = wire::Ipv4Packet::new_unchecked(&mut f[14..34]);
+    ip.fill_checksum();
+    wire::icrc::fill(&mut f[14..14 + total]).expect("icrc");
+    f
+}
