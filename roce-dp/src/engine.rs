@@ -330,6 +330,8 @@ impl Engine {
             qp.enter_error(&mut ctx);
         }
         self.sync_qp(i);
+        // RESET and ERR stop every timer: drop their heap entries so poll_timeout reports no stale deadline.
+        self.prune_timers();
         Ok(())
     }
 
@@ -361,6 +363,7 @@ impl Engine {
         self.qps[i as usize] = None;
         self.free_qps.push(i);
         self.ready.retain(|&r| r != i);
+        self.prune_timers();
         Ok(())
     }
 
