@@ -554,11 +554,11 @@ impl Engine {
                 None => match qp.next_request(&mut ctx) {
                     ReqOutcome::Packet(p) => Some(p),
                     ReqOutcome::LocalError(st) => {
-                        // The WQE the requester was about to start failed local checks: it is at the head
-                        // only if everything before it completed; otherwise error the QP at once (IB: a local
-                        // protection error is fatal to the QP).
-                        qp.req_cur = qp.sq.head;
-                        qp.fail_head(&mut ctx, st);
+                        // The WQE the requester was about to start failed local checks: it completes with the
+                        // error, any earlier WQE still in flight is flushed, and the QP enters the error state (IB:
+                        // a local protection error is fatal to the QP).
+                        let bad = qp.req_cur;
+                        qp.fail_local(&mut ctx, bad, st);
                         None
                     }
                     ReqOutcome::Idle => None,

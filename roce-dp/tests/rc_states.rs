@@ -198,3 +198,18 @@ fn send_queue_full_and_bad_work_requests_are_refused_at_post() {
     p.eng.post_send(p.qpn, &wr, &[s]).unwrap();
     assert_eq!(p.eng.post_send(p.qpn, &wr, &[s]), Err(VerbsError::QueueFull));
 }
+#[test]
+fn a_bad_lkey_completes_with_a_local_protection_error() {
+    let mut p = Peer::new();
+    p.post_send(1, 0, 10);
+    let bad = roce_dp::Sge { addr: DATA_VA, len: 10, lkey: p.data.lkey ^ 0x1 };
+    p.post(SendWr::new(2, WrOpcode::Send), &[bad]);
+    // A READ into a region without LOCAL_WRITE (a guard).
+    let g = roce_dp::Sge { addr: DATA_VA - GUARD_LEN as u64, len: 8, lkey: p.guards[0].lkey };
+    p.post(SendWr::new(3, WrOpcode::RdmaRead).remote(0x1000, 1), &[g]);
+    let v = p.tx();
+    assert_eq!(v.len(), 1, "only the valid WR leaves: {}", show(&v));
+    p.expect_cqes(&[(1, WcStatus::WrFlushErr), (2, WcStatus::LocProtErr), (3, WcStatus::WrFlushErr)]);
+    assert_eq!(p.state(), QpState::Err);
+    p.assert_guards();
+}
