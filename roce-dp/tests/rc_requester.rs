@@ -522,3 +522,21 @@ fn read_across_the_psn_wrap() {
     p.expect_cqes(&[(1, WcStatus::Success)]);
     assert_eq!(p.eng.query_qp(p.qpn).unwrap().sq_psn, 1);
 }
+
+#[test]
+fn atomic_completed_by_a_response_to_its_first_transmission_after_a_rewind_does_not_stall_the_next_wr() {
+    // The NAK at S+1 rewinds the requester to S+1 (the FETCH_ADD); the ATOMIC ACK of the first transmission then
+    // completes it. The requester must continue at S+2 with the WR the window held back, not at the old S+1 (where
+    // the window check would leave it idle with no timer armed: a stuck QP, found by the fuzz test).
+    let mut p = Peer::with(PeerCfg { max_unacked_psns: 2, ..PeerCfg::default() });
+    p.post_send(1, 0, 10);
+    p.post_fetch_add(2, 0x100, RVA, RKEY, 1);
+    p.post_send(3, 0, 10);
+    assert_eq!(ops(&p.tx()), vec![(Opcode::RC_SEND_ONLY, S, true), (Opcode::RC_FETCH_ADD, S + 1, true)]);
+    p.rx(nak(S + 1, NakCode::PsnSeqErr, 1));
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, S + 1).aeth(AethRepr::ACK_UNLIMITED, 2).atomic_ack(7));
+    p.expect_cqes(&[(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(ops(&p.tx()), vec![(Opcode::RC_SEND_ONLY, S + 2, true)]);
+    p.rx(ack(S + 2, 3));
+    p.expect_cqes(&[(3, WcStatus::Success)]);
+}

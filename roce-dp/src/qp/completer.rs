@@ -243,6 +243,11 @@ impl Qp {
     /// Forward progress: retry counters reset (rxe `reset_retry_counters`), the retransmit timer restarts if
     /// anything is still outstanding.
     fn progress(&mut self, ctx: &mut Ctx<'_>) {
+        // Responses to packets sent before a go-back-N may complete READs/atomics beyond the PSN the requester
+        // restarted from: it must never resend (or number new WQEs) below comp_psn.
+        if self.req_psn.before(self.comp_psn) {
+            self.reposition();
+        }
         self.retry_at = None;
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
