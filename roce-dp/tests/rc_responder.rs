@@ -278,6 +278,20 @@ fn invalidated_rkey_gets_remote_access_nak() {
 }
 
 #[test]
+fn send_with_invalidate_cannot_revoke_a_local_only_region() {
+    // The guard region grants no remote right: its key is no rkey, a peer must not be able to revoke it (found by
+    // the fuzz test, which then could no longer read its guard regions).
+    let mut p = Peer::new();
+    p.post_recv(1, 0, 64);
+    let g = p.guards[0];
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, R).ack_req().ieth(g.rkey).fill(0, 8));
+    p.expect_nak(R, NakCode::InvalidRequest);
+    p.expect_cqes(&[(1, WcStatus::RemInvReqErr)]);
+    assert!(p.eng.mr_bytes(g.lkey).is_some(), "the local-only region was invalidated");
+    p.assert_guards();
+}
+
+#[test]
 fn deregistered_region_gets_remote_access_nak() {
     let mut p = Peer::new();
     let t = p.eng.reg_mr(p.pd, 0x90_0000, 4096, AccessFlags::ALL).unwrap();
