@@ -334,6 +334,8 @@ impl Engine {
             qp.enter_error(&mut ctx);
         }
         self.sync_qp(i);
+        // RESET and ERR stop every timer: drop their heap entries so poll_timeout reports no stale deadline.
+        self.prune_timers();
         Ok(())
     }
 
@@ -365,6 +367,7 @@ impl Engine {
         self.qps[i as usize] = None;
         self.free_qps.push(i);
         self.ready.retain(|&r| r != i);
+        self.prune_timers();
         Ok(())
     }
 
@@ -555,11 +558,11 @@ impl Engine {
                 None => match qp.next_request(&mut ctx) {
                     ReqOutcome::Packet(p) => Some(p),
                     ReqOutcome::LocalError(st) => {
-                        // The WQE the requester was about to start failed local checks: it is at the head
-                        // only if everything before it completed; otherwise error the QP at once (IB: a local
-                        // protection error is fatal to the QP).
-                        qp.req_cur = qp.sq.head;
-                        qp.fail_head(&mut ctx, st);
+                        // The WQE the requester was about to start failed local checks: it completes with the
+                        // error, any earlier WQE still in flight is flushed, and the QP enters the error state (IB:
+                        // a local protection error is fatal to the QP).
+                        let bad = qp.req_cur;
+                        qp.fail_local(&mut ctx, bad, st);
                         None
                     }
                     ReqOutcome::Idle => None,

@@ -201,8 +201,8 @@ impl Qp {
             self.msn = (self.msn + 1) & 0x00ff_ffff;
             let mut inv = None;
             if let Some(rkey) = f.repr.ext.ieth {
-                // C10-...: the invalidated rkey must belong to this QP's PD.
-                if ctx.mrs.invalidate(rkey, self.pd).is_err() {
+                // C10-...: the invalidated rkey must belong to this QP's PD and be a remote key.
+                if ctx.mrs.invalidate_remote(rkey, self.pd).is_err() {
                     self.complete_recv(ctx, WcStatus::RemInvReqErr, WcOpcode::Recv, 0, None, None);
                     return Err(RespError::InvalidRequest);
                 }
