@@ -164,3 +164,26 @@ fn same_seed_same_run() {
     assert_eq!(a, b);
     assert!(a.retransmits > 0, "5% loss must cause retransmissions");
 }
+
+#[test]
+fn thousands_of_qps() {
+    // 2048 QP pairs on one engine each side, 1% loss and reordering: every QP's timers, retries and completions
+    // are independent; the engine's ready queue and timer heap keep poll_transmit/poll_timeout from scanning QPs.
+    let link = LinkConfig { loss_ppm: ppm(0.01), reorder_ppm: ppm(0.01), ..LinkConfig::default() };
+    let cfg = EngineConfig { max_qps: 4096, max_cqs: 4096, max_mrs: 8192, ..EngineConfig::default() };
+    let mut sim = Sim::new(cfg, [link, link], base_seed());
+    let w = Workload {
+        op: SimOp::Write,
+        size: 700,
+        msgs: 3,
+        qps: 2048,
+        mtu: 256,
+        depth: 2,
+        timeout: 6,
+        ..Workload::default()
+    };
+    let r = run_workload(&mut sim, &w);
+    assert!(r.ok, "{}\n{:?}", r.result_line(), r.failure);
+    assert_eq!(r.completed, 2048 * 3);
+    assert!(r.retransmits > 0, "1% loss over ~18k packets must cause retransmissions");
+}

@@ -99,8 +99,8 @@ fn check(a: &Args) -> Result<(), String> {
     if a.size > roce_dp::qp::MAX_MSG_LEN {
         return Err(format!("--size {} exceeds the 2^31-byte message limit", a.size));
     }
-    if a.qps == 0 || a.qps > 1024 {
-        return Err(format!("--qps {} must be 1..=1024", a.qps));
+    if a.qps == 0 || a.qps > 16_384 {
+        return Err(format!("--qps {} must be 1..=16384", a.qps));
     }
     if a.depth == 0 || a.depth > 4096 {
         return Err(format!("--depth {} must be 1..=4096", a.depth));
@@ -158,7 +158,14 @@ fn main() -> ExitCode {
         retry_cnt: a.retry_cnt,
         time_limit: Duration::from_millis(a.time_limit_ms),
     };
-    let cfg = EngineConfig { retry_cnt_7_infinite: a.rxe_retry, ..EngineConfig::default() };
+    let n = a.qps.max(1024);
+    let cfg = EngineConfig {
+        retry_cnt_7_infinite: a.rxe_retry,
+        max_qps: n,
+        max_cqs: n,
+        max_mrs: 2 * n,
+        ..EngineConfig::default()
+    };
     let mut sim = Sim::new(cfg, [link, link], a.seed);
     let r = run_workload(&mut sim, &w);
     let l0 = sim.link_stats(0);
