@@ -581,7 +581,7 @@ fn post_one(sim: &mut Sim, w: &Workload, q: u32, p: &mut Pair, slots: u64, size:
         SimOp::Send => (WrOpcode::Send, size),
         SimOp::Write => (WrOpcode::RdmaWrite, size),
         SimOp::Read => (WrOpcode::RdmaRead, size),
-        SimOp::Atomic => (if k % 2 == 0 { WrOpcode::AtomicFetchAdd } else { WrOpcode::AtomicCmpSwp }, 8),
+        SimOp::Atomic => (if k.is_multiple_of(2) { WrOpcode::AtomicFetchAdd } else { WrOpcode::AtomicCmpSwp }, 8),
     };
     if matches!(w.op, SimOp::Send | SimOp::Write) {
         let mem = sim.nodes[0].mr_bytes_mut(p.mr[0].lkey).ok_or("local MR gone")?;
@@ -609,7 +609,7 @@ fn post_one(sim: &mut Sim, w: &Workload, q: u32, p: &mut Pair, slots: u64, size:
 pub fn atomic_value_before(k: u64) -> u64 {
     let mut v = 0u64;
     for j in 0..k {
-        v = if j % 2 == 0 { v + j + 1 } else { v + 1000 };
+        v = if j.is_multiple_of(2) { v + j + 1 } else { v + 1000 };
     }
     v
 }
@@ -665,7 +665,7 @@ fn check_send_cqe(
             if got != want {
                 return Err(format!("QP {:#x} atomic {k}: returned {got}, expected {want}", p.qpn[0]));
             }
-            p.atomic_expect = if k % 2 == 0 { want + k + 1 } else { want + 1000 };
+            p.atomic_expect = if k.is_multiple_of(2) { want + k + 1 } else { want + 1000 };
             rep.verified_bytes += 8;
         }
         SimOp::Send => {}

@@ -374,8 +374,7 @@ impl Qp {
             last_psn: Psn::new(0),
             counted: false,
         };
-        let mut tmpl = RoceRepr::default();
-        tmpl.udp_dst = wire::ROCE_UDP_PORT;
+        let tmpl = RoceRepr { udp_dst: wire::ROCE_UDP_PORT, ..RoceRepr::default() };
         Ok(Qp {
             qpn,
             pd,
@@ -453,12 +452,22 @@ impl Qp {
         use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
         let from = self.state;
         let to = a.state.unwrap_or(from);
-        let legal = match (from, to) {
-            (_, Reset) | (_, QpState::Err) => true,
-            (Reset, Init) | (Init, Init) | (Init, Rtr) | (Rtr, Rts) | (Rts, Rts) | (Rts, Sqd) | (Sqd, Rts) => true,
-            (Sqd, Sqd) | (Sqe, Rts) | (Rtr, Rtr) => true,
-            _ => false,
-        };
+        // IB QP state machine (ch. 10): any state may go to RESET or ERR; otherwise only these edges.
+        let legal = matches!(
+            (from, to),
+            (_, Reset)
+                | (_, QpState::Err)
+                | (Reset, Init)
+                | (Init, Init)
+                | (Init, Rtr)
+                | (Rtr, Rtr)
+                | (Rtr, Rts)
+                | (Rts, Rts)
+                | (Rts, Sqd)
+                | (Sqd, Rts)
+                | (Sqd, Sqd)
+                | (Sqe, Rts)
+        );
         if !legal {
             return Err(VerbsError::BadTransition { from, to });
         }

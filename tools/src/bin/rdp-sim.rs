@@ -114,7 +114,7 @@ fn check(a: &Args) -> Result<(), String> {
     if !(a.gbps > 0.0 && a.gbps <= 1600.0) {
         return Err(format!("--gbps {} must be in (0, 1600]", a.gbps));
     }
-    if !(a.delay_us >= 0.0 && a.delay_us <= 1e6) || !(a.reorder_us >= 0.0 && a.reorder_us <= 1e6) {
+    if !(0.0..=1e6).contains(&a.delay_us) || !(0.0..=1e6).contains(&a.reorder_us) {
         return Err("--delay-us / --reorder-us must be between 0 and 1e6".into());
     }
     // Keep the simulated memory bounded: every QP holds min(depth, msgs) message slots on each node.
