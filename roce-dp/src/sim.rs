@@ -365,7 +365,6 @@ pub fn pattern(q: u32, k: u64, i: u64) -> u8 {
 
 struct Pair {
     qpn: [u32; 2],
-    cq: [CqId; 2],
     mr: [MrKeys; 2],
     posted: u64,
     done: u64,
@@ -381,10 +380,26 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
     let size = if w.op == SimOp::Atomic { 8 } else { w.size as u64 };
     let slots = u64::from(w.depth.max(1)).min(u64::from(w.msgs.max(1)));
     let region = (slots * size).max(8) as usize;
+    // One CQ per node shared by every QP: the driver then costs O(completions), not O(QPs), per event.
+    let mut shared_cq = [CqId(0); 2];
+    for (n, c) in shared_cq.iter_mut().enumerate() {
+        match sim.nodes[n].create_cq((w.depth * 2 + 16).saturating_mul(w.qps).min(1 << 20)) {
+            Ok(id) => *c = id,
+            Err(e) => {
+                rep.failure = Some(format!("setup: {e}"));
+                return rep;
+            }
+        }
+    }
     let mut pairs = Vec::new();
+    let mut by_qpn: [std::collections::HashMap<u32, usize>; 2] = Default::default();
     for q in 0..w.qps {
-        match setup_pair(sim, w, q, region) {
-            Ok(p) => pairs.push(p),
+        match setup_pair(sim, w, q, region, shared_cq) {
+            Ok(p) => {
+                by_qpn[0].insert(p.qpn[0], pairs.len());
+                by_qpn[1].insert(p.qpn[1], pairs.len());
+                pairs.push(p);
+            }
             Err(e) => {
                 rep.failure = Some(format!("setup: {e}"));
                 return rep;
@@ -414,6 +429,8 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
     }; 32];
     let mut same_time = 0u32;
     let mut last_now = Instant::MAX;
+    let mut to_post: Vec<usize> = (0..pairs.len()).collect();
+    let mut pairs_done = if w.msgs == 0 { pairs.len() } else { 0 };
     loop {
         // A loop that never lets virtual time move is a livelock in the engine: report it, never hang.
         if sim.now == last_now {
@@ -426,8 +443,9 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
             same_time = 0;
             last_now = sim.now;
         }
-        // Post up to depth outstanding per QP.
-        for (q, p) in pairs.iter_mut().enumerate() {
+        // Post up to depth outstanding on the QPs that have room.
+        for q in to_post.drain(..) {
+            let p = &mut pairs[q];
             while p.posted < u64::from(w.msgs) && p.posted - p.done < u64::from(w.depth) {
                 if let Err(e) = post_one(sim, w, q as u32, p, slots, size) {
                     rep.failure.get_or_insert(format!("post on QP {:#x}: {e}", p.qpn[0]));
@@ -439,33 +457,39 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
         sim.kick(0);
         sim.kick(1);
         sim.process();
-        // Completions.
-        for (q, p) in pairs.iter_mut().enumerate() {
+        // Completions, dispatched to their QP pair.
+        for n in 0..2 {
             loop {
-                let n = sim.nodes[0].poll_cq(p.cq[0], &mut cqes);
-                if n == 0 {
+                let got = sim.nodes[n].poll_cq(shared_cq[n], &mut cqes);
+                if got == 0 {
                     break;
                 }
-                for c in &cqes[..n] {
-                    if let Err(e) = check_send_cqe(sim, w, q as u32, p, c, slots, size, &mut rep) {
-                        rep.failure.get_or_insert(e);
-                    }
-                }
-            }
-            loop {
-                let n = sim.nodes[1].poll_cq(p.cq[1], &mut cqes);
-                if n == 0 {
-                    break;
-                }
-                for c in &cqes[..n] {
-                    if let Err(e) = check_recv_cqe(sim, w, q as u32, p, c, size, &mut rep) {
+                for c in &cqes[..got] {
+                    let Some(&q) = by_qpn[n].get(&c.qpn) else {
+                        rep.failure.get_or_insert(format!("completion for unknown QP {:#x}", c.qpn));
+                        continue;
+                    };
+                    let p = &mut pairs[q];
+                    let r = if n == 0 {
+                        let before = p.done;
+                        let r = check_send_cqe(sim, w, q as u32, p, c, slots, size, &mut rep);
+                        if p.done != before {
+                            to_post.push(q);
+                            if p.done == u64::from(w.msgs) {
+                                pairs_done += 1;
+                            }
+                        }
+                        r
+                    } else {
+                        check_recv_cqe(sim, w, q as u32, p, c, size, &mut rep)
+                    };
+                    if let Err(e) = r {
                         rep.failure.get_or_insert(e);
                     }
                 }
             }
         }
-        let all_done = pairs.iter().all(|p| p.done == u64::from(w.msgs));
-        if all_done || rep.failure.is_some() {
+        if pairs_done == pairs.len() || rep.failure.is_some() {
             break;
         }
         if sim.now > deadline {
@@ -503,14 +527,12 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
     rep
 }
 
-fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize) -> Result<Pair, String> {
+fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize, cq: [CqId; 2]) -> Result<Pair, String> {
     let mut qpn = [0; 2];
-    let mut cq = [CqId(0); 2];
     let mut mr = [MrKeys { lkey: 0, rkey: 0 }; 2];
     for n in 0..2 {
         let e = &mut sim.nodes[n];
         let pd = e.alloc_pd();
-        cq[n] = e.create_cq(w.depth * 2 + 16).map_err(|e| e.to_string())?;
         mr[n] = e.reg_mr(pd, VA[n] + u64::from(q) * (1 << 36), region, AccessFlags::ALL).map_err(|e| e.to_string())?;
         let caps = QpCaps { max_send_wr: w.depth.max(1), max_recv_wr: w.depth.max(1), ..QpCaps::default() };
         qpn[n] = e.create_qp(pd, cq[n], cq[n], caps).map_err(|e| e.to_string())?;
@@ -551,7 +573,7 @@ fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize) -> Result<Pair
         )
         .map_err(|e| e.to_string())?;
     }
-    let mut p = Pair { qpn, cq, mr, posted: 0, done: 0, recv_done: 0, atomic_expect: 0 };
+    let mut p = Pair { qpn, mr, posted: 0, done: 0, recv_done: 0, atomic_expect: 0 };
     if w.op == SimOp::Send {
         for k in 0..u64::from(w.depth.min(w.msgs)) {
             post_recv_slot(sim, w, q, &p, k)?;
