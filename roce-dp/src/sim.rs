@@ -119,6 +119,11 @@ pub struct Sim {
 pub const NODE_MAC: [MacAddr; 2] = [MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2])];
 /// IPv4 addresses of the two nodes.
 pub const NODE_IP: [[u8; 4]; 2] = [[10, 0, 0, 1], [10, 0, 0, 2]];
+/// IPv6 addresses of the two nodes (documentation prefix 2001:db8::/32).
+pub const NODE_IP6: [[u8; 16]; 2] = [
+    [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+];
 
 impl Sim {
     /// Two engines with `cfg` (addresses overridden per node) joined by `links[0]` (0 -> 1) and `links[1]`.
@@ -126,7 +131,7 @@ impl Sim {
         let mk = |n: usize| {
             Engine::new(EngineConfig {
                 local_mac: NODE_MAC[n],
-                local_ip: LocalIp { v4: Some(NODE_IP[n]), v6: None },
+                local_ip: LocalIp { v4: Some(NODE_IP[n]), v6: Some(NODE_IP6[n]) },
                 ..cfg
             })
         };
@@ -155,6 +160,11 @@ impl Sim {
     /// The peer address of node `n` as seen from the other node.
     pub fn peer_of(n: usize) -> PeerAddr {
         PeerAddr { ip: IpAddrs::V4 { src: [0; 4], dst: NODE_IP[n] }, mac: NODE_MAC[n] }
+    }
+
+    /// The peer address of node `n` over IPv6 (both nodes have an IPv4 and an IPv6 address).
+    pub fn peer6_of(n: usize) -> PeerAddr {
+        PeerAddr { ip: IpAddrs::V6 { src: [0; 16], dst: NODE_IP6[n] }, mac: NODE_MAC[n] }
     }
 
     /// Marks node `n` as having new work (after posting WRs).
@@ -295,6 +305,8 @@ pub struct Workload {
     pub retry_cnt: u8,
     /// Give up after this much virtual time.
     pub time_limit: Duration,
+    /// Connect the QPs over IPv6 GIDs instead of IPv4.
+    pub ipv6: bool,
 }
 
 impl Default for Workload {
@@ -309,6 +321,7 @@ impl Default for Workload {
             timeout: 8,
             retry_cnt: 7,
             time_limit: Duration::from_millis(60_000),
+            ipv6: false,
         }
     }
 }
@@ -554,7 +567,7 @@ fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize, cq: [CqId; 2])
                 rq_psn: Some(psn),
                 max_dest_rd_atomic: Some(16),
                 min_rnr_timer: Some(1),
-                peer: Some(Sim::peer_of(1 - n)),
+                peer: Some(if w.ipv6 { Sim::peer6_of(1 - n) } else { Sim::peer_of(1 - n) }),
                 ..QpAttr::default()
             },
         )

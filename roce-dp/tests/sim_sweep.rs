@@ -187,3 +187,16 @@ fn thousands_of_qps() {
     assert_eq!(r.completed, 2048 * 3);
     assert!(r.retransmits > 0, "1% loss over ~18k packets must cause retransmissions");
 }
+
+#[test]
+fn every_op_over_ipv6() {
+    // The same invariants with IPv6 GIDs: IPv6 headers, ICRC over the masked IPv6 header, peer checks on IPv6.
+    let link = LinkConfig { loss_ppm: ppm(0.02), ..LinkConfig::default() };
+    for op in OPS {
+        let mut sim = Sim::new(EngineConfig::default(), [link, link], base_seed());
+        let w = Workload { op, size: 5000, msgs: 20, mtu: 1024, ipv6: true, ..Workload::default() };
+        let r = run_workload(&mut sim, &w);
+        assert!(r.ok, "{op:?}: {}\n{:?}", r.result_line(), r.failure);
+        assert!(sim.nodes[1].stats().rx_frames > 0 && sim.nodes[1].stats().rx_drop_wrong_peer == 0);
+    }
+}

@@ -67,6 +67,9 @@ struct Args {
     /// Transport retry count (0..=7).
     #[arg(long, default_value_t = 7)]
     retry_cnt: u8,
+    /// Connect over IPv6 GIDs (2001:db8::1 and ::2) instead of IPv4.
+    #[arg(long)]
+    ipv6: bool,
     /// Retry forever at --retry-cnt 7, as Linux rxe does (the IBA counts 7 retries).
     #[arg(long)]
     rxe_retry: bool,
@@ -157,6 +160,7 @@ fn main() -> ExitCode {
         timeout: a.timeout,
         retry_cnt: a.retry_cnt,
         time_limit: Duration::from_millis(a.time_limit_ms),
+        ipv6: a.ipv6,
     };
     let n = a.qps.max(1024);
     let cfg = EngineConfig {
