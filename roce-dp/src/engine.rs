@@ -574,21 +574,20 @@ impl Engine {
                 self.sync_timers(i);
                 continue;
             };
-            let mut repr = qp.tmpl;
-            repr.bth = plan.bth;
-            repr.ext = plan.ext;
             self.ip_ident = self.ip_ident.wrapping_add(1);
-            repr.ip.ident = self.ip_ident;
+            let ident = self.ip_ident;
             let mrs = &self.mrs;
             let pd = qp.pd;
+            let hdr = qp.hdr;
+            let len = plan.payload_len as usize;
             let res = match plan.src {
-                PayloadSrc::None => wire::emit_frame(buf, &repr, plan.payload_len as usize, |d| d.fill(0)),
+                PayloadSrc::None => hdr.emit(buf, &plan.bth, &plan.ext, len, ident, |d| d.fill(0)),
                 PayloadSrc::Sq { idx, off } => {
-                    wire::emit_frame(buf, &repr, plan.payload_len as usize, |d| qp.gather(idx, off, d, mrs))
+                    hdr.emit(buf, &plan.bth, &plan.ext, len, ident, |d| qp.gather(idx, off, d, mrs))
                 }
                 PayloadSrc::Mr { rkey, va } => {
                     let mut bad = false;
-                    let r = wire::emit_frame(buf, &repr, plan.payload_len as usize, |d| {
+                    let r = hdr.emit(buf, &plan.bth, &plan.ext, len, ident, |d| {
                         if mrs.read(rkey, pd, va, d, AccessFlags::REMOTE_READ).is_err() {
                             d.fill(0);
                             bad = true;

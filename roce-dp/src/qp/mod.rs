@@ -300,6 +300,8 @@ pub(crate) struct Qp {
     pub(crate) ttl: u8,
     /// Header template for every frame this QP sends (Ethernet, IP, UDP, BTH P_Key and dest QP).
     pub(crate) tmpl: RoceRepr,
+    /// `tmpl`'s Ethernet/IP/UDP headers serialised once, patched per frame (the transmit fast path).
+    pub(crate) hdr: wire::HeaderTemplate,
 
     // Send queue.
     pub(crate) sq: Ring<SendWqe>,
@@ -405,6 +407,7 @@ impl Qp {
             dscp: 0,
             ecn: Ecn::NotEct,
             ttl: 64,
+            hdr: wire::HeaderTemplate::new(&tmpl),
             tmpl,
             sq,
             sq_sges: vec![Sge::default(); sq_slots * caps.max_send_sge.max(1) as usize],
@@ -614,6 +617,7 @@ impl Qp {
                 IpAddrs::V6 { dst, .. } => IpAddrs::V6 { src: local_ip.v6.unwrap_or([0; 16]), dst },
             };
         }
+        self.hdr = wire::HeaderTemplate::new(&self.tmpl);
     }
 
     /// Back to RESET: queues emptied without completions (IB semantics), counters kept.
