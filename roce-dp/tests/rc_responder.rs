@@ -531,3 +531,63 @@ fn default_policy_acks_every_ack_requested_packet_at_once() {
     }
     assert_eq!(p.deadline(), None, "the responder arms no timer");
 }
+
+#[test]
+fn duplicate_read_while_its_responses_are_still_queued_restarts_the_stream() {
+    let mut p = Peer::new();
+    p.fill_data();
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 3072));
+    let mut buf = vec![0u8; BUF_LEN];
+    let n = p.eng.poll_transmit(p.now, &mut buf).expect("first response");
+    assert_eq!(roce_dp::wire::parse_frame(&buf[..n]).unwrap().repr.bth.psn.value(), R);
+    // The whole READ again before the rest left: one stream, restarted at R, not two.
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 3072));
+    let v = p.tx();
+    let got: Vec<(Opcode, u32)> = v.iter().map(|o| (o.op(), o.psn())).collect();
+    assert_eq!(
+        got,
+        vec![
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, R),
+            (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, R + 1),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, R + 2)
+        ],
+        "{}",
+        show(&v)
+    );
+}
+
+#[test]
+fn duplicate_of_an_older_read_is_served_from_the_resource_ring() {
+    let mut p = Peer::new();
+    p.fill_data();
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 100));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA + 200, k, 100));
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 2).ack_req().atomic(DATA_VA + 1024, k, 1, 0));
+    assert_eq!(p.tx().len(), 3);
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 100));
+    let o = p.tx_one();
+    assert_eq!((o.op(), o.psn(), o.aeth().msn), (Opcode::RC_RDMA_READ_RESPONSE_ONLY, R, 1));
+    assert_eq!(&o.payload[..], &p.data()[..100]);
+}
+
+#[test]
+fn zero_length_read_needs_no_valid_rkey() {
+    let mut p = Peer::new();
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(0, 0xdead, 0));
+    let o = p.tx_one();
+    assert_eq!((o.op(), o.psn(), o.payload.len()), (Opcode::RC_RDMA_READ_RESPONSE_ONLY, R, 0));
+    assert_eq!(p.eng.query_qp(p.qpn).unwrap().rq_psn, R + 1);
+}
+
+#[test]
+fn send_with_immediate_reports_the_immediate() {
+    let mut p = Peer::new();
+    p.post_recv(1, 0, 4096);
+    p.rx(Pkt::new(Opcode::RC_SEND_FIRST, R).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_SEND_LAST_WITH_IMMEDIATE, R + 1).ack_req().imm(0x5566_7788).fill(1024, 3));
+    p.expect_ack(R + 1, ACK, 1);
+    let c = p.cqes();
+    assert_eq!((c[0].byte_len, c[0].imm, c[0].opcode), (1027, Some(0x5566_7788), WcOpcode::Recv));
+}
