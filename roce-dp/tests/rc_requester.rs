@@ -614,3 +614,49 @@ fn zero_length_read_takes_one_psn_and_completes_on_an_empty_response() {
     let c = p.expect_cqes(&[(1, WcStatus::Success)]);
     assert_eq!(c[0].byte_len, 0);
 }
+
+#[test]
+fn read_response_carrying_a_nak_syndrome_is_ignored() {
+    let mut p = Peer::new();
+    p.post_read(1, 0, 64, RVA, RKEY);
+    p.tx();
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S).aeth(0x62, 1).fill(0, 64));
+    p.no_cqes();
+    assert_eq!(p.counters().bad_responses, 1);
+    assert!(p.data()[..64].iter().all(|&b| b == 0), "a refused response was placed");
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S).aeth(AethRepr::ACK_UNLIMITED, 1).fill(0, 64));
+    p.expect_cqes(&[(1, WcStatus::Success)]);
+}
+
+#[test]
+fn read_into_a_region_deregistered_meanwhile_is_a_local_protection_error() {
+    let mut p = Peer::new();
+    let t = p.eng.reg_mr(p.pd, 0x90_0000, 4096, roce_dp::AccessFlags::ALL).unwrap();
+    p.post(
+        roce_dp::SendWr::new(1, roce_dp::WrOpcode::RdmaRead).remote(RVA, RKEY),
+        &[roce_dp::Sge { addr: 0x90_0000, len: 64, lkey: t.lkey }],
+    );
+    p.tx();
+    assert!(p.eng.dereg_mr(t.lkey));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S).aeth(AethRepr::ACK_UNLIMITED, 1).fill(0, 64));
+    p.expect_cqes(&[(1, WcStatus::LocProtErr)]);
+    assert_eq!(p.state(), QpState::Err);
+    p.assert_guards();
+}
+
+#[test]
+fn atomic_ack_for_a_later_atomic_means_the_earlier_result_was_lost() {
+    let mut p = Peer::new();
+    p.post_fetch_add(1, 0, RVA, RKEY, 1);
+    p.post_fetch_add(2, 8, RVA, RKEY, 1);
+    assert_eq!(p.tx().len(), 2);
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, S + 1).aeth(AethRepr::ACK_UNLIMITED, 2).atomic_ack(5));
+    p.no_cqes();
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_FETCH_ADD, S, true), (Opcode::RC_FETCH_ADD, S + 1, true)], "{}", show(&v));
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, S).aeth(AethRepr::ACK_UNLIMITED, 1).atomic_ack(4));
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, S + 1).aeth(AethRepr::ACK_UNLIMITED, 2).atomic_ack(5));
+    p.expect_cqes(&[(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(u64::from_le_bytes(p.data()[..8].try_into().unwrap()), 4);
+    assert_eq!(u64::from_le_bytes(p.data()[8..16].try_into().unwrap()), 5);
+}
