@@ -14,8 +14,8 @@ use harness::*;
 use roce_dp::sim::SimRng;
 use roce_dp::wire::{self, emit_frame, parse_frame, IpAddrs, MacAddr, Opcode, RoceRepr};
 use roce_dp::{
-    AccessFlags, CqId, Duration, Engine, EngineConfig, Instant, LocalIp, MrKeys, PeerAddr, QpAttr, QpCaps, QpState,
-    RxMeta, SendWr, Sge, WcStatus, WrOpcode,
+    AccessFlags, AckPolicy, CqId, Duration, Engine, EngineConfig, Instant, LocalIp, MrKeys, PeerAddr, QpAttr, QpCaps,
+    QpState, RxMeta, SendWr, Sge, WcStatus, WrOpcode,
 };
 use std::collections::VecDeque;
 
@@ -191,7 +191,13 @@ fn node(i: usize, rng: &mut SimRng, mtu: u32) -> Node {
         local_mac: MACS[i],
         local_ip: LocalIp { v4: Some(IPS[i]), v6: None },
         qpn_base: QPNS[i],
-        max_unacked_psns: 16,
+        max_unacked_psns: 4 + rng.below(60) as u32,
+        ack_req_every: 1 + rng.below(16) as u32,
+        ack: if rng.below(2) == 0 {
+            AckPolicy::default()
+        } else {
+            AckPolicy { max_pkts: 1 + rng.below(4) as u32, max_delay: Duration::from_micros(rng.below(20)) }
+        },
         ..EngineConfig::default()
     };
     let mut eng = Engine::new(cfg);
@@ -215,7 +221,7 @@ fn node(i: usize, rng: &mut SimRng, mtu: u32) -> Node {
             path_mtu: Some(mtu),
             dest_qpn: Some(QPNS[o]),
             rq_psn: Some(psn0(o)),
-            max_dest_rd_atomic: Some(4),
+            max_dest_rd_atomic: Some(1 + rng.below(4) as u8),
             min_rnr_timer: Some(1 + rng.below(3) as u8),
             peer: Some(PeerAddr { ip: IpAddrs::V4 { src: IPS[i], dst: IPS[o] }, mac: MACS[o] }),
             ..q(QpState::Rtr)
@@ -226,10 +232,10 @@ fn node(i: usize, rng: &mut SimRng, mtu: u32) -> Node {
         qpn,
         &QpAttr {
             sq_psn: Some(psn0(i)),
-            timeout: Some(8),
+            timeout: Some(6 + rng.below(5) as u8),
             retry_cnt: Some(rng.below(4) as u8),
             rnr_retry: Some(rng.below(4) as u8),
-            max_rd_atomic: Some(4),
+            max_rd_atomic: Some(1 + rng.below(4) as u8),
             ..q(QpState::Rts)
         },
     )
@@ -461,7 +467,7 @@ struct Cover {
 
 fn fuzz_iteration(seed: u64, cov: &mut Cover) -> Result<(), String> {
     let mut rng = SimRng::new(seed);
-    let mtu = [256, 1024][rng.below(2) as usize];
+    let mtu = [256, 1024, 4096][rng.below(3) as usize];
     let mut a = node(0, &mut rng, mtu);
     let mut b = node(1, &mut rng, mtu);
     let keys = [a.data.rkey, b.data.rkey, a.guards[0].rkey, b.guards[1].rkey, 0, 0x1ff];

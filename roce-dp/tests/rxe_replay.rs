@@ -844,3 +844,18 @@ fn drop5_write_sender_recovers_from_rxe_naks() {
     check_completions(&cap, &o);
     assert_eq!(o.played.eng.query_qp(o.played.qpn).unwrap().state, QpState::Rts);
 }
+
+/// ecn_ce_all_write_tapa0.pcap, captured at the sender: the bridge marked every frame CE, so rxe's ACKs arrive with
+/// ECN = CE. The engine as sender must accept them (the ICRC masks the TOS byte) and send exactly rxe's requests.
+#[test]
+fn ecn_ce_all_write_client_accepts_ce_marked_acks() {
+    let cap = capture("ecn_ce_all_write_tapa0.pcap");
+    let ce = cap
+        .roce
+        .iter()
+        .map(|(_, f)| parsed(f))
+        .filter(|p| src_ip(p) == cap.server.ip && p.repr.ip.ecn == roce_dp::wire::Ecn::Ce)
+        .count();
+    assert_eq!(ce, 20, "the server's ACKs in this capture are CE-marked");
+    run("ecn_ce_all_write_tapa0.pcap", Side::Client);
+}
