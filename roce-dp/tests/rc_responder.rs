@@ -581,3 +581,15 @@ fn send_with_immediate_reports_the_immediate() {
     let c = p.cqes();
     assert_eq!((c[0].byte_len, c[0].imm, c[0].opcode), (1027, Some(0x5566_7788), WcOpcode::Recv));
 }
+
+#[test]
+fn ack_requested_inside_a_message_is_acked_without_counting_a_message() {
+    // rxe's requester sets AckReq every 64 packets inside long messages (ROCE-NOTES §1.5): the ACK carries that
+    // PSN and the MSN of completed messages only.
+    let mut p = Peer::new();
+    p.post_recv(1, 0, 4096);
+    p.rx(Pkt::new(Opcode::RC_SEND_FIRST, R).ack_req().fill(0, 1024));
+    p.expect_ack(R, ACK, 0);
+    p.rx(Pkt::new(Opcode::RC_SEND_LAST, R + 1).ack_req().fill(1024, 1));
+    p.expect_ack(R + 1, ACK, 1);
+}
