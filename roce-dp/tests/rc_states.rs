@@ -223,6 +223,9 @@ fn a_full_completion_queue_moves_the_qp_to_err() {
     p.rx(Pkt::new(Opcode::RC_SEND_ONLY, R).ack_req().fill(0, 8));
     p.expect_ack(R, AethRepr::ACK_UNLIMITED, 1);
     p.rx(Pkt::new(Opcode::RC_SEND_ONLY, R + 1).ack_req().fill(0, 8));
+    // The message whose completion was lost is not acknowledged (rxe: RESPST_ERR_CQ_OVERFLOW ends before the
+    // ACK step), so the sender learns of the failure by its retries instead of a false success.
+    p.tx_nothing();
     assert_eq!(p.state(), QpState::Err);
     assert_eq!(p.counters().cq_overflows, 1);
     let c = p.cqes();
