@@ -211,35 +211,43 @@ fn node(i: usize, rng: &mut SimRng, mtu: u32) -> Node {
     let scq = eng.create_cq(1 << 12).unwrap();
     let rcq = eng.create_cq(1 << 12).unwrap();
     let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, ..QpCaps::default() };
-    let qpn = eng.create_qp(pd, scq, rcq, caps).unwrap();
     let o = 1 - i;
     let q = |s| QpAttr { state: Some(s), ..QpAttr::default() };
-    eng.modify_qp(qpn, &QpAttr { access: Some(AccessFlags::ALL), ..q(QpState::Init) }).unwrap();
-    eng.modify_qp(
-        qpn,
-        &QpAttr {
-            path_mtu: Some(mtu),
-            dest_qpn: Some(QPNS[o]),
-            rq_psn: Some(psn0(o)),
-            max_dest_rd_atomic: Some(1 + rng.below(4) as u8),
-            min_rnr_timer: Some(1 + rng.below(3) as u8),
-            peer: Some(PeerAddr { ip: IpAddrs::V4 { src: IPS[i], dst: IPS[o] }, mac: MACS[o] }),
-            ..q(QpState::Rtr)
-        },
-    )
-    .unwrap();
-    eng.modify_qp(
-        qpn,
-        &QpAttr {
-            sq_psn: Some(psn0(i)),
-            timeout: Some(6 + rng.below(5) as u8),
-            retry_cnt: Some(rng.below(4) as u8),
-            rnr_retry: Some(rng.below(4) as u8),
-            max_rd_atomic: Some(1 + rng.below(4) as u8),
-            ..q(QpState::Rts)
-        },
-    )
-    .unwrap();
+    // The QP under test, and an idle bystander QP (QPN + 1) connected to the same remote QP: frames whose
+    // destination QPN is mutated land on it, and it must neither disturb the other nor get stuck.
+    let mut qpns = [0; 2];
+    for slot in &mut qpns {
+        let qpn = eng.create_qp(pd, scq, rcq, caps).unwrap();
+        *slot = qpn;
+        eng.modify_qp(qpn, &QpAttr { access: Some(AccessFlags::ALL), ..q(QpState::Init) }).unwrap();
+        eng.modify_qp(
+            qpn,
+            &QpAttr {
+                path_mtu: Some(mtu),
+                dest_qpn: Some(QPNS[o]),
+                rq_psn: Some(psn0(o)),
+                max_dest_rd_atomic: Some(1 + rng.below(4) as u8),
+                min_rnr_timer: Some(1 + rng.below(3) as u8),
+                peer: Some(PeerAddr { ip: IpAddrs::V4 { src: IPS[i], dst: IPS[o] }, mac: MACS[o] }),
+                ..q(QpState::Rtr)
+            },
+        )
+        .unwrap();
+        eng.modify_qp(
+            qpn,
+            &QpAttr {
+                sq_psn: Some(psn0(i)),
+                timeout: Some(6 + rng.below(5) as u8),
+                retry_cnt: Some(rng.below(4) as u8),
+                rnr_retry: Some(rng.below(4) as u8),
+                max_rd_atomic: Some(1 + rng.below(4) as u8),
+                ..q(QpState::Rts)
+            },
+        )
+        .unwrap();
+    }
+    let qpn = qpns[0];
+    assert_eq!(qpns[1], qpn + 1);
     Node { eng, qpn, scq, data, guards: [g0, g1], posted_sends: 0 }
 }
 
@@ -305,6 +313,7 @@ fn mutate_fields(f: &[u8], rng: &mut SimRng, keys: &[u32]) -> Option<Vec<u8>> {
             0 => r.bth.opcode = Opcode(rng.below(0x1e) as u8),
             1 => r.bth.psn = wire::Psn::new(near(rng, u64::from(r.bth.psn.value())) as u32),
             2 => r.bth.ack_req = !r.bth.ack_req,
+            3 if rng.below(2) == 0 => r.bth.dest_qp += 1, // the bystander QP
             3 => r.bth.dest_qp = near(rng, u64::from(r.bth.dest_qp)) as u32 & 0xff_ffff,
             4 => {
                 let x = r.ext.reth.get_or_insert_with(Default::default);
