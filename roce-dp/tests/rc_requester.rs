@@ -540,3 +540,123 @@ fn atomic_completed_by_a_response_to_its_first_transmission_after_a_rewind_does_
     p.rx(ack(S + 2, 3));
     p.expect_cqes(&[(3, WcStatus::Success)]);
 }
+
+#[test]
+fn retry_cnt_7_is_finite_but_rnr_retry_7_is_infinite() {
+    // IBA: only rnr_retry = 7 means "retry forever" (ROCE-NOTES §4.6); rxe also treats retry_cnt = 7 as infinite
+    // (§1.4), this engine follows the IBA and qib/hfi1 there.
+    let mut p = Peer::with(PeerCfg { retry_cnt: 7, rnr_retry: 7, ..PeerCfg::default() });
+    p.post_send(1, 0, 10);
+    p.tx();
+    for _ in 0..50 {
+        p.rx(rnr_nak(S, 1, 0));
+        p.advance(Duration::from_micros(10));
+        assert_eq!(p.tx().len(), 1);
+    }
+    p.no_cqes();
+    for n in 0..7 {
+        p.fire();
+        assert_eq!(p.tx().len(), 1, "timeout retry {n}");
+    }
+    p.fire();
+    p.expect_cqes(&[(1, WcStatus::RetryExcErr)]);
+}
+
+#[test]
+fn acks_with_any_credit_count_are_acks() {
+    let mut p = Peer::new();
+    for i in 1..=3 {
+        p.post_send(i, 0, 10);
+    }
+    p.tx();
+    p.rx(Pkt::new(Opcode::RC_ACKNOWLEDGE, S).aeth(0x00, 1));
+    p.rx(Pkt::new(Opcode::RC_ACKNOWLEDGE, S + 1).aeth(0x0a, 2));
+    p.rx(Pkt::new(Opcode::RC_ACKNOWLEDGE, S + 2).aeth(0x1e, 3));
+    p.expect_cqes(&[(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);
+}
+
+#[test]
+fn immediate_and_invalidate_ride_on_the_last_packet() {
+    let mut p = Peer::new();
+    let mut wr = roce_dp::SendWr::new(1, roce_dp::WrOpcode::SendWithImm);
+    wr.imm = 0x0102_0304;
+    p.post(wr, &[p.sge(0, 1500)]);
+    let mut wr = roce_dp::SendWr::new(2, roce_dp::WrOpcode::SendWithInv);
+    wr.invalidate_rkey = 0xabcd;
+    p.post(wr, &[p.sge(0, 10)]);
+    let mut wr = roce_dp::SendWr::new(3, roce_dp::WrOpcode::RdmaWriteWithImm).remote(RVA, RKEY);
+    wr.imm = 9;
+    p.post(wr, &[p.sge(0, 10)]);
+    let v = p.tx();
+    let got: Vec<(Opcode, Option<u32>, Option<u32>)> =
+        v.iter().map(|o| (o.op(), o.repr.ext.imm, o.repr.ext.ieth)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (Opcode::RC_SEND_FIRST, None, None),
+            (Opcode::RC_SEND_LAST_WITH_IMMEDIATE, Some(0x0102_0304), None),
+            (Opcode::RC_SEND_ONLY_WITH_INVALIDATE, None, Some(0xabcd)),
+            (Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, Some(9), None),
+        ],
+        "{}",
+        show(&v)
+    );
+}
+
+#[test]
+fn zero_length_read_takes_one_psn_and_completes_on_an_empty_response() {
+    let mut p = Peer::new();
+    p.post_read(1, 0, 0, RVA, RKEY);
+    let o = p.tx_one();
+    assert_eq!(o.reth().len, 0);
+    assert_eq!(p.eng.query_qp(p.qpn).unwrap().sq_psn, S + 1);
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S).aeth(AethRepr::ACK_UNLIMITED, 1));
+    let c = p.expect_cqes(&[(1, WcStatus::Success)]);
+    assert_eq!(c[0].byte_len, 0);
+}
+
+#[test]
+fn read_response_carrying_a_nak_syndrome_is_ignored() {
+    let mut p = Peer::new();
+    p.post_read(1, 0, 64, RVA, RKEY);
+    p.tx();
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S).aeth(0x62, 1).fill(0, 64));
+    p.no_cqes();
+    assert_eq!(p.counters().bad_responses, 1);
+    assert!(p.data()[..64].iter().all(|&b| b == 0), "a refused response was placed");
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S).aeth(AethRepr::ACK_UNLIMITED, 1).fill(0, 64));
+    p.expect_cqes(&[(1, WcStatus::Success)]);
+}
+
+#[test]
+fn read_into_a_region_deregistered_meanwhile_is_a_local_protection_error() {
+    let mut p = Peer::new();
+    let t = p.eng.reg_mr(p.pd, 0x90_0000, 4096, roce_dp::AccessFlags::ALL).unwrap();
+    p.post(
+        roce_dp::SendWr::new(1, roce_dp::WrOpcode::RdmaRead).remote(RVA, RKEY),
+        &[roce_dp::Sge { addr: 0x90_0000, len: 64, lkey: t.lkey }],
+    );
+    p.tx();
+    assert!(p.eng.dereg_mr(t.lkey));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S).aeth(AethRepr::ACK_UNLIMITED, 1).fill(0, 64));
+    p.expect_cqes(&[(1, WcStatus::LocProtErr)]);
+    assert_eq!(p.state(), QpState::Err);
+    p.assert_guards();
+}
+
+#[test]
+fn atomic_ack_for_a_later_atomic_means_the_earlier_result_was_lost() {
+    let mut p = Peer::new();
+    p.post_fetch_add(1, 0, RVA, RKEY, 1);
+    p.post_fetch_add(2, 8, RVA, RKEY, 1);
+    assert_eq!(p.tx().len(), 2);
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, S + 1).aeth(AethRepr::ACK_UNLIMITED, 2).atomic_ack(5));
+    p.no_cqes();
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_FETCH_ADD, S, true), (Opcode::RC_FETCH_ADD, S + 1, true)], "{}", show(&v));
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, S).aeth(AethRepr::ACK_UNLIMITED, 1).atomic_ack(4));
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, S + 1).aeth(AethRepr::ACK_UNLIMITED, 2).atomic_ack(5));
+    p.expect_cqes(&[(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(u64::from_le_bytes(p.data()[..8].try_into().unwrap()), 4);
+    assert_eq!(u64::from_le_bytes(p.data()[8..16].try_into().unwrap()), 5);
+}

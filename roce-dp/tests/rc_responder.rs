@@ -320,6 +320,25 @@ fn receive_buffer_the_engine_cannot_write_gets_remote_operational_nak() {
 
 // ---------------------------------------------------------------------------------------------------- duplicates
 
+/// Exactly the READ response packets `first..first + n` (FIRST, MIDDLE..., LAST, or ONLY).
+fn expect_read_stream(p: &mut Peer, first: u32, n: u32) -> Vec<Out> {
+    let v = p.tx();
+    let got: Vec<(Opcode, u32)> = v.iter().map(|o| (o.op(), o.psn())).collect();
+    let want: Vec<(Opcode, u32)> = (0..n)
+        .map(|i| {
+            let op = match (i == 0, i + 1 == n) {
+                (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+            };
+            (op, first + i)
+        })
+        .collect();
+    assert_eq!(got, want, "{}", show(&v));
+    v
+}
+
 #[test]
 fn duplicate_send_is_acked_again_and_not_placed_twice() {
     // C9-105: ACK again with the PSN of the last accepted request.
@@ -344,18 +363,7 @@ fn duplicate_read_is_executed_again_from_memory() {
     p.fill_data();
     let k = p.data.rkey;
     p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA + 100, k, 2500));
-    let v = p.tx();
-    let ops: Vec<(Opcode, u32)> = v.iter().map(|o| (o.op(), o.psn())).collect();
-    assert_eq!(
-        ops,
-        vec![
-            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, R),
-            (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, R + 1),
-            (Opcode::RC_RDMA_READ_RESPONSE_LAST, R + 2)
-        ],
-        "{}",
-        show(&v)
-    );
+    let v = expect_read_stream(&mut p, R, 3);
     // AETH on FIRST and LAST only (ROCE-NOTES §4.2), MSN counted at execution (C9-148).
     assert_eq!(v[0].aeth(), AethRepr::ack(1));
     assert!(v[1].repr.ext.aeth.is_none());
@@ -369,14 +377,7 @@ fn duplicate_read_is_executed_again_from_memory() {
         *b = 0x5a;
     }
     p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA + 100 + 1024, k, 2500 - 1024));
-    let v = p.tx();
-    let ops: Vec<(Opcode, u32)> = v.iter().map(|o| (o.op(), o.psn())).collect();
-    assert_eq!(
-        ops,
-        vec![(Opcode::RC_RDMA_READ_RESPONSE_FIRST, R + 1), (Opcode::RC_RDMA_READ_RESPONSE_LAST, R + 2)],
-        "{}",
-        show(&v)
-    );
+    let v = expect_read_stream(&mut p, R + 1, 2);
     let all: Vec<u8> = v.iter().flat_map(|o| o.payload.clone()).collect();
     assert_eq!(&all[..], &p.data()[1124..2600], "the duplicate READ must read memory again");
     assert_eq!(v[0].aeth().msn, 1, "a replay reports the original MSN");
@@ -530,4 +531,65 @@ fn default_policy_acks_every_ack_requested_packet_at_once() {
         p.expect_ack(R + i, ACK, i + 1);
     }
     assert_eq!(p.deadline(), None, "the responder arms no timer");
+}
+
+#[test]
+fn duplicate_read_while_its_responses_are_still_queued_restarts_the_stream() {
+    let mut p = Peer::new();
+    p.fill_data();
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 3072));
+    let mut buf = vec![0u8; BUF_LEN];
+    let n = p.eng.poll_transmit(p.now, &mut buf).expect("first response");
+    assert_eq!(roce_dp::wire::parse_frame(&buf[..n]).unwrap().repr.bth.psn.value(), R);
+    // The whole READ again before the rest left: one stream, restarted at R, not two.
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 3072));
+    expect_read_stream(&mut p, R, 3);
+}
+
+#[test]
+fn duplicate_of_an_older_read_is_served_from_the_resource_ring() {
+    let mut p = Peer::new();
+    p.fill_data();
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 100));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA + 200, k, 100));
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 2).ack_req().atomic(DATA_VA + 1024, k, 1, 0));
+    assert_eq!(p.tx().len(), 3);
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 100));
+    let o = p.tx_one();
+    assert_eq!((o.op(), o.psn(), o.aeth().msn), (Opcode::RC_RDMA_READ_RESPONSE_ONLY, R, 1));
+    assert_eq!(&o.payload[..], &p.data()[..100]);
+}
+
+#[test]
+fn zero_length_read_needs_no_valid_rkey() {
+    let mut p = Peer::new();
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(0, 0xdead, 0));
+    let o = p.tx_one();
+    assert_eq!((o.op(), o.psn(), o.payload.len()), (Opcode::RC_RDMA_READ_RESPONSE_ONLY, R, 0));
+    assert_eq!(p.eng.query_qp(p.qpn).unwrap().rq_psn, R + 1);
+}
+
+#[test]
+fn send_with_immediate_reports_the_immediate() {
+    let mut p = Peer::new();
+    p.post_recv(1, 0, 4096);
+    p.rx(Pkt::new(Opcode::RC_SEND_FIRST, R).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_SEND_LAST_WITH_IMMEDIATE, R + 1).ack_req().imm(0x5566_7788).fill(1024, 3));
+    p.expect_ack(R + 1, ACK, 1);
+    let c = p.cqes();
+    assert_eq!((c[0].byte_len, c[0].imm, c[0].opcode), (1027, Some(0x5566_7788), WcOpcode::Recv));
+}
+
+#[test]
+fn ack_requested_inside_a_message_is_acked_without_counting_a_message() {
+    // rxe's requester sets AckReq every 64 packets inside long messages (ROCE-NOTES §1.5): the ACK carries that
+    // PSN and the MSN of completed messages only.
+    let mut p = Peer::new();
+    p.post_recv(1, 0, 4096);
+    p.rx(Pkt::new(Opcode::RC_SEND_FIRST, R).ack_req().fill(0, 1024));
+    p.expect_ack(R, ACK, 0);
+    p.rx(Pkt::new(Opcode::RC_SEND_LAST, R + 1).ack_req().fill(1024, 1));
+    p.expect_ack(R + 1, ACK, 1);
 }

@@ -213,3 +213,22 @@ fn a_bad_lkey_completes_with_a_local_protection_error() {
     assert_eq!(p.state(), QpState::Err);
     p.assert_guards();
 }
+
+#[test]
+fn a_full_completion_queue_moves_the_qp_to_err() {
+    // ROCE-NOTES §1.6: CQ overflow -> QP error.
+    let mut p = Peer::with(PeerCfg { cq_depth: 1, ..PeerCfg::default() });
+    p.post_recv(1, 0, 64);
+    p.post_recv(2, 64, 64);
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY, R).ack_req().fill(0, 8));
+    p.expect_ack(R, AethRepr::ACK_UNLIMITED, 1);
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY, R + 1).ack_req().fill(0, 8));
+    // The message whose completion was lost is not acknowledged (rxe: RESPST_ERR_CQ_OVERFLOW ends before the
+    // ACK step), so the sender learns of the failure by its retries instead of a false success.
+    p.tx_nothing();
+    assert_eq!(p.state(), QpState::Err);
+    assert_eq!(p.counters().cq_overflows, 1);
+    let c = p.cqes();
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_recv(&c[0], 1, 8);
+}

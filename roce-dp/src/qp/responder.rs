@@ -423,7 +423,9 @@ impl Qp {
     /// The ACK-coalescing policy: an AckReq'd packet makes an ACK due; it is sent at once, or held until
     /// `ack_coalesce_pkts` AckReq'd packets have accumulated or `ack_coalesce_delay` has passed since the first.
     fn ack_if_requested(&mut self, ctx: &mut Ctx<'_>, bth: &BthRepr) {
-        if !bth.ack_req {
+        // A packet whose execution moved the QP to the error state (its receive completion overflowed the CQ) is
+        // not acknowledged: the requester must not see a success for a message whose completion was lost.
+        if !bth.ack_req || self.state == QpState::Err {
             return;
         }
         let n = match self.pending_ack {

@@ -54,6 +54,8 @@ pub struct PeerCfg {
     pub ack_req_every: u32,
     pub max_unacked_psns: u32,
     pub caps: QpCaps,
+    /// Depth of the send and the receive CQ.
+    pub cq_depth: u32,
 }
 
 impl Default for PeerCfg {
@@ -73,6 +75,7 @@ impl Default for PeerCfg {
             ack_req_every: 64,
             max_unacked_psns: 256,
             caps: QpCaps::default(),
+            cq_depth: 4096,
         }
     }
 }
@@ -253,8 +256,8 @@ impl Peer {
         for g in [g0, g1] {
             eng.mr_bytes_mut(g.lkey).unwrap().fill(GUARD_BYTE);
         }
-        let scq = eng.create_cq(4096).unwrap();
-        let rcq = eng.create_cq(4096).unwrap();
+        let scq = eng.create_cq(cfg.cq_depth).unwrap();
+        let rcq = eng.create_cq(cfg.cq_depth).unwrap();
         let qpn = eng.create_qp(pd, scq, rcq, cfg.caps).unwrap();
         let mut p =
             Peer { eng, cfg, qpn, pd, scq, rcq, data, guards: [g0, g1], now: Instant::ZERO, remote_qpn: REMOTE_QPN };
