@@ -660,3 +660,26 @@ fn atomic_ack_for_a_later_atomic_means_the_earlier_result_was_lost() {
     assert_eq!(u64::from_le_bytes(p.data()[..8].try_into().unwrap()), 4);
     assert_eq!(u64::from_le_bytes(p.data()[8..16].try_into().unwrap()), 5);
 }
+
+#[test]
+fn retry_cnt_7_retries_forever_when_configured_as_rxe() {
+    let mut p = Peer::with(PeerCfg { retry_cnt: 7, retry_cnt_7_infinite: true, ..PeerCfg::default() });
+    p.post_send(1, 0, 10);
+    p.tx();
+    for n in 0..40 {
+        p.fire();
+        assert_eq!(ops(&p.tx()), vec![(Opcode::RC_SEND_ONLY, S, true)], "timeout retry {n}");
+    }
+    p.no_cqes();
+    assert_eq!(p.state(), QpState::Rts);
+    // Any other retry_cnt stays finite with the option on.
+    let mut p = Peer::with(PeerCfg { retry_cnt: 6, retry_cnt_7_infinite: true, ..PeerCfg::default() });
+    p.post_send(1, 0, 10);
+    p.tx();
+    for _ in 0..6 {
+        p.fire();
+        assert_eq!(p.tx().len(), 1);
+    }
+    p.fire();
+    p.expect_cqes(&[(1, WcStatus::RetryExcErr)]);
+}

@@ -593,3 +593,27 @@ fn ack_requested_inside_a_message_is_acked_without_counting_a_message() {
     p.rx(Pkt::new(Opcode::RC_SEND_LAST, R + 1).ack_req().fill(1024, 1));
     p.expect_ack(R + 1, ACK, 1);
 }
+
+#[test]
+fn duplicate_read_drops_later_queued_responses_and_their_duplicates_replay_in_psn_order() {
+    // A READ (R..R+2) and a FETCH_ADD (R+3) are queued; the requester goes back to R+1 (a duplicate READ there):
+    // responses must keep PSN order, so the queued atomic ACK waits for its own duplicate, which replays it.
+    let mut p = Peer::new();
+    p.fill_data();
+    p.data_mut()[0x800..0x808].copy_from_slice(&40u64.to_le_bytes());
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 3000));
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 3).ack_req().atomic(DATA_VA + 0x800, k, 2, 0));
+    let mut buf = vec![0u8; BUF_LEN];
+    assert!(p.eng.poll_transmit(p.now, &mut buf).is_some(), "READ response R");
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA + 1024, k, 3000 - 1024));
+    let v = expect_read_stream(&mut p, R + 1, 2);
+    assert_eq!(&v[1].payload[..], &p.data()[2048..3000]);
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 3).ack_req().atomic(DATA_VA + 0x800, k, 2, 0));
+    let o = p.tx_one();
+    assert_eq!(
+        (o.op(), o.psn(), o.repr.ext.atomic_ack, o.aeth().msn),
+        (Opcode::RC_ATOMIC_ACKNOWLEDGE, R + 3, Some(40), 2)
+    );
+    assert_eq!(u64_at(&p, 0x800), 42, "the atomic executed exactly once");
+}
