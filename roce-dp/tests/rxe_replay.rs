@@ -859,3 +859,53 @@ fn ecn_ce_all_write_client_accepts_ce_marked_acks() {
     assert_eq!(ce, 20, "the server's ACKs in this capture are CE-marked");
     run("ecn_ce_all_write_tapa0.pcap", Side::Client);
 }
+
+/// rxe's UC WRITEs and UD SENDs addressed to an RC QP with the same QPN and peer: every frame is a counted drop
+/// (wrong transport), nothing is answered, nothing is written.
+#[test]
+fn uc_and_ud_captures_into_an_rc_qp_are_counted_drops() {
+    for name in ["uc_write_4k.pcap", "ud_send_1k.pcap"] {
+        let frames: Vec<Vec<u8>> =
+            common::load(name).into_iter().map(|(_, f)| f).filter(|f| parse_frame(f).is_ok()).collect();
+        let first = parsed(&frames[0]);
+        let (src, dst) = match first.repr.ip.addrs {
+            roce_dp::wire::IpAddrs::V4 { src, dst } => (src, dst),
+            roce_dp::wire::IpAddrs::V6 { .. } => unreachable!(),
+        };
+        let qpn = first.repr.bth.dest_qp;
+        let cfg = EngineConfig {
+            local_mac: first.repr.eth.dst,
+            local_ip: LocalIp { v4: Some(dst), v6: None },
+            qpn_base: qpn,
+            ..EngineConfig::default()
+        };
+        let mut eng = Engine::new(cfg);
+        let pd = eng.alloc_pd();
+        let mr = eng.reg_mr(pd, 0, 1 << 20, AccessFlags::ALL).unwrap();
+        let cq = eng.create_cq(64).unwrap();
+        let q = eng.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+        let st = |s| QpAttr { state: Some(s), ..QpAttr::default() };
+        eng.modify_qp(q, &QpAttr { access: Some(AccessFlags::ALL), ..st(QpState::Init) }).unwrap();
+        eng.post_recv(q, 1, &[Sge { addr: 0, len: 4096, lkey: mr.lkey }]).unwrap();
+        let peer = PeerAddr { ip: roce_dp::wire::IpAddrs::V4 { src: dst, dst: src }, mac: first.repr.eth.src };
+        let rtr = QpAttr {
+            path_mtu: Some(1024),
+            dest_qpn: Some(qpn),
+            rq_psn: Some(first.repr.bth.psn.value()),
+            peer: Some(peer),
+            ..st(QpState::Rtr)
+        };
+        eng.modify_qp(q, &rtr).unwrap();
+        eng.modify_qp(q, &QpAttr { sq_psn: Some(0), ..st(QpState::Rts) }).unwrap();
+        let mine: Vec<&Vec<u8>> = frames.iter().filter(|f| src_ip(&parsed(f)) == src).collect();
+        assert!(mine.len() >= 20, "{name}");
+        for f in &mine {
+            eng.handle_rx(Instant(0), f, RxMeta::default());
+        }
+        assert_eq!(eng.stats().rx_drop_wrong_transport, mine.len() as u64, "{name}: {:?}", eng.stats());
+        let mut buf = vec![0u8; 9000];
+        assert_eq!(eng.poll_transmit(Instant(0), &mut buf), None, "{name}");
+        assert!(eng.poll_cq_one(cq).is_none(), "{name}");
+        assert!(eng.mr_bytes(mr.lkey).unwrap().iter().all(|&b| b == 0), "{name}");
+    }
+}
