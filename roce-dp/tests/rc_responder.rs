@@ -617,3 +617,32 @@ fn duplicate_read_drops_later_queued_responses_and_their_duplicates_replay_in_ps
     );
     assert_eq!(u64_at(&p, 0x800), 42, "the atomic executed exactly once");
 }
+
+#[test]
+fn dma_length_over_2_pow_31_gets_invalid_request_nak() {
+    // ROCE-NOTES §1.6: RETH length <= 2^31 (a length error, before any rkey check).
+    for op in [Opcode::RC_RDMA_READ_REQUEST, Opcode::RC_RDMA_WRITE_FIRST] {
+        let mut p = Peer::new();
+        let before = p.data().to_vec();
+        let mut pkt = Pkt::new(op, R).ack_req().reth(DATA_VA, p.data.rkey, (1 << 31) + 1);
+        if op == Opcode::RC_RDMA_WRITE_FIRST {
+            pkt = pkt.fill(0, 1024);
+        }
+        p.rx(pkt);
+        expect_fatal(&mut p, R, NakCode::InvalidRequest, &before);
+    }
+}
+
+#[test]
+fn flush_and_atomic_write_are_unsupported_and_get_invalid_request_nak() {
+    // Not implemented by this engine: the unsupported-opcode class of ROCE-NOTES §1.6.
+    let mut p = Peer::new();
+    let before = p.data().to_vec();
+    let mut f = Pkt::new(Opcode::RC_FLUSH, R).ack_req().reth(DATA_VA, p.data.rkey, 64);
+    f.ext.feth = Some(1);
+    p.rx(f);
+    expect_fatal(&mut p, R, NakCode::InvalidRequest, &before);
+    let mut p = Peer::new();
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_WRITE, R).ack_req().reth(DATA_VA, p.data.rkey, 8).payload(&[1; 8]));
+    expect_fatal(&mut p, R, NakCode::InvalidRequest, &before);
+}
