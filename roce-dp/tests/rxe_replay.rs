@@ -122,6 +122,8 @@ struct Capture {
     server: Record,
     /// The capture holds losses and retransmissions (drop5_*).
     lossy: bool,
+    /// Frames the capture shows but the bridge dropped after the capture point: never fed to the engine.
+    dropped: Vec<Vec<u8>>,
 }
 
 fn capture(name: &'static str) -> Capture {
@@ -146,7 +148,15 @@ fn capture(name: &'static str) -> Capture {
     let client = client.unwrap_or_else(|| panic!("{name}: no exchange record from the client"));
     let server = server.unwrap_or_else(|| panic!("{name}: no exchange record from the server"));
     assert_eq!(printed_client_qpn_psn(name), (client.qpn, client.psn), "{name}: records vs perftest output");
-    Capture { name, run: perftest_run(name), roce, client, server, lossy: name.starts_with("drop") }
+    Capture {
+        name,
+        run: perftest_run(name),
+        roce,
+        client,
+        server,
+        lossy: name.starts_with("drop"),
+        dropped: Vec::new(),
+    }
 }
 
 fn parsed(f: &[u8]) -> RoceFrame<'_> {
@@ -465,6 +475,9 @@ fn replay(cap: &Capture, side: Side) -> Outcome {
                 next_msg += 1;
             }
         } else {
+            if cap.dropped.contains(f) {
+                continue;
+            }
             pl.eng.handle_rx(now, f, RxMeta::default());
             after_rx.push((i, sent.len()));
         }
@@ -908,4 +921,33 @@ fn uc_and_ud_captures_into_an_rc_qp_are_counted_drops() {
         assert!(eng.poll_cq_one(cq).is_none(), "{name}");
         assert!(eng.mr_bytes(mr.lkey).unwrap().iter().all(|&b| b == 0), "{name}");
     }
+}
+
+/// The receiver's side of the 5 % loss run: the sender's frames that crossed the bridge (drop5_write_annotated.txt
+/// lists the ones it dropped, by frame number in the sender-side capture) are fed to the engine playing the
+/// server; its ACKs and sequence-error NAKs must be rxe's, byte for byte apart from the IP ID, in the same order:
+/// one NAK per gap with the expected PSN and the MSN of completed messages, out-of-sequence packets discarded
+/// silently until the expected PSN arrives (ROCE-NOTES §1.5).
+#[test]
+fn drop5_write_receiver_naks_like_rxe() {
+    let name = "drop5_write_tapa0.pcap";
+    let notes = std::fs::read_to_string(common::vectors_dir().join("drop5_write_annotated.txt")).unwrap();
+    let dropped_numbers: Vec<usize> = notes
+        .lines()
+        .filter(|l| l.contains("DROPPED") && l.contains("A->B"))
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(dropped_numbers.len(), 10, "drop5_write_annotated.txt");
+    let all = common::load(name);
+    let mut cap = capture(name);
+    cap.dropped = dropped_numbers.iter().map(|&n| all[n - 1].1.clone()).collect();
+    for d in &cap.dropped {
+        assert_eq!(src_ip(&parsed(d)), cap.client.ip, "a dropped frame is the sender's");
+    }
+    let o = replay(&cap, Side::Server);
+    assert_eq!(o.want.iter().filter(|f| parsed(f).repr.ext.aeth.is_some_and(|a| a.syndrome == 0x60)).count(), 4);
+    assert_same_frames(&cap, Side::Server, &o);
+    check_memory(&cap, &o);
+    let c = o.played.eng.qp_counters(o.played.qpn).unwrap();
+    assert_eq!(c.nak_psn_seq_sent, 4, "{c:?}");
 }
