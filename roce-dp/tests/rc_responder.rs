@@ -646,3 +646,20 @@ fn flush_and_atomic_write_are_unsupported_and_get_invalid_request_nak() {
     p.rx(Pkt::new(Opcode::RC_ATOMIC_WRITE, R).ack_req().reth(DATA_VA, p.data.rkey, 8).payload(&[1; 8]));
     expect_fatal(&mut p, R, NakCode::InvalidRequest, &before);
 }
+
+#[test]
+fn a_send_is_scattered_across_the_receive_sges_in_order() {
+    let mut p = Peer::new();
+    let sgl = [p.sge(0x3000, 100), p.sge(0x5000, 1), p.sge(0x6000, 2000)];
+    p.eng.post_recv(p.qpn, 1, &sgl).unwrap();
+    p.rx(Pkt::new(Opcode::RC_SEND_FIRST, R).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_SEND_LAST, R + 1).ack_req().fill(1024, 476));
+    p.expect_ack(R + 1, ACK, 1);
+    assert_recv(&p.cqes()[0], 1, 1500);
+    let want: Vec<u8> = (0..1500).map(pattern).collect();
+    let d = p.data();
+    assert_eq!(&d[0x3000..0x3000 + 100], &want[..100]);
+    assert_eq!(d[0x5000], want[100]);
+    assert_eq!(&d[0x6000..0x6000 + 1399], &want[101..]);
+    assert!(d[0x3064..0x5000].iter().all(|&b| b == 0) && d[0x6000 + 1399..].iter().all(|&b| b == 0));
+}
