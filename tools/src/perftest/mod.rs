@@ -3,3 +3,4 @@
 //! None of it needs the data path: the tools wire these around an engine.
 
 pub mod exchange;
+pub mod params;
