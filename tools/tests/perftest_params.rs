@@ -81,7 +81,7 @@ fn every_flag_of_the_issue_parses() {
     assert_eq!(p.host.as_deref(), Some("host1"));
     assert_eq!(p.sizes, vec![4096]);
     assert_eq!(p.run, RunLength::Iterations(50));
-    assert_eq!((p.num_qps, p.tx_depth, p.cq_mod), (4, 50.min(64), 10));
+    assert_eq!((p.num_qps, p.tx_depth, p.cq_mod), (4, 50, 10));
     assert_eq!(p.mtu, Some(Mtu::Mtu4096));
     assert_eq!((p.gid_index, p.port, p.qp_timeout, p.out_reads), (Some(1), 18600, 17, Some(8)));
     assert!(p.duplex && p.cpu_freq_ignore && p.no_peak && p.report_gbits && p.out_json && p.data_validation);
