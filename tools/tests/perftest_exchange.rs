@@ -4,73 +4,17 @@
 //! also checks the encoders byte for byte). Then our client against our server over TCP on 127.0.0.1, and the
 //! failure modes: wrong version, MTU mismatch, refused connection, a vanished or silent peer, garbage.
 
-use roce_dp_tools::capture::for_each_frame;
+mod common;
+
+use common::{oob_segments, Segment};
 use roce_dp_tools::perftest::exchange::{
     accept, connect, BwReport, Dest, Exchange, ExchangeError, Mtu, Role, SysData, TestKind, DEST_LEN, REPORT_LEN,
 };
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
-
-fn vectors() -> PathBuf {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors/rxe"));
-    assert!(dir.is_dir(), "test vectors missing: {} (shared/ must sit beside the repository)", dir.display());
-    dir
-}
-
-/// One TCP payload of the exchange, in capture order.
-#[derive(Clone, Debug)]
-struct Segment {
-    from_client: bool,
-    data: Vec<u8>,
-}
-
-/// The TCP payloads to and from port 18515 in a capture (IPv4, Ethernet), retransmissions dropped.
-fn oob_segments(name: &str) -> Vec<Segment> {
-    let path = vectors().join(name);
-    let mut out = Vec::new();
-    let mut next_seq: [Option<u32>; 2] = [None, None];
-    for_each_frame(&path, |f| {
-        let d = f.data;
-        if d.len() < 14 + 20 || d[12..14] != [0x08, 0x00] {
-            return;
-        }
-        let ip = &d[14..];
-        let ihl = usize::from(ip[0] & 0xf) * 4;
-        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
-        if ip[9] != 6 || total > ip.len() || total < ihl + 20 {
-            return;
-        }
-        let tcp = &ip[ihl..total];
-        let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
-        let dport = u16::from_be_bytes([tcp[2], tcp[3]]);
-        let from_client = match (sport, dport) {
-            (_, 18515) => true,
-            (18515, _) => false,
-            _ => return,
-        };
-        let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
-        let payload = &tcp[usize::from(tcp[12] >> 4) * 4..];
-        if payload.is_empty() {
-            return;
-        }
-        let dir = usize::from(from_client);
-        if let Some(n) = next_seq[dir] {
-            if seq.wrapping_sub(n) as i32 != 0 {
-                assert!((seq.wrapping_sub(n) as i32) < 0, "{name}: gap in the TCP stream");
-                return; // a retransmission
-            }
-        }
-        next_seq[dir] = Some(seq.wrapping_add(payload.len() as u32));
-        out.push(Segment { from_client, data: payload.to_vec() });
-    })
-    .unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert!(!out.is_empty(), "{name}: no perftest exchange (TCP port 18515) in the capture");
-    out
-}
 
 /// A peer that replays the captured segments of the other side, and only hands over a segment once we have
 /// written everything the capture shows our side writing before it (so a read-before-write is caught).

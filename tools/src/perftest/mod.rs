@@ -4,3 +4,4 @@
 
 pub mod exchange;
 pub mod params;
+pub mod report;
