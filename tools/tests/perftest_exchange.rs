@@ -107,6 +107,7 @@ fn run_side<S: Read + Write>(
     let n = ex.setup(SysData::default(), mtu, false)?;
     let remote = ex.exchange_dests(test, std::slice::from_ref(mine))?;
     ex.ready(test, mine, false)?;
+    assert_eq!(ex.end_run(test, mine, report, false, false)?, None);
     let peer_report = ex.finish(test, mine, report, false)?;
     Ok(Outcome { peer_version: n.peer_version, sys: n.sys, mtu: n.mtu, remote, peer_report })
 }
@@ -344,42 +345,76 @@ fn dest(qpn: u32, last_ip: u8, out_reads: u16) -> Dest {
     }
 }
 
+/// One side of a multi-run session as the tools will drive it; returns the peer's reports per run and at the end.
+fn session<S: Read + Write>(
+    mut ex: Exchange<S>,
+    test: TestKind,
+    mine: &[Dest],
+    sys: SysData,
+    mtu: Mtu,
+    reports: &[BwReport],
+    duplex: bool,
+) -> Result<(SysData, Mtu, Vec<Dest>, Vec<Option<BwReport>>, Option<BwReport>), ExchangeError> {
+    let n = ex.setup(sys, mtu, false)?;
+    let remote = ex.exchange_dests(test, mine)?;
+    ex.connected(test, &mine[0])?;
+    let all = reports.len() > 1;
+    let mut per_run = Vec::new();
+    for r in reports {
+        ex.start_run(test, &mine[0], duplex)?;
+        per_run.push(ex.end_run(test, &mine[0], r, duplex, all)?);
+    }
+    let last = ex.finish(test, &mine[0], reports.last().unwrap(), duplex)?;
+    Ok((n.sys, n.mtu, remote, per_run, last))
+}
+
 #[test]
-fn our_client_and_server_over_a_pipe_all_tests_and_qp_counts() {
+fn our_client_and_server_over_a_pipe_all_tests_qp_counts_sizes_and_directions() {
     for test in TestKind::ALL {
         for qps in [1u32, 3] {
             for duplex in [false, true] {
-                if duplex && !test.is_bw() {
-                    continue;
+                for runs in [1u64, 3] {
+                    if (duplex || qps > 1) && !test.is_bw() {
+                        continue;
+                    }
+                    let ctx = format!("{test:?} q={qps} duplex={duplex} runs={runs}");
+                    let (a, b) = pipe(Duration::from_secs(5));
+                    let cl: Vec<Dest> = (0..qps).map(|i| dest(0x20 + i, 1, 0x80)).collect();
+                    let sv: Vec<Dest> = (0..qps).map(|i| dest(0x40 + i, 2, 0x10)).collect();
+                    let rep = |side: u64, i: u64| BwReport {
+                        size: 2 << i,
+                        iters: 20 + side,
+                        bw_peak: 8.7 + i as f64,
+                        bw_avg: 7.93,
+                        msg_rate: 0.00203,
+                    };
+                    let crep: Vec<BwReport> = (0..runs).map(|i| rep(0, i)).collect();
+                    let srep: Vec<BwReport> = (0..runs).map(|i| rep(1, i)).collect();
+                    let (sv2, srep2) = (sv.clone(), srep.clone());
+                    let server = thread::spawn(move || {
+                        let ex = Exchange::new(b, Role::Server, Duration::from_secs(5));
+                        let sys = SysData { cycle_buffer: 8192, cache_line: 64 };
+                        session(ex, test, &sv2, sys, Mtu::Mtu4096, &srep2, duplex)
+                    });
+                    let ex = Exchange::new(a, Role::Client, Duration::from_secs(5));
+                    let sys = SysData { cycle_buffer: 4096, cache_line: 128 };
+                    let c = session(ex, test, &cl, sys, Mtu::Mtu1024, &crep, duplex)
+                        .unwrap_or_else(|e| panic!("{ctx} client: {e}"));
+                    let s = server.join().unwrap().unwrap_or_else(|e| panic!("{ctx} server: {e}"));
+                    assert_eq!(c.0, SysData { cycle_buffer: 8192, cache_line: 128 }, "{ctx}");
+                    assert_eq!(s.0, c.0, "{ctx}");
+                    assert_eq!((c.1, s.1), (Mtu::Mtu1024, Mtu::Mtu1024), "{ctx}");
+                    assert_eq!(c.2, sv, "{ctx}");
+                    assert_eq!(s.2, cl, "{ctx}");
+                    // Per-run reports only in duplex BW runs; the final one only in one-way write/read/atomic BW.
+                    let per_run = duplex && test.is_bw();
+                    let want_c: Vec<_> = srep.iter().map(|r| per_run.then_some(*r)).collect();
+                    let want_s: Vec<_> = crep.iter().map(|r| per_run.then_some(*r)).collect();
+                    assert_eq!((c.3.clone(), s.3.clone()), (want_c, want_s), "{ctx}");
+                    let fin = !duplex && matches!(test, TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw);
+                    assert_eq!(s.4, fin.then(|| *crep.last().unwrap()), "{ctx}");
+                    assert_eq!(c.4, fin.then(|| *srep.last().unwrap()), "{ctx}");
                 }
-                let (a, b) = pipe(Duration::from_secs(5));
-                let cl: Vec<Dest> = (0..qps).map(|i| dest(0x20 + i, 1, 0x80)).collect();
-                let sv: Vec<Dest> = (0..qps).map(|i| dest(0x40 + i, 2, 0x10)).collect();
-                let rep = BwReport { size: 4096, iters: 20, bw_peak: 8.7, bw_avg: 7.93, msg_rate: 0.00203 };
-                let (cl2, sv2) = (cl.clone(), sv.clone());
-                let server = thread::spawn(move || -> Result<_, ExchangeError> {
-                    let mut ex = Exchange::new(b, Role::Server, Duration::from_secs(5));
-                    let n = ex.setup(SysData { cycle_buffer: 8192, cache_line: 64 }, Mtu::Mtu4096, false)?;
-                    let remote = ex.exchange_dests(test, &sv2)?;
-                    ex.ready(test, &sv2[0], duplex)?;
-                    let peer = ex.finish(test, &sv2[0], &BwReport::default(), duplex)?;
-                    Ok((n, remote, peer))
-                });
-                let mut ex = Exchange::new(a, Role::Client, Duration::from_secs(5));
-                let n = ex.setup(SysData { cycle_buffer: 4096, cache_line: 128 }, Mtu::Mtu1024, false).unwrap();
-                let remote = ex.exchange_dests(test, &cl2).unwrap();
-                ex.ready(test, &cl2[0], duplex).unwrap();
-                let cpeer = ex.finish(test, &cl2[0], &rep, duplex).unwrap();
-                let (sn, sremote, speer) = server.join().unwrap().unwrap();
-                let ctx = format!("{test:?} q={qps} duplex={duplex}");
-                assert_eq!(n.sys, SysData { cycle_buffer: 8192, cache_line: 128 }, "{ctx}");
-                assert_eq!(sn.sys, n.sys, "{ctx}");
-                assert_eq!((n.mtu, sn.mtu), (Mtu::Mtu1024, Mtu::Mtu1024), "{ctx}");
-                assert_eq!(remote, sv, "{ctx}");
-                assert_eq!(sremote, cl, "{ctx}");
-                let reports = matches!(test, TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw) || duplex;
-                assert_eq!(speer, reports.then_some(rep), "{ctx}");
-                assert_eq!(cpeer, reports.then_some(BwReport::default()), "{ctx}");
             }
         }
     }

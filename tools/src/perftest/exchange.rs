@@ -560,14 +560,69 @@ impl<S: Read + Write> Exchange<S> {
         mine.iter().map(|d| self.hand_shake(d)).collect()
     }
 
-    /// The barrier(s) after the QPs are connected (and, in send tests, the receives posted): when this returns
-    /// both sides are ready for traffic. `first` is our first QP's record.
-    pub fn ready(&mut self, test: TestKind, first: &Dest, duplex: bool) -> Result<(), ExchangeError> {
-        let n = test.records_before_traffic(1, duplex) - 2 - usize::from(test == TestKind::SendBw);
+    /// The barrier(s) once our QPs are at RTR/RTS: one for write/read/atomic BW, two for the latency tests,
+    /// none for send BW (its post-connect record is inside [`Exchange::exchange_dests`]).
+    pub fn connected(&mut self, test: TestKind, first: &Dest) -> Result<(), ExchangeError> {
+        let n = match test {
+            TestKind::SendBw => 0,
+            TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw => 1,
+            TestKind::SendLat | TestKind::WriteLat | TestKind::ReadLat | TestKind::AtomicLat => 2,
+        };
         for _ in 0..n {
             self.hand_shake(first)?;
         }
         Ok(())
+    }
+
+    /// The barrier right before the traffic of one run (one message size): send BW syncs here, after the
+    /// server posted its receives; write/read/atomic BW only with `-b`; the latency tests never.
+    pub fn start_run(&mut self, test: TestKind, first: &Dest, duplex: bool) -> Result<(), ExchangeError> {
+        let sync = match test {
+            TestKind::SendBw => true,
+            TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw => duplex,
+            _ => false,
+        };
+        if sync {
+            self.hand_shake(first)?;
+        }
+        Ok(())
+    }
+
+    /// [`Exchange::connected`] then [`Exchange::start_run`]: everything between the QP records and the traffic
+    /// of a single-size run.
+    pub fn ready(&mut self, test: TestKind, first: &Dest, duplex: bool) -> Result<(), ExchangeError> {
+        self.connected(test, first)?;
+        self.start_run(test, first, duplex)
+    }
+
+    /// After the traffic of one run: with `-b` the BW reports are swapped (returns the peer's); with `-a`
+    /// (`all`) send BW, and duplex write/read/atomic BW, sync once more before the next size. Nothing for the
+    /// latency tests. The `-a` and `-b` sequences follow perftest's sources; the captures have single-size,
+    /// one-way runs only.
+    pub fn end_run(
+        &mut self,
+        test: TestKind,
+        first: &Dest,
+        report: &BwReport,
+        duplex: bool,
+        all: bool,
+    ) -> Result<Option<BwReport>, ExchangeError> {
+        match test {
+            TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw if duplex => {
+                if all {
+                    self.hand_shake(first)?;
+                }
+                self.exchange_bw_reports(report).map(Some)
+            }
+            TestKind::SendBw => {
+                let peer = if duplex { Some(self.exchange_bw_reports(report)?) } else { None };
+                if all {
+                    self.hand_shake(first)?;
+                }
+                Ok(peer)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Swaps BW reports (write/read/atomic BW, and duplex runs) and returns the peer's. Each 8-byte field is a
@@ -582,15 +637,16 @@ impl<S: Read + Write> Exchange<S> {
         Ok(BwReport::decode(&theirs))
     }
 
-    /// The teardown after the traffic; consumes the exchange and closes the connection.
+    /// The teardown after the last run; consumes the exchange and closes the connection.
     ///
-    /// * write/read/atomic BW: a record, the reports, a record, `"done\0"` (with `-b`: reports, record, done);
-    /// * send BW: a record, `"done\0"` (with `-b`: reports first);
-    /// * send/read/atomic latency: a record, `"done\0"`;
+    /// * write/read/atomic BW without `-b`: a record, the reports, a record, `"done\0"`;
+    /// * the other BW runs, and send/read/atomic latency: a record, `"done\0"`;
     /// * write latency: nothing.
     ///
-    /// `report` is ours (a server that measured nothing sends zeros). Returns the peer's report when reports
-    /// were exchanged: the write/read/atomic BW server prints the client's.
+    /// The write/read/atomic BW server waits here for the whole of the client's run (set a long enough
+    /// timeout). `report` is ours (a server that measured nothing sends zeros; perftest's sends garbage).
+    /// Returns the peer's report when reports are swapped here: the write/read/atomic BW server prints the
+    /// client's.
     pub fn finish(
         mut self,
         test: TestKind,
@@ -604,9 +660,6 @@ impl<S: Read + Write> Exchange<S> {
                 self.hand_shake(first)?;
                 peer = Some(self.exchange_bw_reports(report)?);
             }
-            TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw | TestKind::SendBw if duplex => {
-                peer = Some(self.exchange_bw_reports(report)?);
-            }
             TestKind::WriteLat => return Ok(None),
             _ => {}
         }
@@ -618,6 +671,19 @@ impl<S: Read + Write> Exchange<S> {
             Ok(()) | Err(ExchangeError::PeerClosed { .. }) => Ok(peer),
             Err(e) => Err(e),
         }
+    }
+}
+
+impl Exchange<TcpStream> {
+    /// Changes the read/write timeout of the connection (e.g. for the server's wait through the client's run,
+    /// which lasts as long as the test; `None` waits forever, as perftest).
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ExchangeError> {
+        let t = timeout.filter(|t| !t.is_zero());
+        let io = |err| ExchangeError::Io { step: "setup", err };
+        self.stream.set_read_timeout(t).map_err(io)?;
+        self.stream.set_write_timeout(t).map_err(io)?;
+        self.timeout = t.unwrap_or(Duration::MAX);
+        Ok(())
     }
 }
 
