@@ -345,7 +345,10 @@ fn dest(qpn: u32, last_ip: u8, out_reads: u16) -> Dest {
     }
 }
 
-/// One side of a multi-run session as the tools will drive it; returns the peer's reports per run and at the end.
+/// Negotiated sys data and MTU, the peer's QPs, the peer's reports per run and at the end.
+type SessionOutcome = (SysData, Mtu, Vec<Dest>, Vec<Option<BwReport>>, Option<BwReport>);
+
+/// One side of a multi-run session as the tools will drive it.
 fn session<S: Read + Write>(
     mut ex: Exchange<S>,
     test: TestKind,
@@ -354,7 +357,7 @@ fn session<S: Read + Write>(
     mtu: Mtu,
     reports: &[BwReport],
     duplex: bool,
-) -> Result<(SysData, Mtu, Vec<Dest>, Vec<Option<BwReport>>, Option<BwReport>), ExchangeError> {
+) -> Result<SessionOutcome, ExchangeError> {
     let n = ex.setup(sys, mtu, false)?;
     let remote = ex.exchange_dests(test, mine)?;
     ex.connected(test, &mine[0])?;
