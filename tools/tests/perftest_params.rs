@@ -127,7 +127,11 @@ fn bad_input_is_one_line() {
     err(TestKind::WriteBw, "-o 4");
     err(TestKind::WriteBw, "-r 4");
     let e = err(TestKind::WriteBw, "-n 4");
-    assert!(e.contains("at least 5"), "{e}");
+    assert!(e.contains("5..=100000000"), "{e}");
+    err(TestKind::WriteBw, "-t 15001");
+    err(TestKind::SendBw, "-r 16385");
+    err(TestKind::WriteBw, "-Q 1025");
+    err(TestKind::WriteBw, "-x 65");
     err(TestKind::WriteBw, "-s 0");
     err(TestKind::WriteBw, "-s 4096 -a");
     err(TestKind::WriteBw, "-n 100 -D 5");

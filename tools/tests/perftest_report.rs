@@ -10,8 +10,8 @@ use common::{oob_segments, vectors};
 use roce_dp_tools::perftest::exchange::{BwReport, Dest, Mtu, Role, TestKind, DEST_LEN};
 use roce_dp_tools::perftest::params::{AtomicType, Params};
 use roce_dp_tools::perftest::report::{
-    address_lines, addresses, bw_header, bw_line, bw_report, c_alt_hex, json, lat_line, mibs_to_gbits, rtt_factor,
-    title, waiting_lines, Banner, LatRecorder, LatStats, Results, RESULT_FMT_LAT, RESULT_LINE,
+    address_lines, addresses, bw_header, bw_line, bw_report, c_alt_hex, json, lat_dur_line, lat_line, mibs_to_gbits,
+    rtt_factor, title, waiting_lines, Banner, LatRecorder, LatStats, Results, RESULT_FMT_LAT, RESULT_LINE,
 };
 use std::time::Duration;
 
@@ -268,4 +268,10 @@ fn json_carries_the_table_figures() {
     // Balanced braces and brackets, no NaN.
     assert_eq!(j.matches('{').count(), j.matches('}').count());
     assert!(!j.contains("NaN"));
+}
+
+#[test]
+fn latency_duration_row() {
+    // REPORT_FMT_LAT_DUR: " %-7lu       %d            %-7.2f        %-7.2f".
+    assert_eq!(lat_dur_line(2, 123456, 1.5, 333333.333), " 2             123456            1.50           333333.33");
 }

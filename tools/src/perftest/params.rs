@@ -13,8 +13,10 @@ use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-/// perftest's minimum iteration count.
+/// perftest's smallest and largest iteration counts (`MIN_ITER`, `MAX_ITER`).
 pub const MIN_ITERS: u64 = 5;
+/// See [`MIN_ITERS`].
+pub const MAX_ITERS: u64 = 100_000_000;
 /// The largest size `-a` runs (2^23; it starts at 2).
 pub const MAX_ALL_SIZE_LOG2: u32 = 23;
 
@@ -52,10 +54,10 @@ struct Cli {
     #[arg(short = 'd', long = "ib-dev")]
     ib_dev: Option<String>,
     /// Port number on the device (accepted for compatibility).
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..))]
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
     ib_port: u8,
     /// GID index of the RoCE address.
-    #[arg(short = 'x', long = "gid-index")]
+    #[arg(short = 'x', long = "gid-index", value_parser = clap::value_parser!(u32).range(0..=64))]
     gid_index: Option<u32>,
     /// Path MTU in bytes (256, 512, 1024, 2048, 4096); default: the port's, then the smaller of both sides.
     #[arg(short = 'm', long = "mtu", value_parser = parse_mtu)]
@@ -70,16 +72,16 @@ struct Cli {
     #[arg(short = 'a', long = "all")]
     all: bool,
     /// Iterations.
-    #[arg(short = 'n', long = "iters", conflicts_with = "duration")]
+    #[arg(short = 'n', long = "iters", conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(MIN_ITERS..=MAX_ITERS))]
     iters: Option<u64>,
     /// Number of QPs.
     #[arg(short = 'q', long = "qp", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16384))]
     qp: u32,
     /// Send queue depth.
-    #[arg(short = 't', long = "tx-depth", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 't', long = "tx-depth", value_parser = clap::value_parser!(u32).range(1..=15000))]
     tx_depth: Option<u32>,
     /// Receive queue depth (send tests).
-    #[arg(short = 'r', long = "rx-depth", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 'r', long = "rx-depth", value_parser = clap::value_parser!(u32).range(1..=16384))]
     rx_depth: Option<u32>,
     /// Run for this many seconds instead of a number of iterations.
     #[arg(short = 'D', long = "duration", conflicts_with = "all", value_parser = clap::value_parser!(u32).range(1..))]
@@ -103,7 +105,7 @@ struct Cli {
     #[arg(short = 'N', long = "noPeak")]
     no_peak: bool,
     /// Request a completion every N sends (BW tests).
-    #[arg(short = 'Q', long = "cq-mod", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(short = 'Q', long = "cq-mod", value_parser = clap::value_parser!(u32).range(1..=1024))]
     cq_mod: Option<u32>,
     /// Report Gb/s instead of MiB/s (BW tests).
     #[arg(long = "report_gbits")]
@@ -287,11 +289,7 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
     } else if let Some(d) = c.duration {
         RunLength::Duration(d)
     } else {
-        let iters = c.iters.unwrap_or(if test == TestKind::WriteBw { 5000 } else { 1000 });
-        if iters < MIN_ITERS {
-            return Err(format!("-n/--iters must be at least {MIN_ITERS}"));
-        }
-        RunLength::Iterations(iters)
+        RunLength::Iterations(c.iters.unwrap_or(if test == TestKind::WriteBw { 5000 } else { 1000 }))
     };
     // perftest shrinks the queues to the iteration count (its banner shows "TX depth : 20" with -n 20).
     let clamp = |depth: u32| match run {

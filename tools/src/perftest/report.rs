@@ -328,6 +328,12 @@ pub fn lat_line(s: &LatStats) -> String {
     )
 }
 
+/// One latency row in duration mode (`-D`): `REPORT_FMT_LAT_DUR` under [`RESULT_FMT_LAT_DUR`], the mean latency
+/// in microseconds and the transactions per second.
+pub fn lat_dur_line(size: u64, iters: u64, t_avg: f64, tps: f64) -> String {
+    format!(" {size:<7}       {iters}            {}        {}", f(t_avg, 7, 2), f(tps, 7, 2))
+}
+
 /// A JSON string literal (roce-dump's escaping).
 fn json_str(s: &str) -> String {
     let mut o = String::with_capacity(s.len() + 2);
