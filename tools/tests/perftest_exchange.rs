@@ -8,7 +8,8 @@ mod common;
 
 use common::{oob_segments, Segment};
 use roce_dp_tools::perftest::exchange::{
-    accept, connect, BwReport, Dest, Exchange, ExchangeError, Mtu, Role, SysData, TestKind, DEST_LEN, REPORT_LEN,
+    accept, check_gid_compatibility, connect, BwReport, Dest, Exchange, ExchangeError, Mtu, Role, SysData, TestKind,
+    DEST_LEN, REPORT_LEN,
 };
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -640,4 +641,15 @@ fn a_tcp_peer_that_resets_mid_run_is_reported() {
     let e = r.err().expect("an error");
     assert!(matches!(e, ExchangeError::PeerClosed { .. }), "{e}");
     assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn gid_types_must_agree() {
+    let v4 = dest(1, 1, 1);
+    let mut v6 = v4;
+    v6.gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x54, 0, 0xff, 0xfe, 0x50, 0, 1];
+    check_gid_compatibility(&v4, &dest(2, 2, 1)).unwrap();
+    check_gid_compatibility(&v6, &v6).unwrap();
+    let e = check_gid_compatibility(&v4, &v6).unwrap_err().to_string();
+    assert!(e.contains("ours IPv4-mapped, the peer's IPv6"), "{e}");
 }

@@ -8,8 +8,12 @@
 //! 2. cycle buffer, then cache line size: 4 bytes each, big-endian int32; both sides keep the larger;
 //! 3. MTU: 2 bytes, the ASCII digit of the `ibv_mtu` enum and a NUL; both sides keep the smaller;
 //! 4. 108-byte destination records ([`Dest`]): before the traffic 2q+1 of them for write/read/atomic BW, 2q+2 for
-//!    send BW and the latency tests (q = number of QPs; captured with q = 1: 3 and 4);
-//! 5. the teardown, which depends on the test ([`Exchange::finish`]).
+//!    send BW and the latency tests (q = number of QPs; captured with q = 1: 3 and 4), in three calls:
+//!    [`Exchange::exchange_dests`], [`Exchange::connected`] (once the QPs are at RTS) and [`Exchange::start_run`]
+//!    (right before the traffic of each message size);
+//! 5. after each size [`Exchange::end_run`] (reports with `-b`, a barrier between `-a` sizes), then the
+//!    teardown, which depends on the test ([`Exchange::finish`]): BW reports as five separate 8-byte swaps, a
+//!    record, and `"done\0"` written by each side.
 //!
 //! The functions here block on an `impl Read + Write`; the caller sets the socket's read/write timeouts
 //! ([`connect`] and [`accept`] do), and a timeout, a closed connection or malformed bytes from the peer end the
@@ -215,6 +219,19 @@ impl Dest {
         debug_assert_eq!(pos, DEST_LEN - 1);
         Ok(Dest { lid, out_reads, qpn, psn, rkey, vaddr, gid, srqn })
     }
+}
+
+/// perftest's GID check before connecting: both GIDs IPv4-mapped (RoCEv2 over IPv4) or neither.
+pub fn check_gid_compatibility(local: &Dest, remote: &Dest) -> Result<(), ExchangeError> {
+    let v4 = |d: &Dest| d.gid[..10].iter().all(|&b| b == 0) && d.gid[10..12] == [0xff, 0xff];
+    if v4(local) == v4(remote) {
+        return Ok(());
+    }
+    let kind = |d: &Dest| if v4(d) { "IPv4-mapped" } else { "IPv6" };
+    Err(ExchangeError::Malformed {
+        step: "QP record",
+        why: format!("GID types differ (ours {}, the peer's {}): use the same IP version", kind(local), kind(remote)),
+    })
 }
 
 /// `ibv_mtu`: the path MTU as perftest exchanges it (an enum value 1..=5).
