@@ -26,11 +26,13 @@ struct ScriptedPeer {
     next: usize,
     offset: usize,
     written: Vec<u8>,
+    /// Most bytes handed over per read and taken per write (1 tests partial reads and writes).
+    chunk: usize,
 }
 
 impl ScriptedPeer {
-    fn new(segs: Vec<Segment>, role: Role) -> Self {
-        ScriptedPeer { segs, us_client: role == Role::Client, next: 0, offset: 0, written: Vec::new() }
+    fn new(segs: Vec<Segment>, role: Role, chunk: usize) -> Self {
+        ScriptedPeer { segs, us_client: role == Role::Client, next: 0, offset: 0, written: Vec::new(), chunk }
     }
 
     fn ours_expected(&self) -> Vec<u8> {
@@ -52,7 +54,7 @@ impl Read for ScriptedPeer {
             return Err(io::Error::new(ErrorKind::WouldBlock, "read before writing what the capture writes first"));
         }
         let seg = &self.segs[self.next].data;
-        let n = buf.len().min(seg.len() - self.offset);
+        let n = buf.len().min(seg.len() - self.offset).min(self.chunk);
         buf[..n].copy_from_slice(&seg[self.offset..self.offset + n]);
         self.offset += n;
         if self.offset == seg.len() {
@@ -65,8 +67,9 @@ impl Read for ScriptedPeer {
 
 impl Write for ScriptedPeer {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.written.extend_from_slice(buf);
-        Ok(buf.len())
+        let n = buf.len().min(self.chunk);
+        self.written.extend_from_slice(&buf[..n]);
+        Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
@@ -113,13 +116,13 @@ fn run_side<S: Read + Write>(
     Ok(Outcome { peer_version: n.peer_version, sys: n.sys, mtu: n.mtu, remote, peer_report })
 }
 
-fn replay(name: &str, test: TestKind, role: Role) {
+fn replay(name: &str, test: TestKind, role: Role, chunk: usize) {
     let segs = oob_segments(name);
     let us_client = role == Role::Client;
     let (mine, my_report) = captured_values(&segs, us_client);
     let (theirs, their_report) = captured_values(&segs, !us_client);
     let report = my_report.map(|r| BwReport::decode(&r)).unwrap_or_default();
-    let mut peer = ScriptedPeer::new(segs.clone(), role);
+    let mut peer = ScriptedPeer::new(segs.clone(), role, chunk);
     let out = {
         let ex = Exchange::new(&mut peer, role, Duration::from_secs(1));
         run_side(ex, test, &mine, &report, Mtu::Mtu1024).unwrap_or_else(|e| panic!("{name} as {role:?}: {e}"))
@@ -167,14 +170,23 @@ const CAPTURES: &[(&str, TestKind)] = &[
 #[test]
 fn client_writes_what_perftest_wrote_in_every_capture() {
     for &(name, test) in CAPTURES {
-        replay(name, test, Role::Client);
+        replay(name, test, Role::Client, usize::MAX);
     }
 }
 
 #[test]
 fn server_writes_what_perftest_wrote_in_every_capture() {
     for &(name, test) in CAPTURES {
-        replay(name, test, Role::Server);
+        replay(name, test, Role::Server, usize::MAX);
+    }
+}
+
+#[test]
+fn byte_at_a_time_reads_and_writes_change_nothing() {
+    for &(name, test) in CAPTURES {
+        for role in [Role::Client, Role::Server] {
+            replay(name, test, role, 1);
+        }
     }
 }
 
