@@ -149,3 +149,35 @@ fn help_names_the_tool() {
     assert!(text.contains("rdp_read_lat"), "{text}");
     assert!(text.contains("--report_gbits") && text.contains("--data_validation"), "{text}");
 }
+
+/// In a child process (re-running this test binary): parse the arguments in RDP_PARAMS_CHILD and print them.
+#[test]
+fn child_parse_from_or_exit() {
+    let Ok(args) = std::env::var("RDP_PARAMS_CHILD") else { return };
+    let p = Params::parse_from_or_exit(TestKind::WriteBw, args.split_whitespace());
+    println!("parsed iters={:?}", p.run);
+}
+
+fn run_child(args: &str) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_parse_from_or_exit", "--nocapture", "--test-threads=1"])
+        .env("RDP_PARAMS_CHILD", args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_bad_command_line_exits_2_with_one_line() {
+    let out = run_child("rdp_write_bw --bogus");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines, ["rdp_write_bw: unexpected argument '--bogus' found (see --help)"], "{err}");
+    let out = run_child("rdp_write_bw -n 20");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("parsed iters=Iterations(20)"));
+    // --help prints the usage and succeeds.
+    let out = run_child("rdp_write_bw --help");
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage: rdp_write_bw"));
+}

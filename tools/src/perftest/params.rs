@@ -213,7 +213,16 @@ impl Params {
     /// Parses the process's arguments; on a bad command line prints one line (`TOOL: reason`) to stderr and
     /// exits with status 2; `--help` and `--version` print and exit 0.
     pub fn parse_or_exit(test: TestKind) -> Params {
-        match Params::try_parse_from(test, std::env::args_os()) {
+        Params::parse_from_or_exit(test, std::env::args_os())
+    }
+
+    /// [`Params::parse_or_exit`] on the given arguments (the first is the program name).
+    pub fn parse_from_or_exit<I, T>(test: TestKind, args: I) -> Params
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        match Params::try_parse_from(test, args) {
             Ok(p) => p,
             Err(e) => {
                 if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
