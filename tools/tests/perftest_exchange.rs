@@ -665,3 +665,57 @@ fn gid_types_must_agree() {
     let e = check_gid_compatibility(&v4, &v6).unwrap_err().to_string();
     assert!(e.contains("ours IPv4-mapped, the peer's IPv6"), "{e}");
 }
+
+/// Plays the captured perftest peer over a real TCP connection: writes its segments, and reads ours checking
+/// every byte against what perftest sent, in capture order; then expects our side to close.
+fn perftest_peer_over_tcp(mut s: TcpStream, segs: Vec<Segment>, peer_is_client: bool, name: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for (i, seg) in segs.iter().enumerate() {
+        if seg.from_client == peer_is_client {
+            s.write_all(&seg.data).unwrap();
+        } else {
+            let mut got = vec![0u8; seg.data.len()];
+            s.read_exact(&mut got).unwrap_or_else(|e| panic!("{name}: segment {i}: {e}"));
+            assert_eq!(got, seg.data, "{name}: segment {i}");
+        }
+    }
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{name}: {} bytes after the exchange", rest.len());
+}
+
+#[test]
+fn captured_perftest_peer_over_tcp_in_both_roles() {
+    for &(name, test) in CAPTURES {
+        let segs = oob_segments(name);
+        for role in [Role::Client, Role::Server] {
+            let us_client = role == Role::Client;
+            let (mine, my_report) = captured_values(&segs, us_client);
+            let report = my_report.map(|r| BwReport::decode(&r)).unwrap_or_default();
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let segs2 = segs.clone();
+            let out = if us_client {
+                let peer = thread::spawn(move || {
+                    let (s, _) = listener.accept().unwrap();
+                    perftest_peer_over_tcp(s, segs2, false, name);
+                });
+                let s = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+                let out = run_side(Exchange::new(s, role, Duration::from_secs(5)), test, &mine, &report, Mtu::Mtu1024);
+                peer.join().unwrap();
+                out
+            } else {
+                let peer = thread::spawn(move || {
+                    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                    perftest_peer_over_tcp(s, segs2, true, name);
+                });
+                let s = accept(&listener, Some(Duration::from_secs(5)), Duration::from_secs(5)).unwrap();
+                let out = run_side(Exchange::new(s, role, Duration::from_secs(5)), test, &mine, &report, Mtu::Mtu1024);
+                peer.join().unwrap();
+                out
+            };
+            let out = out.unwrap_or_else(|e| panic!("{name} as {role:?}: {e}"));
+            assert_eq!(out.mtu, Mtu::Mtu1024);
+        }
+    }
+}
