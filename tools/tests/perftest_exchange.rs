@@ -8,8 +8,8 @@ mod common;
 
 use common::{oob_segments, Segment};
 use roce_dp_tools::perftest::exchange::{
-    accept, check_gid_compatibility, connect, BwReport, Dest, Exchange, ExchangeError, Mtu, Role, SysData, TestKind,
-    DEST_LEN, REPORT_LEN,
+    accept, check_gid_compatibility, connect, listen, BwReport, Dest, Exchange, ExchangeError, Mtu, Role, SysData,
+    TestKind, DEST_LEN, REPORT_LEN,
 };
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -718,4 +718,44 @@ fn captured_perftest_peer_over_tcp_in_both_roles() {
             assert_eq!(out.mtu, Mtu::Mtu1024);
         }
     }
+}
+
+#[test]
+fn listen_on_a_busy_port_is_one_line() {
+    let first = listen(0).unwrap();
+    let port = first.local_addr().unwrap().port();
+    // A client reaches it over IPv4 loopback.
+    let c = thread::spawn(move || connect("127.0.0.1", port, Duration::from_secs(5)).map(|_| ()));
+    accept(&first, Some(Duration::from_secs(5)), Duration::from_secs(5)).unwrap();
+    c.join().unwrap().unwrap();
+    let e = listen(port).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("couldn't listen for a client on TCP port {port}: ")), "{e}");
+    assert!(!e.contains('\n'));
+}
+
+#[test]
+fn peer_gone_sees_a_closed_peer_without_blocking() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let peer = thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        rx.recv().unwrap();
+        drop(s);
+    });
+    let s = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+    let ex = Exchange::new(s, Role::Client, Duration::from_secs(5));
+    let start = Instant::now();
+    assert!(!ex.peer_gone(), "an idle live peer is not gone");
+    assert!(start.elapsed() < Duration::from_millis(500), "peer_gone blocked");
+    tx.send(()).unwrap();
+    peer.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ex.peer_gone() {
+        assert!(Instant::now() < deadline, "closed peer never seen");
+        thread::sleep(Duration::from_millis(10));
+    }
+    // Still usable as a blocking stream afterwards: a read reports the closed peer.
+    let mut ex = ex;
+    assert!(matches!(ex.exchange_versions(), Err(ExchangeError::PeerClosed { .. })));
 }

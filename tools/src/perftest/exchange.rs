@@ -395,7 +395,7 @@ impl fmt::Display for ExchangeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ExchangeError::Connect { addr, err } => write!(f, "couldn't connect to {addr}: {err}"),
-            ExchangeError::Listen { port, err } => write!(f, "couldn't accept a client on TCP port {port}: {err}"),
+            ExchangeError::Listen { port, err } => write!(f, "couldn't listen for a client on TCP port {port}: {err}"),
             ExchangeError::Timeout { step, after } => {
                 write!(f, "peer sent nothing for {:.1} s during the {step} exchange", after.as_secs_f64())
             }
@@ -702,6 +702,21 @@ impl Exchange<TcpStream> {
         self.timeout = t.unwrap_or(Duration::MAX);
         Ok(())
     }
+
+    /// True if the peer has closed or reset the connection, without blocking: for a side that runs traffic
+    /// while the exchange is idle, so that a peer that exits mid-run ends the run instead of a wait for ACKs.
+    /// Pending bytes (the peer already in the teardown) are left unread and count as alive.
+    pub fn peer_gone(&self) -> bool {
+        if self.stream.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let gone = match self.stream.peek(&mut [0u8; 1]) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
+        };
+        gone || self.stream.set_nonblocking(false).is_err()
+    }
 }
 
 /// Connects to the server's management address, retrying while it refuses until `timeout` has passed (the
@@ -730,6 +745,14 @@ pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, Ex
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Listens for the client on TCP `port` on all addresses (IPv6 and IPv4 where the host allows, else IPv4), as
+/// perftest's server does.
+pub fn listen(port: u16) -> Result<TcpListener, ExchangeError> {
+    TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, port))
+        .or_else(|_| TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, port)))
+        .map_err(|err| ExchangeError::Listen { port, err })
 }
 
 /// Accepts one client on `listener` (perftest listens on all addresses, port 18515 by default), waiting at most

@@ -17,7 +17,7 @@
 //!         for l in report::waiting_lines() {
 //!             println!("{l}");
 //!         }
-//!         let listener = std::net::TcpListener::bind(("0.0.0.0", p.port)).expect("port");
+//!         let listener = exchange::listen(p.port)?;
 //!         (exchange::accept(&listener, None, DEFAULT_TIMEOUT)?, Role::Server)
 //!     }
 //! };
@@ -35,7 +35,8 @@
 //! ex.connected(test, &mine[0])?;
 //! // ... send tests: post the receives here ...
 //! ex.start_run(test, &mine[0], p.duplex)?;
-//! // ... the client runs the traffic and measures; the server waits in `finish` (give it a long timeout) ...
+//! // ... the client runs the traffic and measures, checking `ex.peer_gone()` now and then; the server waits in
+//! // `finish` (`ex.set_timeout(None)` or the run's length) ...
 //! let mine_report = report::bw_report(4096, 1000, p.num_qps, p.duplex, std::time::Duration::from_millis(5), 0.0);
 //! ex.end_run(test, &mine[0], &mine_report, p.duplex, p.all)?;
 //! let peer_report = ex.finish(test, &mine[0], &mine_report, p.duplex)?;
