@@ -264,7 +264,14 @@ impl Mtu {
 
     /// From the `ibv_mtu` enum value.
     pub fn from_enum(v: u8) -> Option<Mtu> {
-        Mtu::from_bytes(128u32.checked_shl(u32::from(v))?).filter(|_| (1..=5).contains(&v))
+        Some(match v {
+            1 => Mtu::Mtu256,
+            2 => Mtu::Mtu512,
+            3 => Mtu::Mtu1024,
+            4 => Mtu::Mtu2048,
+            5 => Mtu::Mtu4096,
+            _ => return None,
+        })
     }
 
     /// Size in bytes.
@@ -722,6 +729,7 @@ impl Exchange<TcpStream> {
 /// Connects to the server's management address, retrying while it refuses until `timeout` has passed (the
 /// server may start a moment later), and sets `timeout` as the read/write timeout of the exchange.
 pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, ExchangeError> {
+    let timeout = timeout.max(Duration::from_millis(1));
     let addr = format!("{host}:{port}");
     let fail = |err| ExchangeError::Connect { addr: addr.clone(), err };
     let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(fail)?.collect();
@@ -762,6 +770,7 @@ pub fn accept(
     accept_timeout: Option<Duration>,
     timeout: Duration,
 ) -> Result<TcpStream, ExchangeError> {
+    let timeout = timeout.max(Duration::from_millis(1));
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let fail = |err| ExchangeError::Listen { port, err };
     let stream = match accept_timeout {
