@@ -340,6 +340,8 @@ impl Engine {
             qp.enter_error(&mut ctx);
         }
         self.sync_qp(i);
+        // RESET and ERR stop every timer: drop their heap entries so poll_timeout reports no stale deadline.
+        self.prune_timers();
         Ok(())
     }
 
@@ -379,6 +381,7 @@ impl Engine {
         self.qps[i as usize] = None;
         self.free_qps.push(i);
         self.ready.retain(|&r| r != i);
+        self.prune_timers();
         Ok(())
     }
 
@@ -608,11 +611,11 @@ impl Engine {
                 None => match qp.next_request(&mut ctx) {
                     ReqOutcome::Packet(p) => Some(p),
                     ReqOutcome::LocalError(st) => {
-                        // The WQE the requester was about to start failed local checks: it is at the head
-                        // only if everything before it completed; otherwise error the QP at once (IB: a local
-                        // protection error is fatal to the QP).
-                        qp.req_cur = qp.sq.head;
-                        qp.fail_head(&mut ctx, st);
+                        // The WQE the requester was about to start failed local checks: it completes with the
+                        // error, any earlier WQE still in flight is flushed, and the QP enters the error state (IB:
+                        // a local protection error is fatal to the QP).
+                        let bad = qp.req_cur;
+                        qp.fail_local(&mut ctx, bad, st);
                         None
                     }
                     ReqOutcome::Idle => None,
@@ -624,21 +627,20 @@ impl Engine {
                 self.sync_timers(i);
                 continue;
             };
-            let mut repr = qp.tmpl;
-            repr.bth = plan.bth;
-            repr.ext = plan.ext;
             self.ip_ident = self.ip_ident.wrapping_add(1);
-            repr.ip.ident = self.ip_ident;
+            let ident = self.ip_ident;
             let mrs = &self.mrs;
             let pd = qp.pd;
+            let hdr = qp.hdr;
+            let len = plan.payload_len as usize;
             let res = match plan.src {
-                PayloadSrc::None => wire::emit_frame(buf, &repr, plan.payload_len as usize, |d| d.fill(0)),
+                PayloadSrc::None => hdr.emit(buf, &plan.bth, &plan.ext, len, ident, |d| d.fill(0)),
                 PayloadSrc::Sq { idx, off } => {
-                    wire::emit_frame(buf, &repr, plan.payload_len as usize, |d| qp.gather(idx, off, d, mrs))
+                    hdr.emit(buf, &plan.bth, &plan.ext, len, ident, |d| qp.gather(idx, off, d, mrs))
                 }
                 PayloadSrc::Mr { rkey, va } => {
                     let mut bad = false;
-                    let r = wire::emit_frame(buf, &repr, plan.payload_len as usize, |d| {
+                    let r = hdr.emit(buf, &plan.bth, &plan.ext, len, ident, |d| {
                         if mrs.read(rkey, pd, va, d, AccessFlags::REMOTE_READ).is_err() {
                             d.fill(0);
                             bad = true;

@@ -170,6 +170,17 @@ impl MrTable {
         Ok(())
     }
 
+    /// Invalidates a region's keys on a peer's request (SEND with Invalidate): as [`MrTable::invalidate`], and the
+    /// region must grant some remote right. A region registered for local use only has no rkey a peer could hold
+    /// (keys are guessable `index << 8 | generation` values), so a peer cannot revoke it.
+    pub fn invalidate_remote(&mut self, key: u32, pd: Pd) -> Result<(), AccessError> {
+        let remote = AccessFlags::REMOTE_READ.0 | AccessFlags::REMOTE_WRITE.0 | AccessFlags::REMOTE_ATOMIC.0;
+        if self.lookup(key)?.access.0 & remote == 0 {
+            return Err(AccessError::NotPermitted);
+        }
+        self.invalidate(key, pd)
+    }
+
     #[inline]
     fn lookup(&self, key: u32) -> Result<&Mr, AccessError> {
         match self.slots.get((key >> 8) as usize) {

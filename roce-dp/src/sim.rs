@@ -121,6 +121,11 @@ pub struct Sim {
 pub const NODE_MAC: [MacAddr; 2] = [MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2])];
 /// IPv4 addresses of the two nodes.
 pub const NODE_IP: [[u8; 4]; 2] = [[10, 0, 0, 1], [10, 0, 0, 2]];
+/// IPv6 addresses of the two nodes (documentation prefix 2001:db8::/32).
+pub const NODE_IP6: [[u8; 16]; 2] = [
+    [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+    [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+];
 
 impl Sim {
     /// Two engines with `cfg` (addresses overridden per node) joined by `links[0]` (0 -> 1) and `links[1]`.
@@ -128,7 +133,7 @@ impl Sim {
         let mk = |n: usize| {
             Engine::new(EngineConfig {
                 local_mac: NODE_MAC[n],
-                local_ip: LocalIp { v4: Some(NODE_IP[n]), v6: None },
+                local_ip: LocalIp { v4: Some(NODE_IP[n]), v6: Some(NODE_IP6[n]) },
                 ..cfg
             })
         };
@@ -157,6 +162,11 @@ impl Sim {
     /// The peer address of node `n` as seen from the other node.
     pub fn peer_of(n: usize) -> PeerAddr {
         PeerAddr { ip: IpAddrs::V4 { src: [0; 4], dst: NODE_IP[n] }, mac: NODE_MAC[n] }
+    }
+
+    /// The peer address of node `n` over IPv6 (both nodes have an IPv4 and an IPv6 address).
+    pub fn peer6_of(n: usize) -> PeerAddr {
+        PeerAddr { ip: IpAddrs::V6 { src: [0; 16], dst: NODE_IP6[n] }, mac: NODE_MAC[n] }
     }
 
     /// Marks node `n` as having new work (after posting WRs).
@@ -297,6 +307,8 @@ pub struct Workload {
     pub retry_cnt: u8,
     /// Give up after this much virtual time.
     pub time_limit: Duration,
+    /// Connect the QPs over IPv6 GIDs instead of IPv4.
+    pub ipv6: bool,
 }
 
 impl Default for Workload {
@@ -311,6 +323,7 @@ impl Default for Workload {
             timeout: 8,
             retry_cnt: 7,
             time_limit: Duration::from_millis(60_000),
+            ipv6: false,
         }
     }
 }
@@ -367,7 +380,6 @@ pub fn pattern(q: u32, k: u64, i: u64) -> u8 {
 
 struct Pair {
     qpn: [u32; 2],
-    cq: [CqId; 2],
     mr: [MrKeys; 2],
     posted: u64,
     done: u64,
@@ -383,10 +395,26 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
     let size = if w.op == SimOp::Atomic { 8 } else { w.size as u64 };
     let slots = u64::from(w.depth.max(1)).min(u64::from(w.msgs.max(1)));
     let region = (slots * size).max(8) as usize;
+    // One CQ per node shared by every QP: the driver then costs O(completions), not O(QPs), per event.
+    let mut shared_cq = [CqId(0); 2];
+    for (n, c) in shared_cq.iter_mut().enumerate() {
+        match sim.nodes[n].create_cq((w.depth * 2 + 16).saturating_mul(w.qps).min(1 << 20)) {
+            Ok(id) => *c = id,
+            Err(e) => {
+                rep.failure = Some(format!("setup: {e}"));
+                return rep;
+            }
+        }
+    }
     let mut pairs = Vec::new();
+    let mut by_qpn: [std::collections::HashMap<u32, usize>; 2] = Default::default();
     for q in 0..w.qps {
-        match setup_pair(sim, w, q, region) {
-            Ok(p) => pairs.push(p),
+        match setup_pair(sim, w, q, region, shared_cq) {
+            Ok(p) => {
+                by_qpn[0].insert(p.qpn[0], pairs.len());
+                by_qpn[1].insert(p.qpn[1], pairs.len());
+                pairs.push(p);
+            }
             Err(e) => {
                 rep.failure = Some(format!("setup: {e}"));
                 return rep;
@@ -416,6 +444,8 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
     }; 32];
     let mut same_time = 0u32;
     let mut last_now = Instant::MAX;
+    let mut to_post: Vec<usize> = (0..pairs.len()).collect();
+    let mut pairs_done = if w.msgs == 0 { pairs.len() } else { 0 };
     loop {
         // A loop that never lets virtual time move is a livelock in the engine: report it, never hang.
         if sim.now == last_now {
@@ -428,8 +458,9 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
             same_time = 0;
             last_now = sim.now;
         }
-        // Post up to depth outstanding per QP.
-        for (q, p) in pairs.iter_mut().enumerate() {
+        // Post up to depth outstanding on the QPs that have room.
+        for q in to_post.drain(..) {
+            let p = &mut pairs[q];
             while p.posted < u64::from(w.msgs) && p.posted - p.done < u64::from(w.depth) {
                 if let Err(e) = post_one(sim, w, q as u32, p, slots, size) {
                     rep.failure.get_or_insert(format!("post on QP {:#x}: {e}", p.qpn[0]));
@@ -441,33 +472,39 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
         sim.kick(0);
         sim.kick(1);
         sim.process();
-        // Completions.
-        for (q, p) in pairs.iter_mut().enumerate() {
+        // Completions, dispatched to their QP pair.
+        for n in 0..2 {
             loop {
-                let n = sim.nodes[0].poll_cq(p.cq[0], &mut cqes);
-                if n == 0 {
+                let got = sim.nodes[n].poll_cq(shared_cq[n], &mut cqes);
+                if got == 0 {
                     break;
                 }
-                for c in &cqes[..n] {
-                    if let Err(e) = check_send_cqe(sim, w, q as u32, p, c, slots, size, &mut rep) {
-                        rep.failure.get_or_insert(e);
-                    }
-                }
-            }
-            loop {
-                let n = sim.nodes[1].poll_cq(p.cq[1], &mut cqes);
-                if n == 0 {
-                    break;
-                }
-                for c in &cqes[..n] {
-                    if let Err(e) = check_recv_cqe(sim, w, q as u32, p, c, size, &mut rep) {
+                for c in &cqes[..got] {
+                    let Some(&q) = by_qpn[n].get(&c.qpn) else {
+                        rep.failure.get_or_insert(format!("completion for unknown QP {:#x}", c.qpn));
+                        continue;
+                    };
+                    let p = &mut pairs[q];
+                    let r = if n == 0 {
+                        let before = p.done;
+                        let r = check_send_cqe(sim, w, q as u32, p, c, slots, size, &mut rep);
+                        if p.done != before {
+                            to_post.push(q);
+                            if p.done == u64::from(w.msgs) {
+                                pairs_done += 1;
+                            }
+                        }
+                        r
+                    } else {
+                        check_recv_cqe(sim, w, q as u32, p, c, size, &mut rep)
+                    };
+                    if let Err(e) = r {
                         rep.failure.get_or_insert(e);
                     }
                 }
             }
         }
-        let all_done = pairs.iter().all(|p| p.done == u64::from(w.msgs));
-        if all_done || rep.failure.is_some() {
+        if pairs_done == pairs.len() || rep.failure.is_some() {
             break;
         }
         if sim.now > deadline {
@@ -505,14 +542,12 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
     rep
 }
 
-fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize) -> Result<Pair, String> {
+fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize, cq: [CqId; 2]) -> Result<Pair, String> {
     let mut qpn = [0; 2];
-    let mut cq = [CqId(0); 2];
     let mut mr = [MrKeys { lkey: 0, rkey: 0 }; 2];
     for n in 0..2 {
         let e = &mut sim.nodes[n];
         let pd = e.alloc_pd();
-        cq[n] = e.create_cq(w.depth * 2 + 16).map_err(|e| e.to_string())?;
         mr[n] = e.reg_mr(pd, VA[n] + u64::from(q) * (1 << 36), region, AccessFlags::ALL).map_err(|e| e.to_string())?;
         let caps = QpCaps { max_send_wr: w.depth.max(1), max_recv_wr: w.depth.max(1), ..QpCaps::default() };
         qpn[n] = e.create_qp(pd, cq[n], cq[n], caps).map_err(|e| e.to_string())?;
@@ -534,7 +569,7 @@ fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize) -> Result<Pair
                 rq_psn: Some(psn),
                 max_dest_rd_atomic: Some(16),
                 min_rnr_timer: Some(1),
-                peer: Some(Sim::peer_of(1 - n)),
+                peer: Some(if w.ipv6 { Sim::peer6_of(1 - n) } else { Sim::peer_of(1 - n) }),
                 ..QpAttr::default()
             },
         )
@@ -553,7 +588,7 @@ fn setup_pair(sim: &mut Sim, w: &Workload, q: u32, region: usize) -> Result<Pair
         )
         .map_err(|e| e.to_string())?;
     }
-    let mut p = Pair { qpn, cq, mr, posted: 0, done: 0, recv_done: 0, atomic_expect: 0 };
+    let mut p = Pair { qpn, mr, posted: 0, done: 0, recv_done: 0, atomic_expect: 0 };
     if w.op == SimOp::Send {
         for k in 0..u64::from(w.depth.min(w.msgs)) {
             post_recv_slot(sim, w, q, &p, k)?;
@@ -583,7 +618,7 @@ fn post_one(sim: &mut Sim, w: &Workload, q: u32, p: &mut Pair, slots: u64, size:
         SimOp::Send => (WrOpcode::Send, size),
         SimOp::Write => (WrOpcode::RdmaWrite, size),
         SimOp::Read => (WrOpcode::RdmaRead, size),
-        SimOp::Atomic => (if k % 2 == 0 { WrOpcode::AtomicFetchAdd } else { WrOpcode::AtomicCmpSwp }, 8),
+        SimOp::Atomic => (if k.is_multiple_of(2) { WrOpcode::AtomicFetchAdd } else { WrOpcode::AtomicCmpSwp }, 8),
     };
     if matches!(w.op, SimOp::Send | SimOp::Write) {
         let mem = sim.nodes[0].mr_bytes_mut(p.mr[0].lkey).ok_or("local MR gone")?;
@@ -611,7 +646,7 @@ fn post_one(sim: &mut Sim, w: &Workload, q: u32, p: &mut Pair, slots: u64, size:
 pub fn atomic_value_before(k: u64) -> u64 {
     let mut v = 0u64;
     for j in 0..k {
-        v = if j % 2 == 0 { v + j + 1 } else { v + 1000 };
+        v = if j.is_multiple_of(2) { v + j + 1 } else { v + 1000 };
     }
     v
 }
@@ -667,7 +702,7 @@ fn check_send_cqe(
             if got != want {
                 return Err(format!("QP {:#x} atomic {k}: returned {got}, expected {want}", p.qpn[0]));
             }
-            p.atomic_expect = if k % 2 == 0 { want + k + 1 } else { want + 1000 };
+            p.atomic_expect = if k.is_multiple_of(2) { want + k + 1 } else { want + 1000 };
             rep.verified_bytes += 8;
         }
         SimOp::Send => {}

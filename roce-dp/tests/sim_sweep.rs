@@ -164,3 +164,39 @@ fn same_seed_same_run() {
     assert_eq!(a, b);
     assert!(a.retransmits > 0, "5% loss must cause retransmissions");
 }
+
+#[test]
+fn thousands_of_qps() {
+    // 2048 QP pairs on one engine each side, 1% loss and reordering: every QP's timers, retries and completions
+    // are independent; the engine's ready queue and timer heap keep poll_transmit/poll_timeout from scanning QPs.
+    let link = LinkConfig { loss_ppm: ppm(0.01), reorder_ppm: ppm(0.01), ..LinkConfig::default() };
+    let cfg = EngineConfig { max_qps: 4096, max_cqs: 4096, max_mrs: 8192, ..EngineConfig::default() };
+    let mut sim = Sim::new(cfg, [link, link], base_seed());
+    let w = Workload {
+        op: SimOp::Write,
+        size: 700,
+        msgs: 3,
+        qps: 2048,
+        mtu: 256,
+        depth: 2,
+        timeout: 6,
+        ..Workload::default()
+    };
+    let r = run_workload(&mut sim, &w);
+    assert!(r.ok, "{}\n{:?}", r.result_line(), r.failure);
+    assert_eq!(r.completed, 2048 * 3);
+    assert!(r.retransmits > 0, "1% loss over ~18k packets must cause retransmissions");
+}
+
+#[test]
+fn every_op_over_ipv6() {
+    // The same invariants with IPv6 GIDs: IPv6 headers, ICRC over the masked IPv6 header, peer checks on IPv6.
+    let link = LinkConfig { loss_ppm: ppm(0.02), ..LinkConfig::default() };
+    for op in OPS {
+        let mut sim = Sim::new(EngineConfig::default(), [link, link], base_seed());
+        let w = Workload { op, size: 5000, msgs: 20, mtu: 1024, ipv6: true, ..Workload::default() };
+        let r = run_workload(&mut sim, &w);
+        assert!(r.ok, "{op:?}: {}\n{:?}", r.result_line(), r.failure);
+        assert!(sim.nodes[1].stats().rx_frames > 0 && sim.nodes[1].stats().rx_drop_wrong_peer == 0);
+    }
+}

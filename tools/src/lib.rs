@@ -3,3 +3,4 @@
 pub mod capture;
 pub mod dump;
 pub mod incast;
+pub mod perftest;

@@ -243,6 +243,11 @@ impl Qp {
     /// Forward progress: retry counters reset (rxe `reset_retry_counters`), the retransmit timer restarts if
     /// anything is still outstanding.
     fn progress(&mut self, ctx: &mut Ctx<'_>) {
+        // Responses to packets sent before a go-back-N may complete READs/atomics beyond the PSN the requester
+        // restarted from: it must never resend (or number new WQEs) below comp_psn.
+        if self.req_psn.before(self.comp_psn) {
+            self.reposition();
+        }
         self.retry_at = None;
         self.retry_left = self.retry_cnt;
         self.rnr_left = self.rnr_retry;
@@ -345,25 +350,40 @@ impl Qp {
         self.timers.stop(TimerKind::AckCoalesce);
         self.rnr_until = None;
         while self.sq.head != self.sq.tail {
-            let w = *self.sq.get(self.sq.head);
-            self.sq.head = self.sq.head.wrapping_add(1);
-            let cqe = Cqe {
-                wr_id: w.wr.wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: w.wr.opcode.wc_opcode(),
-                qpn: self.qpn,
-                byte_len: 0,
-                imm: None,
-                invalidated_rkey: None,
-            };
-            self.cnt.send_completions += 1;
-            if !ctx.push_cqe(self.send_cq, cqe) {
-                self.cnt.cq_overflows += 1;
-            }
+            self.flush_head(ctx);
         }
         self.req_cur = self.sq.head;
         self.outstanding_rd_atomic = 0;
         self.flush_rq(ctx);
+    }
+
+    /// Removes the head send WQE with a WR_FLUSH_ERR completion.
+    fn flush_head(&mut self, ctx: &mut Ctx<'_>) {
+        let w = *self.sq.get(self.sq.head);
+        self.sq.head = self.sq.head.wrapping_add(1);
+        let cqe = Cqe {
+            wr_id: w.wr.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: w.wr.opcode.wc_opcode(),
+            qpn: self.qpn,
+            byte_len: 0,
+            imm: None,
+            invalidated_rkey: None,
+        };
+        self.cnt.send_completions += 1;
+        if !ctx.push_cqe(self.send_cq, cqe) {
+            self.cnt.cq_overflows += 1;
+        }
+    }
+
+    /// The requester found WQE `idx` invalid (a local error): the WQEs before it still in flight are flushed, `idx`
+    /// completes with `status`, and the QP moves to the error state. The error is reported on the WR that caused
+    /// it, never on an earlier one.
+    pub(crate) fn fail_local(&mut self, ctx: &mut Ctx<'_>, idx: u32, status: WcStatus) {
+        while self.sq.head != idx && self.sq.head != self.sq.tail {
+            self.flush_head(ctx);
+        }
+        self.fail_head(ctx, status);
     }
 
     /// Completes every receive WQE with WR_FLUSH_ERR.

@@ -203,16 +203,25 @@ pub(crate) struct RecvWqe {
     pub(crate) capacity: u64,
 }
 
-/// A ring of fixed slots with free-running u32 indices.
+/// A ring of fixed slots with free-running u32 indices. The slot count is a power of two (indexing is a mask, not
+/// a division); `cap` is the depth the application asked for, which bounds how many entries may be queued.
 pub(crate) struct Ring<T> {
     pub(crate) slots: Vec<T>,
+    mask: u32,
+    cap: u32,
     pub(crate) head: u32,
     pub(crate) tail: u32,
 }
 
 impl<T: Copy> Ring<T> {
-    fn new(depth: usize, fill: T) -> Ring<T> {
-        Ring { slots: vec![fill; depth.max(1)], head: 0, tail: 0 }
+    fn new(depth: u32, fill: T) -> Ring<T> {
+        let n = depth.max(1).next_power_of_two();
+        Ring { slots: vec![fill; n as usize], mask: n - 1, cap: depth.max(1), head: 0, tail: 0 }
+    }
+    /// Number of slots (a power of two, >= the depth).
+    #[inline]
+    pub(crate) fn slot_count(&self) -> usize {
+        self.slots.len()
     }
     #[inline]
     pub(crate) fn len(&self) -> u32 {
@@ -220,11 +229,11 @@ impl<T: Copy> Ring<T> {
     }
     #[inline]
     pub(crate) fn is_full(&self) -> bool {
-        self.len() as usize >= self.slots.len()
+        self.len() >= self.cap
     }
     #[inline]
     pub(crate) fn slot(&self, idx: u32) -> usize {
-        idx as usize % self.slots.len()
+        (idx & self.mask) as usize
     }
     #[inline]
     pub(crate) fn get(&self, idx: u32) -> &T {
@@ -292,6 +301,8 @@ pub(crate) struct Qp {
     pub(crate) ttl: u8,
     /// Header template for every frame this QP sends (Ethernet, IP, UDP, BTH P_Key and dest QP).
     pub(crate) tmpl: RoceRepr,
+    /// `tmpl`'s Ethernet/IP/UDP headers serialised once, patched per frame (the transmit fast path).
+    pub(crate) hdr: wire::HeaderTemplate,
 
     // Send queue.
     pub(crate) sq: Ring<SendWqe>,
@@ -368,8 +379,6 @@ impl Qp {
         if caps.max_send_wr == 0 || caps.max_recv_wr == 0 {
             return Err(VerbsError::BadCaps("queue depth", 0));
         }
-        let sq_depth = caps.max_send_wr as usize;
-        let rq_depth = caps.max_recv_wr as usize;
         let blank_wqe = SendWqe {
             wr: SendWr::new(0, crate::verbs::WrOpcode::Send),
             num_sge: 0,
@@ -379,8 +388,10 @@ impl Qp {
             last_psn: Psn::new(0),
             counted: false,
         };
-        let mut tmpl = RoceRepr::default();
-        tmpl.udp_dst = wire::ROCE_UDP_PORT;
+        let sq = Ring::new(caps.max_send_wr, blank_wqe);
+        let rq = Ring::new(caps.max_recv_wr, RecvWqe { wr_id: 0, num_sge: 0, capacity: 0 });
+        let (sq_slots, rq_slots) = (sq.slot_count(), rq.slot_count());
+        let tmpl = RoceRepr { udp_dst: wire::ROCE_UDP_PORT, ..RoceRepr::default() };
         Ok(Qp {
             qpn,
             pd,
@@ -402,10 +413,11 @@ impl Qp {
             // ECN-capable by default so switches mark instead of dropping (rxe sends Not-ECT: ROCE-NOTES §1.9).
             ecn: Ecn::Ect0,
             ttl: 64,
+            hdr: wire::HeaderTemplate::new(&tmpl),
             tmpl,
-            sq: Ring::new(sq_depth, blank_wqe),
-            sq_sges: vec![Sge::default(); sq_depth * caps.max_send_sge.max(1) as usize],
-            sq_inline: vec![0; sq_depth * caps.max_inline as usize],
+            sq,
+            sq_sges: vec![Sge::default(); sq_slots * caps.max_send_sge.max(1) as usize],
+            sq_inline: vec![0; sq_slots * caps.max_inline as usize],
             req_psn: Psn::new(0),
             req_max_psn: Psn::new(0),
             req_cur: 0,
@@ -416,8 +428,8 @@ impl Qp {
             retry_left: 7,
             rnr_left: 7,
             retry_at: None,
-            rq: Ring::new(rq_depth, RecvWqe { wr_id: 0, num_sge: 0, capacity: 0 }),
-            rq_sges: vec![Sge::default(); rq_depth * caps.max_recv_sge.max(1) as usize],
+            rq,
+            rq_sges: vec![Sge::default(); rq_slots * caps.max_recv_sge.max(1) as usize],
             resp_psn: Psn::new(0),
             msn: 0,
             sent_psn_nak: false,
@@ -461,12 +473,22 @@ impl Qp {
         use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
         let from = self.state;
         let to = a.state.unwrap_or(from);
-        let legal = match (from, to) {
-            (_, Reset) | (_, QpState::Err) => true,
-            (Reset, Init) | (Init, Init) | (Init, Rtr) | (Rtr, Rts) | (Rts, Rts) | (Rts, Sqd) | (Sqd, Rts) => true,
-            (Sqd, Sqd) | (Sqe, Rts) | (Rtr, Rtr) => true,
-            _ => false,
-        };
+        // IB QP state machine (ch. 10): any state may go to RESET or ERR; otherwise only these edges.
+        let legal = matches!(
+            (from, to),
+            (_, Reset)
+                | (_, QpState::Err)
+                | (Reset, Init)
+                | (Init, Init)
+                | (Init, Rtr)
+                | (Rtr, Rtr)
+                | (Rtr, Rts)
+                | (Rts, Rts)
+                | (Rts, Sqd)
+                | (Sqd, Rts)
+                | (Sqd, Sqd)
+                | (Sqe, Rts)
+        );
         if !legal {
             return Err(VerbsError::BadTransition { from, to });
         }
@@ -603,6 +625,7 @@ impl Qp {
                 IpAddrs::V6 { dst, .. } => IpAddrs::V6 { src: local_ip.v6.unwrap_or([0; 16]), dst },
             };
         }
+        self.hdr = wire::HeaderTemplate::new(&self.tmpl);
     }
 
     /// Back to RESET: queues emptied without completions (IB semantics), counters kept.

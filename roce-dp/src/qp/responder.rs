@@ -201,8 +201,8 @@ impl Qp {
             self.msn = (self.msn + 1) & 0x00ff_ffff;
             let mut inv = None;
             if let Some(rkey) = f.repr.ext.ieth {
-                // C10-...: the invalidated rkey must belong to this QP's PD.
-                if ctx.mrs.invalidate(rkey, self.pd).is_err() {
+                // C10-...: the invalidated rkey must belong to this QP's PD and be a remote key.
+                if ctx.mrs.invalidate_remote(rkey, self.pd).is_err() {
                     self.complete_recv(ctx, WcStatus::RemInvReqErr, WcOpcode::Recv, 0, None, None);
                     return Err(RespError::InvalidRequest);
                 }
@@ -423,7 +423,9 @@ impl Qp {
     /// The ACK-coalescing policy: an AckReq'd packet makes an ACK due; it is sent at once, or held until
     /// `ack_coalesce_pkts` AckReq'd packets have accumulated or `ack_coalesce_delay` has passed since the first.
     fn ack_if_requested(&mut self, ctx: &mut Ctx<'_>, bth: &BthRepr) {
-        if !bth.ack_req {
+        // A packet whose execution moved the QP to the error state (its receive completion overflowed the CQ) is
+        // not acknowledged: the requester must not see a success for a message whose completion was lost.
+        if !bth.ack_req || self.state == QpState::Err {
             return;
         }
         let n = match self.pending_ack {

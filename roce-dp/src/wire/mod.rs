@@ -60,6 +60,7 @@ pub mod ipv6;
 pub mod opcode;
 pub mod psn;
 mod roce;
+pub mod template;
 pub mod udp;
 
 pub use bth::Packet as BthPacket;
@@ -73,6 +74,7 @@ pub use ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr, HEADER_LEN as IPV6_HEADER
 pub use opcode::{flags as op, hdr_len, OpInfo, Opcode};
 pub use psn::Psn;
 pub use roce::{emit_frame, frame_len, parse_frame, parse_frame_checked, rxe_ud_udp_sport, rxe_udp_sport};
+pub use template::HeaderTemplate;
 pub use udp::{Packet as UdpPacket, Repr as UdpRepr, HEADER_LEN as UDP_HEADER_LEN};
 
 use core::fmt;

@@ -98,6 +98,9 @@ struct Args {
     /// Transport retry count (0..=7).
     #[arg(long, default_value_t = 7)]
     retry_cnt: u8,
+    /// Connect over IPv6 GIDs (2001:db8::1 and ::2) instead of IPv4.
+    #[arg(long)]
+    ipv6: bool,
     /// Retry forever at --retry-cnt 7, as Linux rxe does (the IBA counts 7 retries).
     #[arg(long)]
     rxe_retry: bool,
@@ -321,8 +324,8 @@ fn check(a: &Args) -> Result<(), String> {
     if a.size > roce_dp::qp::MAX_MSG_LEN {
         return Err(format!("--size {} exceeds the 2^31-byte message limit", a.size));
     }
-    if a.qps == 0 || a.qps > 1024 {
-        return Err(format!("--qps {} must be 1..=1024", a.qps));
+    if a.qps == 0 || a.qps > 16_384 {
+        return Err(format!("--qps {} must be 1..=16384", a.qps));
     }
     if a.depth == 0 || a.depth > 4096 {
         return Err(format!("--depth {} must be 1..=4096", a.depth));
@@ -336,7 +339,7 @@ fn check(a: &Args) -> Result<(), String> {
     if !(a.gbps > 0.0 && a.gbps <= 1600.0) {
         return Err(format!("--gbps {} must be in (0, 1600]", a.gbps));
     }
-    if !(a.delay_us >= 0.0 && a.delay_us <= 1e6) || !(a.reorder_us >= 0.0 && a.reorder_us <= 1e6) {
+    if !(0.0..=1e6).contains(&a.delay_us) || !(0.0..=1e6).contains(&a.reorder_us) {
         return Err("--delay-us / --reorder-us must be between 0 and 1e6".into());
     }
     // Keep the simulated memory bounded: every QP holds min(depth, msgs) message slots on each node.
@@ -382,8 +385,16 @@ fn main() -> ExitCode {
         timeout: a.timeout,
         retry_cnt: a.retry_cnt,
         time_limit: Duration::from_millis(a.time_limit_ms),
+        ipv6: a.ipv6,
     };
-    let cfg = EngineConfig { retry_cnt_7_infinite: a.rxe_retry, ..EngineConfig::default() };
+    let n = a.qps.max(1024);
+    let cfg = EngineConfig {
+        retry_cnt_7_infinite: a.rxe_retry,
+        max_qps: n,
+        max_cqs: n,
+        max_mrs: 2 * n,
+        ..EngineConfig::default()
+    };
     let mut sim = Sim::new(cfg, [link, link], a.seed);
     let r = run_workload(&mut sim, &w);
     let l0 = sim.link_stats(0);

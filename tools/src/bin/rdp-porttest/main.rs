@@ -81,7 +81,7 @@ struct Opts {
     /// EAL main lcore (default: 1 for the memif server, else 0).
     #[arg(long, global = true)]
     lcore: Option<u32>,
-    /// EAL --file-prefix (default: rdpt_<mode>_<pid>); its /var/run/dpdk directory is removed on exit.
+    /// EAL --file-prefix (default: rdpt_MODE_PID); its /var/run/dpdk directory is removed on exit.
     #[arg(long, global = true)]
     file_prefix: Option<String>,
     /// MiB of ordinary memory for EAL (--no-huge -m); default 256 for ring, 512 otherwise.
