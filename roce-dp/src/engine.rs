@@ -722,7 +722,7 @@ impl Engine {
                     self.heap.push(Reverse((d, i, k)));
                     continue;
                 }
-                Some(_) => qp.timers.deadline[ku] = None,
+                Some(_) => qp.timers.stop(TimerTable::kind(ku)),
             }
             self.stats.timer_expiries += 1;
             let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
@@ -769,12 +769,15 @@ impl Engine {
     fn sync_qp(&mut self, i: u32) {
         self.sync_timers(i);
         let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
+        if qp.in_ready {
+            return;
+        }
         // While the pacer holds the QP (Pace armed) only ACK-type responses and CNPs may leave.
-        let paced = qp.timers.get(TimerKind::Pace).is_some();
+        let paced = qp.timers.armed & (1 << TimerKind::Pace as u8) != 0;
         let has_work = qp.np.pending()
             || qp.response_ready(paced)
             || (!paced && qp.requester_has_work() && qp.rnr_until.is_none());
-        if has_work && !qp.in_ready {
+        if has_work {
             qp.in_ready = true;
             self.ready.push_back(i);
         }
@@ -783,7 +786,10 @@ impl Engine {
     /// Mirrors a QP's armed timers into the heap (at most one live entry per kind).
     fn sync_timers(&mut self, i: u32) {
         let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
-        for k in 0..NUM_TIMERS {
+        let mut armed = qp.timers.armed;
+        while armed != 0 {
+            let k = armed.trailing_zeros() as usize;
+            armed &= armed - 1;
             if let Some(d) = qp.timers.deadline[k] {
                 let push = match qp.timers.queued[k] {
                     None => true,

@@ -28,16 +28,21 @@ pub(crate) struct TimerTable {
     pub(crate) deadline: [Option<Instant>; NUM_TIMERS],
     /// The deadline of this kind's live entry in the engine heap (at most one live entry per kind).
     pub(crate) queued: [Option<Instant>; NUM_TIMERS],
+    /// Bit k is set while `deadline[k]` is armed, so the engine's per-frame timer sync visits only armed kinds
+    /// (usually just the retransmit timer) however many kinds exist. Write deadlines through `set`/`stop`.
+    pub(crate) armed: u8,
 }
 
 impl TimerTable {
     #[inline]
     pub(crate) fn set(&mut self, k: TimerKind, at: Instant) {
         self.deadline[k as usize] = Some(at);
+        self.armed |= 1 << k as u8;
     }
     #[inline]
     pub(crate) fn stop(&mut self, k: TimerKind) {
         self.deadline[k as usize] = None;
+        self.armed &= !(1 << k as u8);
     }
     #[inline]
     pub(crate) fn get(&self, k: TimerKind) -> Option<Instant> {
@@ -50,6 +55,28 @@ impl TimerTable {
             2 => TimerKind::AckCoalesce,
             3 => TimerKind::Cc,
             _ => TimerKind::Pace,
+        }
+    }
+}
+
+// `armed` is a u8 bit set.
+const _: () = assert!(NUM_TIMERS <= 8);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn armed_bits_follow_set_and_stop() {
+        let mut t = TimerTable::default();
+        t.set(TimerKind::Pace, Instant(5));
+        t.set(TimerKind::Retransmit, Instant(9));
+        assert_eq!(t.armed, 0b1_0001);
+        t.stop(TimerKind::Pace);
+        t.stop(TimerKind::Rnr);
+        assert_eq!((t.armed, t.get(TimerKind::Retransmit), t.get(TimerKind::Pace)), (1, Some(Instant(9)), None));
+        for i in 0..NUM_TIMERS {
+            assert_eq!(TimerTable::kind(i) as usize, i);
         }
     }
 }
