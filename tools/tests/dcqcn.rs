@@ -215,6 +215,21 @@ fn rdp_sim_incast_prints_per_flow_results_and_writes_trace_and_plot() {
     for p in [csv, svg] {
         let _ = std::fs::remove_file(p);
     }
+    // Same arguments and seed in another process: the same trace, byte for byte.
+    let again = temp("trace2.csv");
+    let o = rdp_sim(&[
+        "--incast",
+        "4",
+        "--duration-ms",
+        "1",
+        "--cc-config",
+        conf.to_str().unwrap(),
+        "--trace",
+        again.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert_eq!(std::fs::read_to_string(&again).unwrap(), trace, "two runs, two traces");
+    let _ = std::fs::remove_file(again);
     // DCQCN off prints the same line shape; bad arguments exit 2.
     let o = rdp_sim(&["--incast", "2", "--duration-ms", "0.5", "--dcqcn", "off"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));

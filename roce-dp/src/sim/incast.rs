@@ -214,7 +214,7 @@ fn sender_mac(i: u32) -> MacAddr {
 }
 
 fn sender_ip(i: u32) -> [u8; 4] {
-    [10, 1, (i >> 8) as u8, i as u8 + 1]
+    [10, 1 + (i >> 8) as u8, i as u8, 1]
 }
 
 const RECV_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 0x64]);
@@ -699,4 +699,45 @@ pub fn connect(e: &mut Engine, qpn: u32, dest: u32, peer: PeerAddr, mtu: u32) ->
     e.modify_qp(qpn, &rtr).map_err(|x| x.to_string())?;
     let rts = QpAttr { sq_psn: Some(0), timeout: Some(10), retry_cnt: Some(7), rnr_retry: Some(7), ..q(QpState::Rts) };
     e.modify_qp(qpn, &rts).map_err(|x| x.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_distinct_for_every_sender_count() {
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..1000 {
+            assert!(seen.insert((sender_ip(i), sender_mac(i).0)), "sender {i}");
+            assert_ne!(sender_ip(i), RECV_IP);
+            let m = sender_mac(i).0;
+            assert_eq!((u32::from(m[4]) << 8) | u32::from(m[5]), i, "the receiver routes by these MAC bytes");
+        }
+    }
+
+    #[test]
+    fn jain_index_bounds() {
+        assert_eq!(jain_index(&[3.0, 3.0, 3.0]), 1.0);
+        assert!((jain_index(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+        assert_eq!(jain_index(&[]), 0.0);
+    }
+
+    #[test]
+    fn ce_marking_rewrites_ecn_and_the_ipv4_checksum_only_for_ect_frames() {
+        let mut r = crate::wire::RoceRepr { udp_dst: crate::wire::ROCE_UDP_PORT, ..Default::default() };
+        r.ip.ecn = Ecn::Ect0;
+        r.ip.dscp = 26;
+        let mut buf = vec![0u8; 256];
+        let n = crate::wire::emit_frame(&mut buf, &r, 8, |d| d.fill(7)).unwrap();
+        let mut f = buf[..n].to_vec();
+        assert!(mark_ce(&mut f));
+        let p = crate::wire::parse_frame(&f).expect("valid IPv4 checksum after marking");
+        assert_eq!((p.repr.ip.ecn, p.repr.ip.dscp, p.icrc_ok), (Ecn::Ce, 26, true));
+        r.ip.ecn = Ecn::NotEct;
+        let n = crate::wire::emit_frame(&mut buf, &r, 8, |d| d.fill(7)).unwrap();
+        let mut f = buf[..n].to_vec();
+        assert!(!mark_ce(&mut f));
+        assert_eq!(f, buf[..n].to_vec(), "a Not-ECT frame is left alone (the switch drops it instead)");
+    }
 }
