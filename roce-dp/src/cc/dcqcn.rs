@@ -388,6 +388,28 @@ mod tests {
     }
 
     #[test]
+    fn rate_to_set_on_first_cnp_and_max_rate() {
+        let c = DcqcnConfig { rp_rate_to_set_on_first_cnp: 5_000, rp_max_rate: 20_000, ..DcqcnConfig::default() };
+        let mut d = Dcqcn::new(&c, 25_000);
+        assert_eq!(d.rate_kbps(), 20_000_000, "rp_max_rate caps the line rate");
+        d.on_cnp(us(10));
+        // The first CNP sets the configured rate (and target) without a further cut.
+        assert_eq!((d.rate_kbps(), d.state().target_kbps, d.rate_decreases()), (5_000_000, 5_000_000, 1));
+        d.on_cnp(us(20));
+        // Then a normal decrease: alpha decayed for 10 periods, raised by the CNP, Rc * (1 - alpha / 2).
+        let g: f64 = 1019.0 / 1024.0;
+        let alpha = 1023.0 / 1024.0 * g.powi(10) * g + (1.0 - g);
+        let want = 5_000_000.0 * (1.0 - alpha / 2.0);
+        assert!((d.rate_kbps() as f64 - want).abs() < 2.0, "{} vs {want}", d.rate_kbps());
+        assert_eq!(d.rate_decreases(), 2);
+        // A first-CNP rate above the maximum is capped to it.
+        let c = DcqcnConfig { rp_rate_to_set_on_first_cnp: 90_000, ..DcqcnConfig::default() };
+        let mut d = Dcqcn::new(&c, 25_000);
+        d.on_cnp(us(1));
+        assert_eq!(d.rate_kbps(), 25_000_000);
+    }
+
+    #[test]
     fn monitor_period_folds_cnps_into_one_deferred_decrease() {
         let mut d = Dcqcn::new(&DcqcnConfig::default(), 25_000);
         d.on_cnp(us(10));
