@@ -8,6 +8,13 @@
 //! arm of every call is a constant the compiler folds away, so congestion control switched off costs one
 //! well-predicted branch per frame.
 //!
+//! What is paced: every data-carrying frame a QP sends, i.e. its requests (SEND/WRITE data, READ requests,
+//! atomics) and the READ responses its responder sends. A CNP names the QP whose frames were marked; for READ
+//! traffic the marked frames are the responder's READ responses, so the same QP's limiter must slow them (a
+//! limiter on the send queue alone would receive CNPs for traffic it cannot slow). ACKs, NAKs, atomic ACKs and
+//! CNPs are never held. `earliest_departure` takes no frame size: the gap a frame occupies is charged after it
+//! leaves (`on_sent(now, bytes)`), so the size of the next frame is not needed to decide whether it may leave.
+//!
 //! All arithmetic is integer fixed point (rates in kb/s, alpha in 2^-30 units, time in ns), so a simulation gives
 //! the same trace bit for bit on every machine.
 //!
