@@ -18,6 +18,10 @@ const LEN: u32 = 1 << 20;
 /// Node 0 (requester, `cc0`) and node 1 (responder, `cc1`), one connected QP each; node 0 has a 1 MiB WRITE
 /// posted. Returns the engines and QP numbers.
 fn pair(cc0: CcConfig, cc1: CcConfig) -> ([Engine; 2], [u32; 2]) {
+    pair_op(cc0, cc1, WrOpcode::RdmaWrite)
+}
+
+fn pair_op(cc0: CcConfig, cc1: CcConfig, op: WrOpcode) -> ([Engine; 2], [u32; 2]) {
     let mk = |n: usize, cc: CcConfig| {
         Engine::new(EngineConfig {
             local_mac: MAC[n],
@@ -41,7 +45,7 @@ fn pair(cc0: CcConfig, cc1: CcConfig) -> ([Engine; 2], [u32; 2]) {
         let peer = PeerAddr { ip: IpAddrs::V4 { src: [0; 4], dst: IP[1 - n] }, mac: MAC[1 - n] };
         connect(&mut e[n], qpn[n], qpn[1 - n], peer, 4096).unwrap();
     }
-    let wr = SendWr::new(1, WrOpcode::RdmaWrite).remote(VA, keys[1].rkey);
+    let wr = SendWr::new(1, op).remote(VA, keys[1].rkey);
     e[0].post_send(qpn[0], &wr, &[Sge { addr: VA, len: LEN, lkey: keys[0].lkey }]).unwrap();
     (e, qpn)
 }
@@ -183,4 +187,33 @@ fn cnps_are_ignored_without_congestion_control_or_for_an_unknown_qp() {
     let n = wire::emit_frame(&mut buf, &r, 0, |_| {}).unwrap();
     e[0].handle_rx(Instant::from_micros(6), &buf[..n], RxMeta::default());
     assert_eq!((e[0].stats().rx_cnp, e[0].stats().rx_cnp_ignored), (2, 2));
+}
+
+#[test]
+fn a_cnp_for_marked_read_responses_paces_the_responder() {
+    let (mut e, q) = pair_op(CcConfig::default(), dcqcn(4), WrOpcode::RdmaRead);
+    let t0 = Instant::ZERO;
+    let req = tx(&mut e[0], t0).expect("READ request");
+    e[1].handle_rx(t0, &req, RxMeta::default());
+    // The first READ response is marked CE on its way; node 0's NP answers with a CNP to node 1's QP.
+    let mut resp = tx(&mut e[1], t0).expect("first READ response");
+    assert_eq!(wire::parse_frame(&resp).unwrap().repr.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
+    assert!(mark_ce(&mut resp));
+    e[0].handle_rx(t0, &resp, RxMeta::default());
+    let cnp = tx(&mut e[0], t0).expect("a CNP");
+    let r = wire::parse_frame(&cnp).unwrap().repr;
+    assert_eq!((r.bth.opcode, r.bth.dest_qp), (Opcode::CNP, q[1]));
+    let t1 = Instant::from_micros(1);
+    e[1].handle_rx(t1, &cnp, RxMeta::default());
+    let st = e[1].qp_cc_state(q[1]).unwrap();
+    assert!(st.limited && st.rate_kbps < 13_000_000);
+    // READ responses now leave one per frame time at the reduced rate.
+    let f = tx(&mut e[1], t1).expect("a response leaves at once");
+    assert!(tx(&mut e[1], t1).is_none(), "the next READ response is paced");
+    let deadline = e[1].poll_timeout().unwrap();
+    let gap = (f.len() as u64 * 8 * 1_000_000).div_ceil(st.rate_kbps);
+    assert!(deadline.saturating_since(t1).as_nanos().abs_diff(gap) <= 1, "{deadline} vs {gap} ns");
+    e[1].handle_timeout(deadline);
+    let p = wire::parse_frame(&tx(&mut e[1], deadline).expect("due")).unwrap().repr;
+    assert_eq!(p.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_MIDDLE);
 }
