@@ -363,12 +363,15 @@ impl Incast {
 
     fn push(&mut self, which: u8, at: Instant, dst: u32, frame: Vec<u8>) {
         self.seq += 1;
+        // Frames of different senders reaching the switch at the same nanosecond are taken in a random (seeded)
+        // order: in index order, the senders' lockstep would always put the same flows last into a full buffer.
+        let tie = if which == 0 { self.rng.next_u64() & !0xffff_ffff | self.seq & 0xffff_ffff } else { self.seq };
         let q = match which {
             0 => &mut self.up,
             1 => &mut self.down,
             _ => &mut self.back,
         };
-        q.push(Reverse((at, self.seq, dst, frame)));
+        q.push(Reverse((at, tie, dst, frame)));
     }
 
     /// RED decision for a queue of `q` bytes: true = mark (or drop if Not-ECT).
