@@ -38,7 +38,10 @@ struct Panel {
     w: f64,
     h: f64,
     xmax: f64,
+    /// The top of the y axis (5 % above `ytick`, so lines at the maximum stay visible).
     ymax: f64,
+    /// The largest labelled y tick.
+    ytick: f64,
 }
 
 impl Panel {
@@ -53,7 +56,7 @@ impl Panel {
         let _ = writeln!(s, r##"<rect x="{x0}" y="{y0}" width="{w}" height="{h}" fill="none" stroke="#000"/>"##);
         for i in 0..=5 {
             let f = f64::from(i) / 5.0;
-            let (tx, ty) = (x0 + f * w, y0 + h - f * h);
+            let (tx, ty) = (x0 + f * w, self.py(f * self.ytick));
             let _ = writeln!(
                 s,
                 r##"<line x1="{tx}" y1="{}" x2="{tx}" y2="{}" stroke="#000"/><text x="{tx}" y="{}" font-size="11" text-anchor="middle">{}</text>"##,
@@ -69,7 +72,7 @@ impl Panel {
                 x0 + w,
                 x0 - 6.0,
                 ty + 4.0,
-                nice(f * self.ymax)
+                nice(f * self.ytick)
             );
         }
         let _ = writeln!(
@@ -122,7 +125,8 @@ pub fn plot_svg(r: &IncastReport, line_gbps: f64, buffer_kb: f64, title: &str) -
     );
     let _ = writeln!(s, r##"<rect width="{w}" height="{h}" fill="#fff"/>"##);
     let _ = writeln!(s, r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#, w / 2.0, xml(title));
-    let rate = Panel { x0: 70.0, y0: 40.0, w: 720.0, h: 330.0, xmax: tmax, ymax: line_gbps.max(1e-3) };
+    let line = line_gbps.max(1e-3);
+    let rate = Panel { x0: 70.0, y0: 40.0, w: 720.0, h: 330.0, xmax: tmax, ymax: line * 1.05, ytick: line };
     rate.axes(&mut s, "time (ms)", "rate (Gb/s)");
     for f in 0..n {
         let pts = r
@@ -143,7 +147,7 @@ pub fn plot_svg(r: &IncastReport, line_gbps: f64, buffer_kb: f64, title: &str) -
         );
     }
     let qmax = (r.max_queue_bytes as f64 / 1024.0).max(buffer_kb).max(1.0);
-    let q = Panel { x0: 70.0, y0: 430.0, w: 720.0, h: 200.0, xmax: tmax, ymax: qmax };
+    let q = Panel { x0: 70.0, y0: 430.0, w: 720.0, h: 200.0, xmax: tmax, ymax: qmax * 1.05, ytick: qmax };
     q.axes(&mut s, "time (ms)", "queue (KiB)");
     let pts = r
         .trace
