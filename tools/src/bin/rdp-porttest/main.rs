@@ -72,6 +72,9 @@ struct Opts {
     /// Most unacknowledged frames in flight.
     #[arg(long, global = true, default_value_t = 256)]
     window: u64,
+    /// Resend from the first unacknowledged frame after this many milliseconds without ACK progress (go-back-N).
+    #[arg(long, global = true, default_value_t = 200)]
+    rto_ms: u64,
     /// Give up (exit 1) if the exchange has not finished after this many seconds.
     #[arg(long, global = true, default_value_t = 30)]
     timeout: u64,
@@ -255,6 +258,7 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
             let sizes = o.sizes.iter().map(|&s| s as usize).collect();
             let mut cfg = FlowConfig::count(sizes, o.frames, mac);
             cfg.window = o.window;
+            cfg.rto = Duration::from_millis(o.rto_ms);
             if let Some(s) = o.seconds {
                 cfg.frames_per_size = None;
                 cfg.duration = Some(Duration::from_secs_f64(s));
