@@ -7,12 +7,14 @@
 //!
 //! Output: one `CHECK ok|FAIL ...` line per verified direction and size (and for the stop handshake), one
 //! `RESULT ...` line per side with frames/s. Exit status: 0 all checks passed, 1 a check failed (or the exchange
-//! timed out), 2 setup failed, with one line on stderr naming the step and DPDK's error text.
+//! timed out), 2 setup failed, with one line on stderr naming the step and DPDK's error text, 130 interrupted
+//! (SIGINT/SIGTERM: the tool stops polling and shuts DPDK down cleanly; a second signal kills it at once).
 
 mod flow;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -144,8 +146,37 @@ struct Side {
     tx: Burst,
 }
 
+/// Set by SIGINT/SIGTERM: stop polling and shut down cleanly.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    if INTERRUPTED.swap(true, Ordering::SeqCst) {
+        // SAFETY: signal() and raise() are async-signal-safe; with the default action restored, the second signal
+        // terminates the process as if no handler were installed.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+}
+
+/// How the exchange ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Both directions complete and the stop handshake done.
+    Finished,
+    /// Not finished before --timeout.
+    TimedOut,
+    /// SIGINT or SIGTERM arrived.
+    Interrupted,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: on_signal only touches an atomic and calls async-signal-safe functions.
+        unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
     let (mode_name, default_lcore) = match &cli.mode {
         Mode::Ring => ("ring", 0),
         Mode::Memif { role: Role::Server, .. } => ("memif_s", 1),
@@ -158,6 +189,10 @@ fn main() -> ExitCode {
     // Everything DPDK is dropped by now (rte_eal_cleanup ran); remove what EAL left in its runtime directory.
     let _ = std::fs::remove_dir_all(PathBuf::from("/var/run/dpdk").join(&prefix));
     match result {
+        Ok(_) if INTERRUPTED.load(Ordering::SeqCst) => {
+            eprintln!("rdp-porttest: interrupted");
+            ExitCode::from(130)
+        }
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(SetupError(msg)) => {
@@ -263,7 +298,7 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     }
     let link_timeout = Duration::from_secs(o.link_timeout);
     for (label, port) in &ports {
-        let link = port.wait_link_up(link_timeout).ctx(|| format!("{label}, after {} s", o.link_timeout))?;
+        let link = wait_link(port, true, link_timeout).ctx(|| format!("{label}, link timeout {} s", o.link_timeout))?;
         println!("{label}: link up, {} Mbit/s", link.speed_mbps);
     }
 
@@ -287,7 +322,8 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     }
     let ports: Vec<Port> = ports.into_iter().map(|(_, port)| port).collect();
 
-    let finished = exchange(&ports, &mut sides, &pool, start + Duration::from_secs(o.timeout))?;
+    let outcome = exchange(&ports, &mut sides, &pool, start + Duration::from_secs(o.timeout))?;
+    let finished = outcome == Outcome::Finished;
     // memif teardown order (DPDK 22.11 crashes otherwise): neither side may poll while its peer disconnects, and
     // the server must not clean up EAL while the client's disconnect is still to come (measured: segfault in
     // eal-intr-thread). So the client waits until the server surely stopped polling (it lingers 100 ms after the
@@ -298,7 +334,7 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     std::thread::sleep(Duration::from_millis(grace));
     if is_memif_server && finished {
         for port in &ports {
-            port.wait_link_down(link_timeout).ctx(|| "memif server: the client did not disconnect".into())?;
+            wait_link(port, false, link_timeout).ctx(|| "memif server: the client did not disconnect".into())?;
         }
     }
     let mut ok = finished;
@@ -309,6 +345,25 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
         port.stop().ctx(|| port.name())?;
     }
     Ok(ok)
+}
+
+/// Poll the link every 10 ms until it is `up` (or down); ETIMEDOUT after `timeout`, EINTR on a signal.
+fn wait_link(port: &Port, up: bool, timeout: Duration) -> Result<dpdk::Link, DpdkError> {
+    let op = if up { "wait for link up" } else { "wait for link down" };
+    let start = Instant::now();
+    loop {
+        let link = port.link()?;
+        if link.up == up {
+            return Ok(link);
+        }
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return Err(DpdkError::new(op, libc::EINTR));
+        }
+        if start.elapsed() >= timeout {
+            return Err(DpdkError::new(op, libc::ETIMEDOUT));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// DPDK's own explanation of a failure: the first line of its output that reports one, minus known noise.
@@ -325,8 +380,8 @@ fn dpdk_explanation(log: &str) -> Option<String> {
         .map(|l| l.strip_prefix("rdp-porttest: ").unwrap_or(l).to_owned())
 }
 
-/// Poll every side until all flows finished or `deadline`; false on timeout.
-fn exchange(ports: &[Port], sides: &mut [Side], pool: &Mempool, deadline: Instant) -> Result<bool, SetupError> {
+/// Poll every side until all flows finished, `deadline` passed or a signal arrived.
+fn exchange(ports: &[Port], sides: &mut [Side], pool: &Mempool, deadline: Instant) -> Result<Outcome, SetupError> {
     loop {
         let now = Instant::now();
         let mut busy = false;
@@ -351,10 +406,13 @@ fn exchange(ports: &[Port], sides: &mut [Side], pool: &Mempool, deadline: Instan
             }
         }
         if sides.iter().all(|s| s.flow.finished(now)) {
-            return Ok(true);
+            return Ok(Outcome::Finished);
         }
         if now >= deadline {
-            return Ok(false);
+            return Ok(Outcome::TimedOut);
+        }
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return Ok(Outcome::Interrupted);
         }
         if !busy {
             // Let the kernel's softirq work run (af_packet on veth); costs nothing when the CPU is otherwise idle.
