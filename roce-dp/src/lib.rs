@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 pub mod cc;
+pub mod copy;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
 pub mod engine;
