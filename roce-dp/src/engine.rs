@@ -797,11 +797,19 @@ impl Engine {
                 };
                 if push {
                     qp.timers.queued[k] = Some(d);
-                    self.heap.push(Reverse((d, i, k as u8)));
+                    queue_timer(&mut self.heap, d, i, k as u8);
                 }
             }
         }
     }
+}
+
+/// Pushes a heap entry. Out of line and cold: a new, earlier deadline is rare next to the per-frame timer sync,
+/// and keeping the push out of `sync_qp` spares every call the register saves the push needs.
+#[cold]
+#[inline(never)]
+fn queue_timer(heap: &mut BinaryHeap<Reverse<(Instant, u32, u8)>>, d: Instant, i: u32, k: u8) {
+    heap.push(Reverse((d, i, k)));
 }
 
 /// True if a frame from `src` comes from the QP's peer.

@@ -279,6 +279,7 @@ pub struct Repr {
 impl Repr {
     /// Validates a packet: lengths ([`Packet::check_len`]), version 4, no fragmentation and a good header
     /// checksum (all three `BadIpHeader`; the ICRC masks the checksum, so it is the only guard of the header).
+    #[inline]
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr, Error> {
         packet.check_len()?;
         // Under cargo-fuzz (`cfg(fuzzing)`) the checksum is not checked, so the fuzzer reaches the layers behind it.
