@@ -220,21 +220,29 @@ fn sender_ip(i: u32) -> [u8; 4] {
 const RECV_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 0x64]);
 const RECV_IP: [u8; 4] = [10, 0, 0, 100];
 
-/// Sets CE in an IPv4 frame's ECN field (and the header checksum), as a switch does; false if the frame is not
-/// ECN-capable (Not-ECT) or not IPv4.
+/// Sets CE in an IPv4 frame's ECN field and updates the header checksum incrementally (RFC 1624, as a switch
+/// does); false if the frame is not ECN-capable (Not-ECT) or not IPv4.
 pub fn mark_ce(frame: &mut [u8]) -> bool {
     let Ok(eth) = EthernetFrame::new_checked(&frame[..]) else { return false };
     let h = eth.header_len();
-    if eth.payload_ethertype() != 0x0800 {
+    if eth.payload_ethertype() != 0x0800 || Ipv4Packet::new_checked(&frame[h..]).is_err() {
         return false;
     }
-    let Ok(mut ip) = Ipv4Packet::new_checked(&mut frame[h..]) else { return false };
-    if ip.ecn() == Ecn::NotEct {
+    let tos = frame[h + 1];
+    if Ecn::from_bits(tos) == Ecn::NotEct {
         return false;
     }
-    let dscp = ip.dscp();
-    ip.set_dscp_ecn(dscp, Ecn::Ce);
-    ip.fill_checksum();
+    let new_tos = tos | Ecn::Ce.bits();
+    // HC' = ~(~HC + ~m + m') over the 16-bit word holding version/IHL and TOS.
+    let m = u32::from(u16::from_be_bytes([frame[h], tos]));
+    let m2 = u32::from(u16::from_be_bytes([frame[h], new_tos]));
+    let hc = u32::from(u16::from_be_bytes([frame[h + 10], frame[h + 11]]));
+    let mut sum = (!hc & 0xffff) + (!m & 0xffff) + m2;
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    frame[h + 1] = new_tos;
+    frame[h + 10..h + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
     true
 }
 
