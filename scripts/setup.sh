@@ -8,10 +8,11 @@
 # Packages (measured minimal set, see ../shared/docs/DPDK-NOTES.md): libdpdk-dev (DPDK 22.11 LTS, all PMDs),
 # libclang1-14 + libclang-common-14-dev (bindgen: libclang and its stddef.h), pkg-config, build-essential (cc for
 # the C shim), iproute2 (network namespaces and veth pairs for the af_packet tier), ca-certificates (cargo fetches
-# crates over https), curl (rustup, only when Rust is missing). Rust >= 1.89 (rust-version in Cargo.toml) comes from rustup: Debian 12 ships 1.63.
+# crates over https), tshark (tier 1 checks that Wireshark decodes the CNPs the engine builds), curl (rustup,
+# only when Rust is missing). Rust >= 1.89 (rust-version in Cargo.toml) comes from rustup: Debian 12 ships 1.63.
 set -euo pipefail
 
-PACKAGES=(libdpdk-dev libclang1-14 libclang-common-14-dev pkg-config build-essential iproute2 ca-certificates)
+PACKAGES=(libdpdk-dev libclang1-14 libclang-common-14-dev pkg-config build-essential iproute2 ca-certificates tshark)
 RUST_MIN=1.89
 hugepages=""
 check_only=0
