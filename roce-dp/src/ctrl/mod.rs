@@ -5,6 +5,16 @@
 //! Trust: the daemon treats every byte in shared memory as hostile. Indices are masked and checked, entries are
 //! copied out before they are validated, and nothing read from shared memory is ever used as a pointer or offset.
 //! `unsafe` is confined to `ring.rs` and `shm.rs`.
+//!
+//! # Checking the unsafe code
+//! The ring, ABI and work-queue unit tests use heap memory and run under Miri (the shm tests, which need
+//! memfd/mmap, are ignored there), and under ThreadSanitizer:
+//! ```text
+//! cargo +nightly miri test -p roce-dp --no-default-features --lib ctrl::
+//! RUSTFLAGS=-Zsanitizer=thread cargo +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu \
+//!     -p roce-dp --no-default-features --lib ctrl::
+//! ```
+//! Neither toolchain is installed on the build machine yet, so neither has been run.
 
 pub mod abi;
 pub mod ring;

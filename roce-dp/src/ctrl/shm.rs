@@ -5,8 +5,8 @@
 //! because the peer is not trusted: a peer that could `ftruncate` a region shorter would turn every access of ours
 //! past the new end into SIGBUS. With the seals the size read by `fstat` at map time holds for the mapping's life.
 //!
-//! Descriptors travel to the other process by inheritance ([`ShmRegion::share_with_child`] plus
-//! [`ShmRegion::open_inherited`]); the daemon will pass them over its Unix socket (SCM_RIGHTS) instead.
+//! Descriptors travel to the other process over a Unix socket ([`send_with_fds`] / [`recv_with_fds`], SCM_RIGHTS)
+//! or by inheritance ([`ShmRegion::share_with_child`] plus [`ShmRegion::open_inherited`]).
 //!
 //! Hugepage backing ([`Backing::Hugetlb`], `MFD_HUGETLB`) rounds the size up to 2 MiB and fails with
 //! [`ShmError::NoHugepages`] when the kernel's pool has too few free pages.
@@ -18,6 +18,7 @@ use core::mem::size_of;
 use core::ptr::{self, NonNull};
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
@@ -71,6 +72,9 @@ pub enum ShmError {
     },
     /// A ring or table layout problem.
     Layout(LayoutError),
+    /// Descriptor passing failed: too many descriptors, or the control data was truncated (every descriptor that
+    /// did arrive is closed).
+    Fds(&'static str),
 }
 
 impl fmt::Display for ShmError {
@@ -92,6 +96,7 @@ impl fmt::Display for ShmError {
                 write!(f, "ring or table at offset {offset} does not fit in the {len}-byte region")
             }
             ShmError::Layout(e) => write!(f, "{e}"),
+            ShmError::Fds(what) => write!(f, "descriptor passing: {what}"),
         }
     }
 }
@@ -331,12 +336,113 @@ impl fmt::Debug for ShmRegion {
     }
 }
 
+/// The most descriptors one message may carry.
+pub const MAX_FDS: usize = 8;
+
+/// Control-message buffer, aligned for `cmsghdr`, large enough for [`MAX_FDS`] descriptors.
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 64]);
+
+const _: () = assert!(size_of::<libc::cmsghdr>() + MAX_FDS * size_of::<RawFd>() <= 64);
+
+/// Sends `data` (at least one byte) with up to [`MAX_FDS`] descriptors in one `sendmsg` (SCM_RIGHTS).
+pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> Result<usize, ShmError> {
+    if fds.len() > MAX_FDS {
+        return Err(ShmError::Fds("more descriptors than MAX_FDS in one message"));
+    }
+    sendmsg_fds(sock, data, fds)
+}
+
+fn sendmsg_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> Result<usize, ShmError> {
+    if data.is_empty() {
+        return Err(ShmError::Fds("a message carrying descriptors needs at least one data byte"));
+    }
+    let mut iov = libc::iovec { iov_base: data.as_ptr().cast_mut().cast(), iov_len: data.len() };
+    // Big enough for the test that sends more than MAX_FDS on purpose.
+    let mut cbuf = [0u64; 32];
+    // SAFETY: an all-zero msghdr is valid (no name, no iov, no control); the fields are set below.
+    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let payload = (fds.len() * size_of::<RawFd>()) as libc::c_uint;
+        // SAFETY: pure arithmetic on the length.
+        let (space, len) = unsafe { (libc::CMSG_SPACE(payload) as usize, libc::CMSG_LEN(payload) as usize) };
+        if space > size_of_val(&cbuf) {
+            return Err(ShmError::Fds("too many descriptors for the control buffer"));
+        }
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points at `space` zeroed, 8-aligned bytes, so CMSG_FIRSTHDR returns its start (not
+        // null) and CMSG_DATA .. + payload lies inside it; the descriptors are written unaligned-safe.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = len as _;
+            let d = libc::CMSG_DATA(c).cast::<RawFd>();
+            for (i, fd) in fds.iter().enumerate() {
+                d.add(i).write_unaligned(fd.as_raw_fd());
+            }
+        }
+    }
+    // SAFETY: msg points at iov, data and cbuf, all alive for the call.
+    let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(os("sendmsg"));
+    }
+    Ok(n as usize)
+}
+
+/// Receives into `buf` and appends the descriptors that came with the message to `fds` (close-on-exec set).
+/// A message whose descriptors did not all fit (more than [`MAX_FDS`]) is an error and every descriptor of it is
+/// closed: a peer cannot make this process leak descriptors. Returns the data bytes (0 at end of stream).
+pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize, ShmError> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut cbuf = CmsgBuf([0; 64]);
+    // SAFETY: an all-zero msghdr is valid; the fields are set below.
+    let mut msg: libc::msghdr = unsafe { core::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.0.as_mut_ptr().cast();
+    msg.msg_controllen = size_of::<CmsgBuf>() as _;
+    // SAFETY: msg points at iov (over buf) and cbuf, alive and writable for the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(os("recvmsg"));
+    }
+    // Take ownership of every descriptor the kernel installed before judging anything, so none can leak.
+    let mut got = Vec::new();
+    // SAFETY: the kernel filled msg_control/msg_controllen with well-formed control messages inside cbuf;
+    // CMSG_FIRSTHDR/CMSG_NXTHDR walk them within msg_controllen, and each SCM_RIGHTS payload holds
+    // (cmsg_len - CMSG_LEN(0)) / 4 descriptors that are now open in this process and owned by nobody else.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = ((*c).cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize);
+                let d = libc::CMSG_DATA(c).cast::<RawFd>();
+                for i in 0..bytes / size_of::<RawFd>() {
+                    got.push(OwnedFd::from_raw_fd(d.add(i).read_unaligned()));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 || got.len() > MAX_FDS {
+        return Err(ShmError::Fds("the peer sent more descriptors than MAX_FDS; all of them were closed"));
+    }
+    fds.extend(got);
+    Ok(n as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ctrl::abi::{region_kind, Cqe, RegionHeader};
 
     #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
     fn create_is_zeroed_sealed_and_shared_between_mappings() {
         let mut a = ShmRegion::create("roce-dp-test", 10_000, Backing::Pages).unwrap();
         assert_eq!(a.len(), 12_288);
@@ -361,6 +467,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
     fn map_refuses_unsealed_descriptors() {
         // An ordinary file: cannot carry seals at all.
         let f = std::fs::File::open("/proc/self/exe").unwrap();
@@ -381,7 +488,59 @@ mod tests {
         assert!(matches!(ShmRegion::open_inherited(999_999), Err(ShmError::Os { .. })));
     }
 
+    /// Descriptors of this process open on the memfd called `name` (tests run in parallel: count only our own).
+    fn open_fds_on(name: &str) -> usize {
+        let want = format!("/memfd:{name} (deleted)");
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| t.to_str() == Some(want.as_str()))
+            .count()
+    }
+
     #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
+    fn regions_travel_over_a_unix_socket() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut r1 = ShmRegion::create("roce-dp-pass1", 4096, Backing::Pages).unwrap();
+        let r2 = ShmRegion::create("roce-dp-pass2", 8192, Backing::Pages).unwrap();
+        r1.write(64, 0xfeed_u64).unwrap();
+        assert_eq!(send_with_fds(&a, b"qp", &[r1.fd(), r2.fd()]), Ok(2));
+        let mut buf = [0u8; 16];
+        let mut fds = Vec::new();
+        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok(2));
+        assert_eq!(&buf[..2], b"qp");
+        assert_eq!(fds.len(), 2);
+        let m2 = ShmRegion::map(fds.pop().unwrap()).unwrap();
+        let m1 = ShmRegion::map(fds.pop().unwrap()).unwrap();
+        assert_eq!((m1.len(), m2.len()), (4096, 8192));
+        assert_eq!(m1.read::<u64>(64), Some(0xfeed));
+        // Plain data without descriptors.
+        assert_eq!(send_with_fds(&a, b"x", &[]), Ok(1));
+        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok(1));
+        assert!(fds.is_empty());
+        let nine: Vec<_> = (0..9).map(|_| r1.fd()).collect();
+        assert!(matches!(send_with_fds(&a, b"x", &nine), Err(ShmError::Fds(_))));
+        assert!(matches!(send_with_fds(&a, b"", &[r1.fd()]), Err(ShmError::Fds(_))));
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
+    fn a_flood_of_descriptors_is_refused_and_closed() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let r = ShmRegion::create("roce-dp-flood", 4096, Backing::Pages).unwrap();
+        assert_eq!(open_fds_on("roce-dp-flood"), 1);
+        let many: Vec<_> = (0..20).map(|_| r.fd()).collect();
+        assert_eq!(sendmsg_fds(&a, b"flood", &many), Ok(5));
+        let mut fds = Vec::new();
+        let e = recv_with_fds(&b, &mut [0u8; 8], &mut fds).unwrap_err();
+        assert!(matches!(e, ShmError::Fds(_)), "{e}");
+        assert!(fds.is_empty());
+        assert_eq!(open_fds_on("roce-dp-flood"), 1, "every received descriptor was closed");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
     fn hugetlb_works_or_says_why() {
         let free: usize = std::fs::read_to_string("/proc/meminfo")
             .unwrap()
@@ -400,6 +559,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
     fn rings_from_a_header_layout() {
         let h = RegionHeader::cq(64).unwrap();
         let mut region = ShmRegion::create("roce-dp-cq", h.region_len as usize, Backing::Pages).unwrap();
