@@ -23,8 +23,9 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::sync::Arc;
 
-use super::abi::{RingDesc, TableDesc};
+use super::abi::{self, region_kind, AbiError, RegionHeader, RingDesc, TableDesc, WqeLimits};
 use super::ring::{Consumer, LayoutError, Pod, Producer, SlotTable};
+use super::wq::{CqReader, RecvQueueReader, RecvQueueWriter, SendQueueReader, SendQueueWriter, WqError};
 
 /// Size of a huge page used with [`Backing::Hugetlb`] (the kernel default on x86-64).
 pub const HUGEPAGE_SIZE: usize = 2 << 20;
@@ -75,6 +76,10 @@ pub enum ShmError {
     /// Descriptor passing failed: too many descriptors, or the control data was truncated (every descriptor that
     /// did arrive is closed).
     Fds(&'static str),
+    /// The region's header is not one this library can use (ABI version, kind, geometry).
+    Abi(AbiError),
+    /// Side tables too small for the queue limits (a layout bug).
+    Wq(WqError),
 }
 
 impl fmt::Display for ShmError {
@@ -97,11 +102,25 @@ impl fmt::Display for ShmError {
             }
             ShmError::Layout(e) => write!(f, "{e}"),
             ShmError::Fds(what) => write!(f, "descriptor passing: {what}"),
+            ShmError::Abi(e) => write!(f, "{e}"),
+            ShmError::Wq(e) => write!(f, "{e}"),
         }
     }
 }
 
 impl std::error::Error for ShmError {}
+
+impl From<AbiError> for ShmError {
+    fn from(e: AbiError) -> ShmError {
+        ShmError::Abi(e)
+    }
+}
+
+impl From<WqError> for ShmError {
+    fn from(e: WqError) -> ShmError {
+        ShmError::Wq(e)
+    }
+}
 
 impl From<LayoutError> for ShmError {
     fn from(e: LayoutError) -> ShmError {
@@ -228,22 +247,9 @@ impl ShmRegion {
         self.fd.as_fd()
     }
 
-    /// Makes the region's descriptor survive `exec` in the child `cmd` spawns (FD_CLOEXEC is cleared in the child
-    /// only, between fork and exec, so other children of this process do not inherit it). Returns the descriptor
-    /// number the child sees.
+    /// Makes the region's descriptor survive `exec` in the child `cmd` spawns; see [`inherit_fd`].
     pub fn share_with_child(&self, cmd: &mut Command) -> RawFd {
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: the closure runs in the forked child before exec; it only calls fcntl, which is
-        // async-signal-safe, allocates nothing and takes no locks.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            })
-        };
-        fd
+        inherit_fd(cmd, self.fd.as_fd())
     }
 
     /// Bounds-checked pointer to `offset .. offset + len`.
@@ -334,6 +340,195 @@ impl fmt::Debug for ShmRegion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShmRegion").field("fd", &self.fd.as_raw_fd()).field("len", &self.len).finish()
     }
+}
+
+/// Queue sizes of a QP region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpRegionCaps {
+    /// Send queue depth (rounded up to a power of two).
+    pub sq_depth: u32,
+    /// Receive queue depth (rounded up to a power of two).
+    pub rq_depth: u32,
+    /// SGEs per send WQE (at most 32).
+    pub max_send_sge: u8,
+    /// SGEs per receive WQE (at most 32).
+    pub max_recv_sge: u8,
+    /// Inline bytes per send WQE.
+    pub max_inline: u32,
+}
+
+/// Creates a sealed region laid out by `header` and writes the header into it.
+fn create_region(name: &str, header: &RegionHeader, backing: Backing) -> Result<Arc<ShmRegion>, ShmError> {
+    let mut region = ShmRegion::create(name, header.region_len as usize, backing)?;
+    region.write(0, *header).ok_or(ShmError::BadSize(region.len()))?;
+    Ok(Arc::new(region))
+}
+
+/// Maps a region from the daemon and checks its header (client side).
+fn open_region(fd: OwnedFd, kind: u32) -> Result<(Arc<ShmRegion>, RegionHeader), ShmError> {
+    let region = ShmRegion::map(fd)?;
+    let header: RegionHeader = region.read(0).ok_or(ShmError::BadSize(region.len()))?;
+    header.check(kind, region.len())?;
+    Ok((Arc::new(region), header))
+}
+
+fn limits(h: &RegionHeader) -> WqeLimits {
+    // per_slot of the SGE table is max_send_sge - 1 <= 31 (checked by RegionHeader::check on the client, made by
+    // RegionHeader::qp on the daemon).
+    WqeLimits { max_sge: (h.sq_sges.per_slot + 1).min(abi::MAX_WQE_SGE as u32) as u8, max_inline: h.sq_inline.per_slot }
+}
+
+fn recv_max_sge(h: &RegionHeader) -> u8 {
+    (h.rq_sges.per_slot + 1).min(abi::MAX_WQE_SGE as u32) as u8
+}
+
+/// A side table if the layout has one.
+///
+/// # Safety
+/// As [`ShmRegion::table`].
+unsafe fn opt_table<T: Pod>(r: &Arc<ShmRegion>, d: TableDesc, cap: u32) -> Result<Option<SlotTable<T>>, ShmError> {
+    if d.per_slot == 0 {
+        return Ok(None);
+    }
+    // SAFETY: forwarded contract.
+    Ok(Some(unsafe { r.table(d, cap)? }))
+}
+
+/// The daemon's side of a QP's shared region: readers of its send and receive queues. The daemon keeps `header`
+/// (its own copy: the one in shared memory is the client's to scribble on).
+pub struct DaemonQpRegion {
+    /// The layout, as the daemon made it.
+    pub header: RegionHeader,
+    /// Send queue reader.
+    pub sq: SendQueueReader,
+    /// Receive queue reader.
+    pub rq: RecvQueueReader,
+    region: Arc<ShmRegion>,
+}
+
+impl DaemonQpRegion {
+    /// Creates the region (sealed memfd named `name`) and attaches the readers.
+    pub fn create(name: &str, caps: QpRegionCaps, backing: Backing) -> Result<DaemonQpRegion, ShmError> {
+        let h = RegionHeader::qp(caps.sq_depth, caps.rq_depth, caps.max_send_sge, caps.max_recv_sge, caps.max_inline)?;
+        let r = create_region(name, &h, backing)?;
+        // SAFETY: the region was created by this call and nobody else in this process has it, so these are the
+        // only consumer halves and table views; the producer side belongs to the client process.
+        let (sq, rq) = unsafe {
+            let sq = SendQueueReader::new(
+                r.consumer(h.sq)?,
+                opt_table(&r, h.sq_sges, h.sq.capacity)?,
+                opt_table(&r, h.sq_inline, h.sq.capacity)?,
+                limits(&h),
+            )?;
+            let rq =
+                RecvQueueReader::new(r.consumer(h.rq)?, opt_table(&r, h.rq_sges, h.rq.capacity)?, recv_max_sge(&h))?;
+            (sq, rq)
+        };
+        Ok(DaemonQpRegion { header: h, sq, rq, region: r })
+    }
+
+    /// The region's memfd, to send to the client.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.region.fd()
+    }
+}
+
+/// The client's side of a QP's shared region: writers of its send and receive queues.
+pub struct ClientQpRegion {
+    /// The layout, as checked at open.
+    pub header: RegionHeader,
+    /// Send queue writer.
+    pub sq: SendQueueWriter,
+    /// Receive queue writer.
+    pub rq: RecvQueueWriter,
+}
+
+impl ClientQpRegion {
+    /// Maps the QP region the daemon sent, checks its header (magic, ABI version, geometry) and attaches writers.
+    ///
+    /// # Safety
+    /// No other `ClientQpRegion` of this QP exists in this process (each ring has one producer).
+    pub unsafe fn open(fd: OwnedFd) -> Result<ClientQpRegion, ShmError> {
+        let (r, h) = open_region(fd, region_kind::QP)?;
+        // SAFETY: the header passed `check` (every ring and table inside the mapping); producer uniqueness is the
+        // caller's promise.
+        let (sq, rq) = unsafe {
+            let sq = SendQueueWriter::new(
+                r.producer(h.sq)?,
+                opt_table(&r, h.sq_sges, h.sq.capacity)?,
+                opt_table(&r, h.sq_inline, h.sq.capacity)?,
+                limits(&h),
+            )?;
+            let rq =
+                RecvQueueWriter::new(r.producer(h.rq)?, opt_table(&r, h.rq_sges, h.rq.capacity)?, recv_max_sge(&h))?;
+            (sq, rq)
+        };
+        Ok(ClientQpRegion { header: h, sq, rq })
+    }
+}
+
+/// The daemon's side of a CQ's shared region: the completion ring's producer.
+pub struct DaemonCqRegion {
+    /// The layout, as the daemon made it.
+    pub header: RegionHeader,
+    /// Completion ring (push [`abi::Cqe`]s, then publish).
+    pub cq: Producer<abi::Cqe>,
+    region: Arc<ShmRegion>,
+}
+
+impl DaemonCqRegion {
+    /// Creates the region and attaches the producer.
+    pub fn create(name: &str, depth: u32, backing: Backing) -> Result<DaemonCqRegion, ShmError> {
+        let h = RegionHeader::cq(depth)?;
+        let r = create_region(name, &h, backing)?;
+        // SAFETY: fresh region created by this call: the only producer in this process.
+        let cq = unsafe { r.producer(h.sq)? };
+        Ok(DaemonCqRegion { header: h, cq, region: r })
+    }
+
+    /// The region's memfd, to send to the client.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.region.fd()
+    }
+}
+
+/// The client's side of a CQ's shared region.
+pub struct ClientCqRegion {
+    /// The layout, as checked at open.
+    pub header: RegionHeader,
+    /// Completion reader.
+    pub cq: CqReader,
+}
+
+impl ClientCqRegion {
+    /// Maps the CQ region the daemon sent, checks its header and attaches the reader.
+    ///
+    /// # Safety
+    /// No other `ClientCqRegion` of this CQ exists in this process (the ring has one consumer).
+    pub unsafe fn open(fd: OwnedFd) -> Result<ClientCqRegion, ShmError> {
+        let (r, h) = open_region(fd, region_kind::CQ)?;
+        // SAFETY: header checked; consumer uniqueness is the caller's promise.
+        let cq = CqReader::new(unsafe { r.consumer(h.sq)? });
+        Ok(ClientCqRegion { header: h, cq })
+    }
+}
+
+/// Makes `fd` survive `exec` in the child `cmd` spawns: FD_CLOEXEC is cleared in the child only, between fork and
+/// exec, so other children of this process do not inherit it. Returns the descriptor number the child sees. `fd`
+/// must stay open until `cmd` is spawned.
+pub fn inherit_fd(cmd: &mut Command, fd: BorrowedFd<'_>) -> RawFd {
+    let fd = fd.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec; it only calls fcntl, which is async-signal-safe,
+    // allocates nothing and takes no locks.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+    fd
 }
 
 /// The most descriptors one message may carry.
@@ -537,6 +732,67 @@ mod tests {
         assert!(matches!(e, ShmError::Fds(_)), "{e}");
         assert!(fds.is_empty());
         assert_eq!(open_fds_on("roce-dp-flood"), 1, "every received descriptor was closed");
+    }
+
+    const CAPS: QpRegionCaps =
+        QpRegionCaps { sq_depth: 32, rq_depth: 16, max_send_sge: 4, max_recv_sge: 2, max_inline: 64 };
+
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
+    fn qp_and_cq_regions_daemon_and_client_sides() {
+        use crate::verbs::{self, SendWr, WcOpcode, WcStatus, WrOpcode};
+        let mut dq = DaemonQpRegion::create("roce-dp-qp", CAPS, Backing::Pages).unwrap();
+        let mut dc = DaemonCqRegion::create("roce-dp-cqr", 8, Backing::Pages).unwrap();
+        // SAFETY: one client side per region in this test.
+        let (mut client_qp, mut client_cq) = unsafe {
+            (
+                ClientQpRegion::open(dq.fd().try_clone_to_owned().unwrap()).unwrap(),
+                ClientCqRegion::open(dc.fd().try_clone_to_owned().unwrap()).unwrap(),
+            )
+        };
+        assert_eq!(client_qp.header, dq.header);
+        let sgl: Vec<verbs::Sge> = (0..4).map(|i| verbs::Sge { addr: i << 12, len: 10, lkey: 3 }).collect();
+        client_qp.sq.post(&SendWr::new(1, WrOpcode::Send), &sgl).unwrap();
+        client_qp.sq.post_inline(&SendWr::new(2, WrOpcode::Send), b"hello").unwrap();
+        client_qp.rq.post(3, &sgl[..2]).unwrap();
+        let mut inline = [0u8; 64];
+        let a = dq.sq.poll(&mut inline).unwrap().unwrap();
+        assert_eq!((a.wr.wr_id, a.sges.as_slice()), (1, &sgl[..]));
+        let b = dq.sq.poll(&mut inline).unwrap().unwrap();
+        assert_eq!((b.wr.wr_id, &inline[..b.inline_len as usize]), (2, &b"hello"[..]));
+        let (id, r) = dq.rq.poll().unwrap().unwrap();
+        assert_eq!((id, r.as_slice()), (3, &sgl[..2]));
+        let done = verbs::Cqe {
+            wr_id: 1,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            qpn: 7,
+            byte_len: 40,
+            imm: None,
+            invalidated_rkey: None,
+        };
+        dc.cq.push_publish(abi::Cqe::from(&done)).unwrap();
+        let mut out = [done; 2];
+        assert_eq!(client_cq.cq.poll(&mut out), Ok(1));
+        assert_eq!(out[0], done);
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
+    fn client_refuses_foreign_abi_and_wrong_kind() {
+        let dq = DaemonQpRegion::create("roce-dp-qp-abi", CAPS, Backing::Pages).unwrap();
+        // A daemon of another ABI version: simulated by rewriting the version in a copy of the region's header.
+        let mut other = ShmRegion::map(dq.fd().try_clone_to_owned().unwrap()).unwrap();
+        other.write(8, 99u32).unwrap();
+        // SAFETY: the open fails before attaching anything.
+        let e = unsafe { ClientQpRegion::open(dq.fd().try_clone_to_owned().unwrap()) }.err().unwrap();
+        assert_eq!(e, ShmError::Abi(AbiError::Version { daemon: 99, library: abi::ABI_VERSION }));
+        let msg = e.to_string();
+        assert!(msg.contains("v99") && msg.contains("rebuild") && !msg.contains('\n'), "{msg}");
+        let dc = DaemonCqRegion::create("roce-dp-cq-kind", 8, Backing::Pages).unwrap();
+        // SAFETY: the open fails before attaching anything.
+        let e = unsafe { ClientQpRegion::open(dc.fd().try_clone_to_owned().unwrap()) }.err().unwrap();
+        assert!(matches!(e, ShmError::Abi(AbiError::Kind { .. })), "{e}");
     }
 
     #[test]
