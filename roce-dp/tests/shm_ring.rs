@@ -1,5 +1,6 @@
 //! Rings across two processes sharing a sealed memfd: an honest peer (order and content of a million entries each
-//! way) and a hostile one (random bytes over a QP's rings and side tables, random indices, attempts to resize the
+//! way), a client process that gets its QP and CQ regions over a Unix socket and posts and completes work requests,
+//! a client killed with SIGKILL mid-stream, and a hostile one (random bytes over a QP's rings and side tables, random indices, attempts to resize the
 //! region) while this process reads the queues as the daemon would, with PROT_NONE guard pages around the region
 //! so that any access outside it would crash the test.
 //!
@@ -8,16 +9,20 @@
 //!
 //! Run: `cargo test -p roce-dp --no-default-features --test shm_ring`.
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::process::{Command, ExitStatus};
 use std::sync::Arc;
 
-use roce_dp::ctrl::abi::{region_kind, RegionHeader, RingDesc, Sge, TableDesc, Wqe, WqeLimits};
+use roce_dp::ctrl::abi::{self, region_kind, RegionHeader, RingDesc, Sge, TableDesc, Wqe, WqeLimits};
 use roce_dp::ctrl::ring::{heap_ring, heap_table, RingError};
-use roce_dp::ctrl::shm::{Backing, ShmRegion};
+use roce_dp::ctrl::shm::{
+    inherit_fd, recv_with_fds, send_with_fds, Backing, ClientCqRegion, ClientQpRegion, DaemonCqRegion, DaemonQpRegion,
+    QpRegionCaps, ShmRegion,
+};
 use roce_dp::ctrl::wq::{SendQueueReader, SendQueueWriter, WqError};
 use roce_dp::sim::SimRng;
-use roce_dp::{SendWr, WrOpcode};
+use roce_dp::{Cqe, SendWr, WcOpcode, WcStatus, WrOpcode};
 
 const ROLE: &str = "ROCE_SHM_ROLE";
 const FD: &str = "ROCE_SHM_FD";
@@ -294,18 +299,203 @@ fn hostile_process_gets_typed_errors_and_nothing_outside_is_touched() {
     assert!(corrupt, "phase 2's random tails were not detected");
 }
 
+/// Work requests the client of the daemon test posts (sends and receives alternating).
+const M: u64 = 100_000;
+/// Outstanding requests the client allows (below the CQ depth, so the CQ never overflows).
+const WINDOW: u64 = 32;
+const CLIENT_CAPS: QpRegionCaps =
+    QpRegionCaps { sq_depth: 64, rq_depth: 64, max_send_sge: 4, max_recv_sge: 4, max_inline: 64 };
+
+/// The bytes work request `i` carries (what its completion must report).
+fn wr_len(i: u64) -> u32 {
+    (i % 5) as u32 * 100 + (i % 3) as u32
+}
+
+/// The SGEs of work request `i`: 1 to 4 of them adding up to `wr_len(i)`.
+fn wr_sgl(i: u64) -> Vec<roce_dp::Sge> {
+    let n = 1 + (i % 4) as u32;
+    let len = wr_len(i);
+    (0..n)
+        .map(|k| roce_dp::Sge {
+            addr: i << 16 | u64::from(k) << 8,
+            len: len / n + u32::from(k == 0) * (len % n),
+            lkey: 9,
+        })
+        .collect()
+}
+
+/// A placeholder completion for poll buffers.
+const BLANK: Cqe = Cqe {
+    wr_id: 0,
+    status: WcStatus::FatalErr,
+    opcode: WcOpcode::Send,
+    qpn: 0,
+    byte_len: 0,
+    imm: None,
+    invalidated_rkey: None,
+};
+
+/// Receives the socket (inherited) and the QP and CQ regions (over the socket).
+fn client_connect() -> (UnixStream, ClientQpRegion, ClientCqRegion) {
+    // SAFETY: FD names the socket the parent made inheritable for us; nothing else in this process owns it.
+    let sock = UnixStream::from(unsafe { OwnedFd::from_raw_fd(env_u64(FD) as i32) });
+    let mut fds = Vec::new();
+    let n = recv_with_fds(&sock, &mut [0u8; 16], &mut fds).expect("regions from the daemon");
+    assert!(n > 0 && fds.len() == 2, "expected a QP and a CQ region");
+    let cq = fds.pop().unwrap();
+    let qp = fds.pop().unwrap();
+    // SAFETY: one client side per region in this process.
+    unsafe { (sock, ClientQpRegion::open(qp).expect("open QP region"), ClientCqRegion::open(cq).expect("open CQ")) }
+}
+
+/// Child role "client": posts M work requests (even: send, odd: receive; every 7th send inline) keeping WINDOW
+/// outstanding, and checks every completion.
+fn child_client() {
+    let (_sock, mut qp, mut cq) = client_connect();
+    let (mut posted, mut completed) = (0u64, 0u64);
+    let (mut next_send, mut next_recv) = (0u64, 1u64);
+    let payload = [0x5au8; 64];
+    let mut out = [BLANK; 16];
+    while completed < M {
+        while posted < M && posted - completed < WINDOW {
+            let i = posted;
+            if i % 2 == 1 {
+                qp.rq.post(i, &wr_sgl(i)).unwrap();
+            } else if i % 7 == 0 {
+                qp.sq.post_inline(&SendWr::new(i, WrOpcode::Send), &payload[..(wr_len(i) as usize).min(64)]).unwrap();
+            } else {
+                qp.sq.post(&SendWr::new(i, WrOpcode::Send), &wr_sgl(i)).unwrap();
+            }
+            posted += 1;
+        }
+        let n = cq.cq.poll(&mut out).unwrap();
+        for c in &out[..n] {
+            assert_eq!(c.status, WcStatus::Success);
+            let expect = if c.wr_id % 2 == 1 {
+                assert_eq!((c.opcode, c.wr_id), (WcOpcode::Recv, next_recv), "receive completions in order");
+                next_recv += 2;
+                wr_len(c.wr_id)
+            } else {
+                assert_eq!((c.opcode, c.wr_id), (WcOpcode::Send, next_send), "send completions in order");
+                next_send += 2;
+                if c.wr_id % 7 == 0 {
+                    wr_len(c.wr_id).min(64)
+                } else {
+                    wr_len(c.wr_id)
+                }
+            };
+            assert_eq!(c.byte_len, expect, "byte_len of wr {}", c.wr_id);
+        }
+        completed += n as u64;
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn spawn_client(role: &str) -> (UnixStream, std::process::Child, DaemonQpRegion, DaemonCqRegion) {
+    let (daemon_sock, client_sock) = UnixStream::pair().unwrap();
+    let qp = DaemonQpRegion::create("roce-dp-it-qp", CLIENT_CAPS, Backing::Pages).unwrap();
+    let cq = DaemonCqRegion::create("roce-dp-it-cq", 64, Backing::Pages).unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let fd = inherit_fd(&mut cmd, client_sock.as_fd());
+    let child = cmd.env(ROLE, role).env(FD, fd.to_string()).spawn().unwrap();
+    drop(client_sock);
+    send_with_fds(&daemon_sock, b"qp+cq", &[qp.fd(), cq.fd()]).unwrap();
+    (daemon_sock, child, qp, cq)
+}
+
+/// One pass of the daemon's worker over the QP: every valid send WQE completes with its length, every receive WQE
+/// completes as if a message of its buffer's size arrived. Returns completions pushed.
+fn serve(qp: &mut DaemonQpRegion, cq: &mut DaemonCqRegion) -> u64 {
+    let mut inline = [0u8; 64];
+    let mut n = 0;
+    let mut complete = |wr_id: u64, opcode: WcOpcode, byte_len: u32| {
+        let c =
+            Cqe { wr_id, status: WcStatus::Success, opcode, qpn: 0x11, byte_len, imm: None, invalidated_rkey: None };
+        cq.cq.push(abi::Cqe::from(&c)).expect("the client keeps the CQ from overflowing");
+        n += 1;
+    };
+    while let Some(req) = qp.sq.poll(&mut inline).unwrap() {
+        let len = if req.wr.inline { req.inline_len } else { req.sges.total_len() as u32 };
+        complete(req.wr.wr_id, WcOpcode::Send, len);
+    }
+    while let Some((wr_id, sges)) = qp.rq.poll().unwrap() {
+        complete(wr_id, WcOpcode::Recv, sges.total_len() as u32);
+    }
+    qp.sq.release();
+    qp.rq.sync().unwrap();
+    cq.cq.publish();
+    n
+}
+
+fn daemon_and_client_processes_post_and_complete() {
+    let (_sock, mut child, mut qp, mut cq) = spawn_client("client");
+    let mut done = 0;
+    while done < M {
+        let n = serve(&mut qp, &mut cq);
+        done += n;
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
+    assert!(child.wait().unwrap().success(), "client failed its checks");
+    println!("  {M} work requests posted by the client process, validated and completed through the rings");
+}
+
+/// Child role "poster": posts sends forever (until killed), never polling its CQ beyond what frees the window.
+fn child_poster() {
+    let (_sock, mut qp, mut cq) = client_connect();
+    let mut out = [BLANK; 16];
+    let (mut posted, mut completed) = (0u64, 0u64);
+    loop {
+        if posted - completed < WINDOW {
+            qp.sq.post(&SendWr::new(posted, WrOpcode::Send), &wr_sgl(posted)).unwrap();
+            posted += 1;
+        }
+        completed += cq.cq.poll(&mut out).unwrap() as u64;
+    }
+}
+
+fn client_killed_mid_stream_leaves_the_daemon_side_sound() {
+    let (sock, mut child, mut qp, mut cq) = spawn_client("poster");
+    let mut done = 0;
+    while done < 5_000 {
+        done += serve(&mut qp, &mut cq);
+        std::thread::yield_now();
+    }
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    // What the client left in its rings is drained and then the queue is simply empty: no hang, no error.
+    let left = serve(&mut qp, &mut cq);
+    assert!(left <= WINDOW, "at most the client's window was outstanding, got {left}");
+    assert_eq!(serve(&mut qp, &mut cq), 0);
+    // The daemon learns of the death from its socket: end of stream.
+    let mut fds = Vec::new();
+    assert_eq!(recv_with_fds(&sock, &mut [0u8; 8], &mut fds), Ok(0), "EOF on the client's socket");
+    println!("  client SIGKILLed after {done} completions; {left} WQEs drained afterwards; socket EOF seen");
+}
+
 fn main() {
     match std::env::var(ROLE).as_deref() {
         Ok("echo") => return child_echo(),
         Ok("hostile") => return child_hostile(),
+        Ok("client") => return child_client(),
+        Ok("poster") => return child_poster(),
         Ok(other) => panic!("unknown {ROLE} {other}"),
         Err(_) => {}
     }
-    let tests: [(&str, fn()); 2] = [
+    let tests: [(&str, fn()); 4] = [
         ("two_processes_a_million_each_way_in_order", two_processes_a_million_each_way_in_order),
         (
             "hostile_process_gets_typed_errors_and_nothing_outside_is_touched",
             hostile_process_gets_typed_errors_and_nothing_outside_is_touched,
+        ),
+        ("daemon_and_client_processes_post_and_complete", daemon_and_client_processes_post_and_complete),
+        (
+            "client_killed_mid_stream_leaves_the_daemon_side_sound",
+            client_killed_mid_stream_leaves_the_daemon_side_sound,
         ),
     ];
     // Honour a name filter as the default harness does (`cargo test --test shm_ring NAME`).
