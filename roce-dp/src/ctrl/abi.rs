@@ -422,7 +422,8 @@ impl fmt::Display for WqeError {
 
 impl std::error::Error for WqeError {}
 
-/// A fixed-capacity SGE list (no allocation on the data path).
+/// A fixed-capacity SGE list (no allocation on the data path). Decoders fill one in place, so the 512 bytes are
+/// neither zeroed nor moved per request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SgeList {
     len: u8,
@@ -430,6 +431,9 @@ pub struct SgeList {
 }
 
 impl SgeList {
+    /// An empty list.
+    pub const EMPTY: SgeList = SgeList { len: 0, sges: [verbs::Sge { addr: 0, len: 0, lkey: 0 }; MAX_WQE_SGE] };
+
     /// The SGEs.
     #[inline]
     pub fn as_slice(&self) -> &[verbs::Sge] {
@@ -442,24 +446,35 @@ impl SgeList {
     }
 }
 
-/// Reads `num_sge` SGEs (validated against `max_sge`): the embedded one and `num_sge - 1` that `ext` copies out of
-/// the side table into the slice it is given.
-fn gather(num_sge: u8, max_sge: u8, sge0: Sge, ext: impl FnOnce(&mut [Sge])) -> Result<SgeList, WqeError> {
+impl Default for SgeList {
+    fn default() -> SgeList {
+        SgeList::EMPTY
+    }
+}
+
+/// Fills `list` with `num_sge` SGEs (validated against `max_sge` first): the embedded one, then `ext(k)` for
+/// k in 1..num_sge, which copies SGE k of the slot out of the side table.
+fn gather(
+    list: &mut SgeList,
+    num_sge: u8,
+    max_sge: u8,
+    sge0: Sge,
+    mut ext: impl FnMut(usize) -> Sge,
+) -> Result<(), WqeError> {
     let max = max_sge.min(MAX_WQE_SGE as u8);
     if num_sge > max {
+        list.len = 0;
         return Err(WqeError::TooManySge { num_sge, max });
     }
     let n = usize::from(num_sge);
-    let mut raw = [Sge::default(); MAX_WQE_SGE];
-    if n > 1 {
-        ext(&mut raw[1..n]);
+    list.len = num_sge;
+    if n > 0 {
+        list.sges[0] = sge0.into();
     }
-    raw[0] = sge0;
-    let mut list = SgeList { len: num_sge, sges: [verbs::Sge::default(); MAX_WQE_SGE] };
-    for (d, s) in list.sges.iter_mut().zip(&raw[..n]) {
-        *d = (*s).into();
+    for (k, d) in list.sges[..n].iter_mut().enumerate().skip(1) {
+        *d = ext(k).into();
     }
-    Ok(list)
+    Ok(())
 }
 
 /// A validated send request decoded from a [`Wqe`].
@@ -473,10 +488,22 @@ pub struct SendRequest {
     pub inline_len: u32,
 }
 
+impl Default for SendRequest {
+    fn default() -> SendRequest {
+        SendRequest { wr: SendWr::new(0, WrOpcode::Send), sges: SgeList::EMPTY, inline_len: 0 }
+    }
+}
+
 impl Wqe {
-    /// Validates this (local copy of a) WQE. `ext` is called at most once, with exactly `num_sge - 1` SGEs to fill
-    /// from the slot's side table, only after `num_sge` was checked against `limits`.
-    pub fn decode(&self, limits: WqeLimits, ext: impl FnOnce(&mut [Sge])) -> Result<SendRequest, WqeError> {
+    /// Validates this (local copy of a) WQE into `out` (left partly written on error). `ext(k)` is called for
+    /// k in 1..num_sge, only after `num_sge` was checked against `limits`, to copy SGE k out of the slot's side
+    /// table.
+    pub fn decode_into(
+        &self,
+        limits: WqeLimits,
+        out: &mut SendRequest,
+        ext: impl FnMut(usize) -> Sge,
+    ) -> Result<(), WqeError> {
         let opcode = wr_opcode_from(self.opcode).ok_or(WqeError::UnknownOpcode(self.opcode))?;
         if self.flags & !send_flags::ALL != 0 {
             return Err(WqeError::UnknownFlags(self.flags));
@@ -485,7 +512,7 @@ impl Wqe {
             return Err(WqeError::Reserved { field: "reserved", value: u64::from(self.reserved) });
         }
         let inline = self.flags & send_flags::INLINE != 0;
-        let (sges, inline_len) = if inline {
+        if inline {
             if opcode.is_rd_atomic() {
                 return Err(WqeError::InlineNotAllowed(self.opcode));
             }
@@ -495,24 +522,26 @@ impl Wqe {
             if self.inline_len > limits.max_inline {
                 return Err(WqeError::InlineTooLong { len: self.inline_len, max: limits.max_inline });
             }
-            (gather(0, 0, self.sge0, |_| {})?, self.inline_len)
+            out.sges.len = 0;
+            out.inline_len = self.inline_len;
         } else {
             if self.inline_len != 0 {
                 return Err(WqeError::Reserved { field: "inline_len", value: u64::from(self.inline_len) });
             }
-            (gather(self.num_sge, limits.max_sge, self.sge0, ext)?, 0)
-        };
-        let total = sges.total_len();
+            gather(&mut out.sges, self.num_sge, limits.max_sge, self.sge0, ext)?;
+            out.inline_len = 0;
+        }
+        let total = out.sges.total_len();
         if total > crate::qp::MAX_MSG_LEN {
             return Err(WqeError::MessageTooLong(total));
         }
-        if opcode.is_atomic() && (sges.len != 1 || total != 8) {
+        if opcode.is_atomic() && (out.sges.len != 1 || total != 8) {
             return Err(WqeError::AtomicLength(total));
         }
         // Copy only what the opcode uses, so stray bytes never travel further.
         let remote = !matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv);
         let imm = matches!(opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
-        let wr = SendWr {
+        out.wr = SendWr {
             wr_id: self.wr_id,
             opcode,
             signaled: self.flags & send_flags::SIGNALED != 0,
@@ -526,7 +555,14 @@ impl Wqe {
             compare_add: if opcode.is_atomic() { self.compare_add } else { 0 },
             swap: if opcode == WrOpcode::AtomicCmpSwp { self.swap } else { 0 },
         };
-        Ok(SendRequest { wr, sges, inline_len })
+        Ok(())
+    }
+
+    /// [`decode_into`](Self::decode_into) returning the request by value.
+    pub fn decode(&self, limits: WqeLimits, ext: impl FnMut(usize) -> Sge) -> Result<SendRequest, WqeError> {
+        let mut out = SendRequest::default();
+        self.decode_into(limits, &mut out, ext)?;
+        Ok(out)
     }
 
     /// Encodes a send request (client side). `sgl[0]` is embedded; the caller writes `sgl[1..]` into the side
@@ -561,17 +597,25 @@ impl Wqe {
 }
 
 impl RecvWqe {
-    /// Validates this (local copy of a) receive WQE: `(wr_id, sges)`. `ext` as in [`Wqe::decode`].
-    pub fn decode(&self, max_sge: u8, ext: impl FnOnce(&mut [Sge])) -> Result<(u64, SgeList), WqeError> {
+    /// Validates this (local copy of a) receive WQE, filling `sges` in place; returns its `wr_id`. `ext` as in
+    /// [`Wqe::decode_into`].
+    pub fn decode_into(&self, max_sge: u8, sges: &mut SgeList, ext: impl FnMut(usize) -> Sge) -> Result<u64, WqeError> {
         if self.reserved != [0; 7] {
             return Err(WqeError::Reserved { field: "reserved", value: u64::from_le_bytes(pad8(self.reserved)) });
         }
-        let sges = gather(self.num_sge, max_sge, self.sge0, ext)?;
+        gather(sges, self.num_sge, max_sge, self.sge0, ext)?;
         let total = sges.total_len();
         if total > crate::qp::MAX_MSG_LEN {
             return Err(WqeError::MessageTooLong(total));
         }
-        Ok((self.wr_id, sges))
+        Ok(self.wr_id)
+    }
+
+    /// [`decode_into`](Self::decode_into) returning `(wr_id, sges)` by value.
+    pub fn decode(&self, max_sge: u8, ext: impl FnMut(usize) -> Sge) -> Result<(u64, SgeList), WqeError> {
+        let mut sges = SgeList::EMPTY;
+        let id = self.decode_into(max_sge, &mut sges, ext)?;
+        Ok((id, sges))
     }
 
     /// Encodes a receive request; the caller writes `sgl[1..]` into the side table.
@@ -974,16 +1018,14 @@ mod tests {
             let sgl: Vec<verbs::Sge> =
                 if op.is_atomic() { vec![verbs::Sge { addr: 8, len: 8, lkey: 1 }] } else { (1..=3).map(sge).collect() };
             let wqe = Wqe::encode(&wr, &sgl, 0);
-            let mut asked = 0;
+            let mut asked = Vec::new();
             let got = wqe
-                .decode(LIMITS, |ext| {
-                    asked = ext.len();
-                    for (d, s) in ext.iter_mut().zip(&sgl[1..]) {
-                        *d = (*s).into();
-                    }
+                .decode(LIMITS, |k| {
+                    asked.push(k);
+                    sgl[k].into()
                 })
                 .unwrap();
-            assert_eq!(asked, sgl.len().saturating_sub(1));
+            assert_eq!(asked, (1..sgl.len()).collect::<Vec<_>>());
             assert_eq!(got.wr, wr, "{op:?}");
             assert_eq!(got.sges.as_slice(), &sgl[..]);
             assert_eq!(got.inline_len, 0);
@@ -1023,7 +1065,7 @@ mod tests {
         ];
         let mut codes = std::collections::HashSet::new();
         for (wqe, want) in cases {
-            let got = wqe.decode(LIMITS, |ext| ext.fill(Sge::default())).unwrap_err();
+            let got = wqe.decode(LIMITS, |_| Sge::default()).unwrap_err();
             assert_eq!(got, want);
             assert!(got.to_string().contains(got.field()), "{got}");
             codes.insert(got.code());
@@ -1032,19 +1074,19 @@ mod tests {
         // 4 SGEs of 2^30 bytes: over 2^31.
         let huge = Sge { addr: 0, len: 1 << 30, lkey: 1 };
         let w = Wqe { num_sge: 4, sge0: huge, ..good };
-        assert_eq!(w.decode(LIMITS, |ext| ext.fill(huge)), Err(WqeError::MessageTooLong(4 << 30)));
+        assert_eq!(w.decode(LIMITS, |_| huge), Err(WqeError::MessageTooLong(4 << 30)));
     }
 
     #[test]
     fn recv_wqe_round_trip_and_reserved() {
         let sgl = [sge(1), sge(2)];
         let r = RecvWqe::encode(11, &sgl);
-        let (id, got) = r.decode(4, |ext| ext[0] = sgl[1].into()).unwrap();
+        let (id, got) = r.decode(4, |k| sgl[k].into()).unwrap();
         assert_eq!((id, got.as_slice()), (11, &sgl[..]));
         let bad = RecvWqe { reserved: [0, 0, 1, 0, 0, 0, 0], ..r };
-        assert_eq!(bad.decode(4, |_| {}), Err(WqeError::Reserved { field: "reserved", value: 1 << 16 }));
+        assert_eq!(bad.decode(4, |_| Sge::default()), Err(WqeError::Reserved { field: "reserved", value: 1 << 16 }));
         let many = RecvWqe { num_sge: 5, ..r };
-        assert_eq!(many.decode(4, |_| {}), Err(WqeError::TooManySge { num_sge: 5, max: 4 }));
+        assert_eq!(many.decode(4, |_| Sge::default()), Err(WqeError::TooManySge { num_sge: 5, max: 4 }));
     }
 
     #[test]

@@ -669,6 +669,16 @@ impl<T: Pod> SlotTable<T> {
         Some(())
     }
 
+    /// Copies element `k` (`None` if `k >= per_slot`) of the slot of ring index `index`.
+    #[inline]
+    pub fn get(&self, index: u32, k: usize) -> Option<T> {
+        if k >= self.per_slot as usize {
+            return None;
+        }
+        // SAFETY: k < per_slot: inside the slot; T is Pod, any bytes are a valid T.
+        Some(unsafe { ptr::read_volatile(self.slot(index).add(k)) })
+    }
+
     /// Copies the first `dst.len()` (at most `per_slot`; `None` otherwise) elements of the slot of ring index
     /// `index` into `dst`.
     pub fn read(&self, index: u32, dst: &mut [T]) -> Option<()> {
@@ -757,6 +767,7 @@ mod tests {
         let mut d = [0u32; 2];
         assert_eq!(r.read(5 + 4 * 1000, &mut d), Some(()), "index is masked");
         assert_eq!(d, [1, 2]);
+        assert_eq!((r.get(1, 2), r.get(1, 3)), (Some(3), None));
         assert_eq!(r.read(1, &mut [0u32; 4]), None);
     }
 

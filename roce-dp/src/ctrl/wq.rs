@@ -68,13 +68,10 @@ fn check_tables(
     Ok(())
 }
 
-/// Copies `ext.len()` extra SGEs of ring slot `index` out of the table (zeros if there is none; the constructors
-/// make sure there is one whenever `max_sge > 1`).
-fn read_ext(table: Option<&SlotTable<Sge>>, index: u32, ext: &mut [Sge]) {
-    if let Some(t) = table {
-        // Cannot fail: ext.len() = num_sge - 1 <= max_sge - 1 <= per_slot (checked at construction).
-        let _ = t.read(index, ext);
-    }
+/// SGE `k` (k >= 1) of ring slot `index` from the side table (zero if there is none; the constructors make sure
+/// there is one whenever `max_sge > 1`, and decoding asks only for k < num_sge <= max_sge <= per_slot + 1).
+fn ext_sge(table: Option<&SlotTable<Sge>>, index: u32, k: usize) -> Sge {
+    table.and_then(|t| t.get(index, k - 1)).unwrap_or_default()
 }
 
 /// The daemon's reader of a QP's send queue.
@@ -97,15 +94,15 @@ impl SendQueueReader {
         Ok(SendQueueReader { ring, sges, inline, limits })
     }
 
-    /// The next validated request, `Ok(None)` if the queue is empty. Inline payload is copied into
-    /// `inline_out[..req.inline_len]` (give it `max_inline` bytes). The slot goes back to the client at the next
-    /// [`sync`](Self::sync) or [`release`](Self::release).
-    pub fn poll(&mut self, inline_out: &mut [u8]) -> Result<Option<SendRequest>, WqError> {
+    /// Validates the next request into `req` (in place: no copy of its 512-byte SGE list); `Ok(false)` if the
+    /// queue is empty. Inline payload is copied into `inline_out[..req.inline_len]` (give it `max_inline` bytes).
+    /// The slot goes back to the client at the next [`sync`](Self::sync) or [`release`](Self::release).
+    pub fn poll_into(&mut self, req: &mut SendRequest, inline_out: &mut [u8]) -> Result<bool, WqError> {
         let Some((index, wqe)) = self.ring.pop_indexed()? else {
-            return Ok(None);
+            return Ok(false);
         };
         let bad = |error| WqError::Wqe { index, wr_id: wqe.wr_id, error };
-        let req = wqe.decode(self.limits, |ext| read_ext(self.sges.as_ref(), index, ext)).map_err(bad)?;
+        wqe.decode_into(self.limits, req, |k| ext_sge(self.sges.as_ref(), index, k)).map_err(bad)?;
         if req.inline_len > 0 {
             let len = req.inline_len;
             let max = u32::try_from(inline_out.len()).unwrap_or(u32::MAX);
@@ -113,7 +110,13 @@ impl SendQueueReader {
             // Cannot fail: len <= max_inline <= per_slot (checked by decode and at construction).
             let _ = self.inline.as_ref().and_then(|t| t.read(index, dst));
         }
-        Ok(Some(req))
+        Ok(true)
+    }
+
+    /// [`poll_into`](Self::poll_into) returning the request by value.
+    pub fn poll(&mut self, inline_out: &mut [u8]) -> Result<Option<SendRequest>, WqError> {
+        let mut req = SendRequest::default();
+        Ok(self.poll_into(&mut req, inline_out)?.then_some(req))
     }
 
     /// Hands consumed slots back and reloads the client's tail; returns the WQEs waiting.
@@ -141,13 +144,20 @@ impl RecvQueueReader {
         Ok(RecvQueueReader { ring, sges, max_sge })
     }
 
-    /// The next validated receive request `(wr_id, sges)`, `Ok(None)` if the queue is empty.
-    pub fn poll(&mut self) -> Result<Option<(u64, SgeList)>, WqError> {
+    /// Validates the next receive request, filling `sges` in place; its `wr_id`, or `Ok(None)` if the queue is
+    /// empty.
+    pub fn poll_into(&mut self, sges: &mut SgeList) -> Result<Option<u64>, WqError> {
         let Some((index, wqe)) = self.ring.pop_indexed()? else {
             return Ok(None);
         };
-        let r = wqe.decode(self.max_sge, |ext| read_ext(self.sges.as_ref(), index, ext));
+        let r = wqe.decode_into(self.max_sge, sges, |k| ext_sge(self.sges.as_ref(), index, k));
         r.map(Some).map_err(|error| WqError::Wqe { index, wr_id: wqe.wr_id, error })
+    }
+
+    /// [`poll_into`](Self::poll_into) returning `(wr_id, sges)` by value.
+    pub fn poll(&mut self) -> Result<Option<(u64, SgeList)>, WqError> {
+        let mut sges = SgeList::EMPTY;
+        Ok(self.poll_into(&mut sges)?.map(|id| (id, sges)))
     }
 
     /// Hands consumed slots back and reloads the client's tail; returns the WQEs waiting.
