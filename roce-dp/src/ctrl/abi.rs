@@ -1,10 +1,10 @@
 //! The shared-memory ABI between applications and the daemon: work-queue and completion entries, and the header
 //! that describes a region's rings.
 //!
-//! Every type here is `#[repr(C)]`, padding-free and made of integers only ([`Pod`]): the bytes in shared memory are
-//! whatever the peer wrote, so decoding reads a local copy and validates every field, returning a [`WqeError`] that
-//! names the offending field, and never panics. Sizes and offsets are asserted at compile time; a change to any of
-//! them needs a new [`ABI_VERSION`].
+//! Every type here is `#[repr(C)]`, padding-free and made of integers only ([`Pod`](super::ring::Pod)): the bytes
+//! in shared memory are whatever the peer wrote, so decoding reads a local copy and validates every field,
+//! returning a [`WqeError`] that names the offending field, and never panics. Sizes and offsets are asserted at
+//! compile time; a change to any of them needs a new [`ABI_VERSION`].
 //!
 //! # Send WQE (64 bytes, one cache line)
 //! | offset | field | |
