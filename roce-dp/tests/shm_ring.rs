@@ -1,8 +1,8 @@
 //! Rings across two processes sharing a sealed memfd: an honest peer (order and content of a million entries each
 //! way), a client process that gets its QP and CQ regions over a Unix socket and posts and completes work requests,
-//! a client killed with SIGKILL mid-stream, and a hostile one (random bytes over a QP's rings and side tables, random indices, attempts to resize the
-//! region) while this process reads the queues as the daemon would, with PROT_NONE guard pages around the region
-//! so that any access outside it would crash the test.
+//! a client killed with SIGKILL mid-stream, and a hostile one (random bytes over a QP's rings and side tables,
+//! random indices, attempts to resize the region) while this process reads the queues as the daemon would, with
+//! PROT_NONE guard pages around the region so that any access outside it would crash the test.
 //!
 //! `harness = false`: the binary is its own child. `ROCE_SHM_ROLE` selects a child role; without it, `main` runs
 //! the tests and spawns itself (`std::env::current_exe()`) for the peer, passing the memfd by inheritance.
