@@ -390,9 +390,11 @@ impl<T: Pod> Producer<T> {
         self.capacity() - self.tail.wrapping_sub(self.cached_head)
     }
 
-    /// Writes `value` into the next slot. It becomes visible to the consumer at the next [`sync`](Self::sync).
+    /// Checks that the next slot is free (reloading the consumer's head if the cache says it is not): `Ok` means
+    /// the slot of [`next_index`](Self::next_index), and its side-table slots, may be written now. Side tables must
+    /// be written only after this, or they could overwrite data of an entry the consumer has not read yet.
     #[inline]
-    pub fn push(&mut self, value: T) -> Result<(), RingError> {
+    pub fn reserve(&mut self) -> Result<(), RingError> {
         if let Some(e) = self.corrupt {
             return Err(e);
         }
@@ -402,6 +404,13 @@ impl<T: Pod> Producer<T> {
                 return Err(RingError::Full);
             }
         }
+        Ok(())
+    }
+
+    /// Writes `value` into the next slot. It becomes visible to the consumer at the next [`sync`](Self::sync).
+    #[inline]
+    pub fn push(&mut self, value: T) -> Result<(), RingError> {
+        self.reserve()?;
         // SAFETY: the slot pointer is in bounds (masked); the slot is free (tail - head < capacity by the check
         // above), so a well-behaved consumer is not reading it; a hostile one reading it only gets bytes.
         unsafe { ptr::write_volatile(self.raw.slot(self.tail), value) };

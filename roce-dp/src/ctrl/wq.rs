@@ -199,13 +199,15 @@ impl SendQueueWriter {
         }
         let mut wr = *wr;
         wr.inline = false;
+        self.ring.reserve()?; // before touching the slot's side table
         if sgl.len() > 1 {
             let mut ext = [Sge::default(); super::abi::MAX_WQE_SGE];
             for (d, s) in ext.iter_mut().zip(&sgl[1..]) {
                 *d = (*s).into();
             }
             let index = self.ring.next_index();
-            // Slot index is that of the WQE about to be pushed; the table is long enough (constructor check).
+            // The slot of the WQE about to be pushed (free: reserved above); the table is long enough (constructor
+            // check).
             if let Some(t) = self.sges.as_mut() {
                 let _ = t.write(index, &ext[..sgl.len() - 1]);
             }
@@ -223,6 +225,7 @@ impl SendQueueWriter {
         }
         let mut wr = *wr;
         wr.inline = true;
+        self.ring.reserve()?; // before touching the slot's inline area
         let index = self.ring.next_index();
         if let Some(t) = self.inline.as_mut() {
             let _ = t.write(index, data);
@@ -253,6 +256,7 @@ impl RecvQueueWriter {
             let error = WqeError::TooManySge { num_sge, max: self.max_sge };
             return Err(WqError::Wqe { index: self.ring.next_index(), wr_id, error });
         }
+        self.ring.reserve()?; // before touching the slot's side table
         if sgl.len() > 1 {
             let mut ext = [Sge::default(); super::abi::MAX_WQE_SGE];
             for (d, s) in ext.iter_mut().zip(&sgl[1..]) {
@@ -398,6 +402,30 @@ mod tests {
         assert_eq!(cq.poll(&mut out[..1]), Ok(1));
         assert_eq!(out[0], done);
         assert_eq!(cq.poll(&mut out), Err(WqError::Cqe(CqeError::Status(200))));
+    }
+
+    #[test]
+    fn a_post_to_a_full_queue_leaves_the_pending_slot_alone() {
+        let (mut w, mut r) = send_pair();
+        let wr = SendWr::new(1, WrOpcode::Send);
+        for _ in 0..CAP {
+            w.post(&wr, &sgl(3, 1)).unwrap();
+        }
+        // Same slot index modulo CAP as the first, still unread: its side-table SGEs must not change.
+        assert_eq!(w.post(&wr, &sgl(3, 2)), Err(WqError::Ring(RingError::Full)));
+        assert_eq!(w.post_inline(&wr, &[7; 100]), Err(WqError::Ring(RingError::Full)));
+        let first = r.poll(&mut []).unwrap().unwrap();
+        assert_eq!(first.sges.as_slice(), &sgl(3, 1)[..]);
+
+        let (p, c) = heap_ring::<RecvWqe>(CAP);
+        let (tw, tr) = heap_table::<Sge>(CAP, 3);
+        let mut w = RecvQueueWriter::new(p, Some(tw), 4).unwrap();
+        let mut r = RecvQueueReader::new(c, Some(tr), 4).unwrap();
+        for _ in 0..CAP {
+            w.post(5, &sgl(4, 1)).unwrap();
+        }
+        assert_eq!(w.post(6, &sgl(4, 2)), Err(WqError::Ring(RingError::Full)));
+        assert_eq!(r.poll().unwrap().unwrap().1.as_slice(), &sgl(4, 1)[..]);
     }
 
     #[test]
