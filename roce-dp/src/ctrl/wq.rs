@@ -275,24 +275,39 @@ impl RecvQueueWriter {
 /// The client's reader of a CQ ring.
 pub struct CqReader {
     ring: Consumer<Cqe>,
+    /// A CQE that failed to decode after others were returned: reported by the next poll.
+    deferred: Option<CqeError>,
 }
 
 impl CqReader {
     /// A reader over the completion ring.
     pub fn new(ring: Consumer<Cqe>) -> CqReader {
-        CqReader { ring }
+        CqReader { ring, deferred: None }
     }
 
-    /// Up to `out.len()` completions (`ibv_poll_cq`); slots go back to the daemon before returning.
+    /// Up to `out.len()` completions (`ibv_poll_cq`); slots go back to the daemon before returning. A CQE that
+    /// cannot be decoded is an error, reported once, after the good completions polled before it.
     pub fn poll(&mut self, out: &mut [verbs::Cqe]) -> Result<usize, WqError> {
+        if let Some(e) = self.deferred.take() {
+            return Err(WqError::Cqe(e));
+        }
         let mut n = 0;
         while n < out.len() {
             let Some(c) = self.ring.pop()? else { break };
-            out[n] = c.decode().map_err(WqError::Cqe)?;
+            match c.decode() {
+                Ok(d) => out[n] = d,
+                Err(e) => {
+                    self.deferred = Some(e);
+                    break;
+                }
+            }
             n += 1;
         }
-        if n > 0 {
-            self.ring.release();
+        self.ring.release();
+        if n == 0 {
+            if let Some(e) = self.deferred.take() {
+                return Err(WqError::Cqe(e));
+            }
         }
         Ok(n)
     }
@@ -402,6 +417,16 @@ mod tests {
         assert_eq!(cq.poll(&mut out[..1]), Ok(1));
         assert_eq!(out[0], done);
         assert_eq!(cq.poll(&mut out), Err(WqError::Cqe(CqeError::Status(200))));
+        // Good completions before a bad one are returned first; the error comes with the next poll, once.
+        let second = verbs::Cqe { wr_id: 4, ..done };
+        p.push_publish(Cqe::from(&second)).unwrap();
+        p.push_publish(Cqe { opcode: 99, ..Cqe::default() }).unwrap();
+        p.push_publish(Cqe::from(&done)).unwrap();
+        assert_eq!(cq.poll(&mut out), Ok(1));
+        assert_eq!(out[0], second);
+        assert_eq!(cq.poll(&mut out), Err(WqError::Cqe(CqeError::Opcode(99))));
+        assert_eq!(cq.poll(&mut out), Ok(1));
+        assert_eq!(out[0], done);
     }
 
     #[test]
