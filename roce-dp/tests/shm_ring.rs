@@ -37,11 +37,37 @@ const CAP: u32 = 1024;
 const TO_CHILD: RingDesc = RingDesc { offset: 0, capacity: CAP, entry_size: 8 };
 const TO_PARENT: RingDesc = RingDesc { offset: 16384, capacity: CAP, entry_size: 8 };
 
-fn spawn(role: &str, region: &ShmRegion, seed: u64) -> std::process::Child {
+/// A child process that is killed (and reaped) if the test panics before waiting for it, so no peer is left
+/// spinning on the shared cores.
+struct ChildGuard(std::process::Child);
+
+impl std::ops::Deref for ChildGuard {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn spawn(role: &str, region: &ShmRegion, seed: u64) -> ChildGuard {
     let mut cmd = Command::new(std::env::current_exe().expect("current_exe"));
     let fd = region.share_with_child(&mut cmd);
     cmd.env(ROLE, role).env(FD, fd.to_string()).env(SEED, seed.to_string());
-    cmd.spawn().expect("spawn child")
+    ChildGuard(cmd.spawn().expect("spawn child"))
 }
 
 fn env_u64(name: &str) -> u64 {
@@ -393,13 +419,13 @@ fn child_client() {
     }
 }
 
-fn spawn_client(role: &str) -> (UnixStream, std::process::Child, DaemonQpRegion, DaemonCqRegion) {
+fn spawn_client(role: &str) -> (UnixStream, ChildGuard, DaemonQpRegion, DaemonCqRegion) {
     let (daemon_sock, client_sock) = UnixStream::pair().unwrap();
     let qp = DaemonQpRegion::create("roce-dp-it-qp", CLIENT_CAPS, Backing::Pages).unwrap();
     let cq = DaemonCqRegion::create("roce-dp-it-cq", 64, Backing::Pages).unwrap();
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     let fd = inherit_fd(&mut cmd, client_sock.as_fd());
-    let child = cmd.env(ROLE, role).env(FD, fd.to_string()).spawn().unwrap();
+    let child = ChildGuard(cmd.env(ROLE, role).env(FD, fd.to_string()).spawn().unwrap());
     drop(client_sock);
     send_with_fds(&daemon_sock, b"qp+cq", &[qp.fd(), cq.fd()]).unwrap();
     (daemon_sock, child, qp, cq)
@@ -498,17 +524,26 @@ fn main() {
             client_killed_mid_stream_leaves_the_daemon_side_sound,
         ),
     ];
-    // Honour a name filter as the default harness does (`cargo test --test shm_ring NAME`).
+    // Honour a name filter as the default harness does (`cargo test --test shm_ring NAME`), and report in its
+    // format (scripts/tiers/10-cargo.sh counts "test result:" lines and lists "test ... FAILED" ones).
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let mut ran = 0;
+    let (mut passed, mut failed) = (0, 0);
     for (name, f) in tests {
         if !filter.is_empty() && !filter.iter().any(|p| name.contains(p.as_str())) {
             continue;
         }
         println!("test {name} ...");
-        f();
-        println!("test {name} ... ok");
-        ran += 1;
+        if std::panic::catch_unwind(f).is_ok() {
+            println!("test {name} ... ok");
+            passed += 1;
+        } else {
+            println!("test {name} ... FAILED");
+            failed += 1;
+        }
     }
-    println!("test result: ok. {ran} passed");
+    let verdict = if failed == 0 { "ok" } else { "FAILED" };
+    println!("test result: {verdict}. {passed} passed; {failed} failed");
+    if failed > 0 {
+        std::process::exit(101);
+    }
 }
