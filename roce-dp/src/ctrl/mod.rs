@@ -31,7 +31,13 @@
 //! RUSTFLAGS=-Zsanitizer=thread cargo +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu \
 //!     -p roce-dp --no-default-features --lib ctrl::
 //! ```
-//! Neither toolchain is installed on the build machine yet, so neither has been run.
+//! Neither toolchain is installed on the build machine yet, so neither has been run. Valgrind's memcheck is, and
+//! finds nothing (every ring and table access inside its allocation):
+//! ```text
+//! cargo test -p roce-dp --no-default-features --lib --no-run   # then, with the printed binary:
+//! valgrind --error-exitcode=9 -q target/debug/deps/roce_dp-HASH ctrl:: --skip two_threads --test-threads 1
+//! ```
+//! `tests/shm_ring.rs` puts PROT_NONE guard pages around the region a hostile process scribbles on.
 
 pub mod abi;
 pub mod ring;
