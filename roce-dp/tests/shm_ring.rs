@@ -350,17 +350,6 @@ fn wr_sgl(i: u64) -> Vec<roce_dp::Sge> {
         .collect()
 }
 
-/// A placeholder completion for poll buffers.
-const BLANK: Cqe = Cqe {
-    wr_id: 0,
-    status: WcStatus::FatalErr,
-    opcode: WcOpcode::Send,
-    qpn: 0,
-    byte_len: 0,
-    imm: None,
-    invalidated_rkey: None,
-};
-
 /// Receives the socket (inherited) and the QP and CQ regions (over the socket).
 fn client_connect() -> (UnixStream, ClientQpRegion, ClientCqRegion) {
     // SAFETY: FD names the socket the parent made inheritable for us; nothing else in this process owns it.
@@ -381,7 +370,7 @@ fn child_client() {
     let (mut posted, mut completed) = (0u64, 0u64);
     let (mut next_send, mut next_recv) = (0u64, 1u64);
     let payload = [0x5au8; 64];
-    let mut out = [BLANK; 16];
+    let mut out = [abi::Cqe::default().decode().unwrap(); 16];
     while completed < M {
         while posted < M && posted - completed < WINDOW {
             let i = posted;
@@ -472,7 +461,7 @@ fn daemon_and_client_processes_post_and_complete() {
 /// Child role "poster": posts sends forever (until killed), never polling its CQ beyond what frees the window.
 fn child_poster() {
     let (_sock, mut qp, mut cq) = client_connect();
-    let mut out = [BLANK; 16];
+    let mut out = [abi::Cqe::default().decode().unwrap(); 16];
     let (mut posted, mut completed) = (0u64, 0u64);
     loop {
         if posted - completed < WINDOW {

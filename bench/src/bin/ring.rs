@@ -26,7 +26,7 @@ use roce_dp::ctrl::shm::{
     QpRegionCaps, ShmRegion,
 };
 use roce_dp::ctrl::wq::{CqReader, SendQueueReader, SendQueueWriter};
-use roce_dp::{Cqe, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
+use roce_dp::{Cqe, SendWr, Sge, WcStatus, WrOpcode};
 use roce_dp_bench::median;
 
 const ROLE: &str = "ROCE_BENCH_ROLE";
@@ -36,17 +36,6 @@ const RUNS_ENV: &str = "ROCE_BENCH_RUNS";
 const CAP: u32 = 256;
 const TO_CHILD: RingDesc = RingDesc { offset: 0, capacity: CAP, entry_size: 8 };
 const TO_PARENT: RingDesc = RingDesc { offset: 8192, capacity: CAP, entry_size: 8 };
-
-/// A placeholder completion for poll buffers.
-const BLANK: Cqe = Cqe {
-    wr_id: 0,
-    status: WcStatus::FatalErr,
-    opcode: WcOpcode::Recv,
-    qpn: 0,
-    byte_len: 0,
-    imm: None,
-    invalidated_rkey: None,
-};
 
 /// Spins, yielding the core every 256 calls.
 struct Backoff(u32);
@@ -193,7 +182,7 @@ fn post_to_completion(n: u64) -> f64 {
         }
     });
     let sge = Sge { addr: 0x10000, len: 4096, lkey: 0x100 };
-    let mut out = [BLANK];
+    let mut out = [abi::Cqe::default().decode().unwrap()];
     let t = Instant::now();
     for i in 0..n {
         sq.post(&SendWr::new(i, WrOpcode::RdmaWrite).remote(0x2000, 0x42), &[sge]).unwrap();
@@ -215,7 +204,7 @@ fn post_to_completion_one_thread(n: u64) -> f64 {
     let sge = Sge { addr: 0x10000, len: 4096, lkey: 0x100 };
     let mut inline = [0u8; 64];
     let mut req = abi::SendRequest::default();
-    let mut out = [BLANK];
+    let mut out = [abi::Cqe::default().decode().unwrap()];
     let t = Instant::now();
     for i in 0..n {
         sq.post(&SendWr::new(i, WrOpcode::RdmaWrite).remote(0x2000, 0x42), &[sge]).unwrap();
@@ -351,7 +340,7 @@ fn child_client() {
     // SAFETY: one client side per region in this process.
     let (mut qp, mut cq) = unsafe { (ClientQpRegion::open(qp_fd).unwrap(), ClientCqRegion::open(cq_fd).unwrap()) };
     let sge = Sge { addr: 0x10000, len: 4096, lkey: 0x100 };
-    let mut out = [BLANK];
+    let mut out = [abi::Cqe::default().decode().unwrap()];
     let mut i = 0u64;
     let mut line = Vec::new();
     for run in 0..=runs {
