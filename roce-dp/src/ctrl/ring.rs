@@ -25,7 +25,9 @@
 //!
 //! Strictly, a volatile read that races with the peer's plain stores is a data race under the Rust memory model
 //! (the open "atomic memcpy" question, RFC 3301); every shared-memory transport (io_uring, virtio, DPDK memif) does
-//! the same and the outcome on real hardware is a torn but valid `Pod` value, which validation handles.
+//! the same and the outcome on real hardware is a torn but valid `Pod` value, which validation handles. Likewise
+//! the `&AtomicU32` views of head and tail are taken through a `&RingCtrl` that spans the padding bytes, which a
+//! hostile peer may write; nothing here reads them.
 
 #![allow(unsafe_code)]
 
@@ -325,6 +327,8 @@ pub struct Producer<T: Pod> {
     /// Consumer head as last observed (validated).
     cached_head: u32,
     corrupt: Option<RingError>,
+    /// Loads of the consumer's head (each one a cache-line transfer when the consumer is busy).
+    reloads: u64,
 }
 
 // SAFETY: the producer owns the ring's write side: there is exactly one per ring (the `attach` contract), it has no
@@ -349,7 +353,7 @@ impl<T: Pod> Producer<T> {
         let raw = unsafe { Raw::new(base, len, capacity, owner)? };
         let tail = raw.tail().load(Ordering::Relaxed);
         let cached_head = tail.wrapping_sub(capacity); // pessimistic: "full" until the first refresh
-        Ok(Producer { raw, tail, published: tail, cached_head, corrupt: None })
+        Ok(Producer { raw, tail, published: tail, cached_head, corrupt: None, reloads: 0 })
     }
 
     /// Ring capacity.
@@ -370,6 +374,7 @@ impl<T: Pod> Producer<T> {
             return Err(e);
         }
         let head = self.raw.head().load(Ordering::Acquire);
+        self.reloads += 1;
         // Valid heads lie in cached_head ..= tail (wrapping).
         if head.wrapping_sub(self.cached_head) > self.tail.wrapping_sub(self.cached_head) {
             let e = RingError::Corrupt {
@@ -382,6 +387,11 @@ impl<T: Pod> Producer<T> {
         }
         self.cached_head = head;
         Ok(())
+    }
+
+    /// How many times this half loaded the consumer's head (only when its cache said "full", or in `sync`).
+    pub fn reloads(&self) -> u64 {
+        self.reloads
     }
 
     /// Free slots according to the cached head (no shared-memory access).
@@ -473,6 +483,8 @@ pub struct Consumer<T: Pod> {
     /// Producer tail as last observed (validated).
     cached_tail: u32,
     corrupt: Option<RingError>,
+    /// Loads of the producer's tail.
+    reloads: u64,
 }
 
 // SAFETY: as for Producer: one consumer per ring, no shared in-process state, the mapping outlives it.
@@ -492,7 +504,7 @@ impl<T: Pod> Consumer<T> {
         // SAFETY: forwarded contract.
         let raw = unsafe { Raw::new(base, len, capacity, owner)? };
         let head = raw.head().load(Ordering::Relaxed);
-        Ok(Consumer { raw, head, published: head, cached_tail: head, corrupt: None })
+        Ok(Consumer { raw, head, published: head, cached_tail: head, corrupt: None, reloads: 0 })
     }
 
     /// Ring capacity.
@@ -507,6 +519,7 @@ impl<T: Pod> Consumer<T> {
             return Err(e);
         }
         let tail = self.raw.tail().load(Ordering::Acquire);
+        self.reloads += 1;
         let avail = tail.wrapping_sub(self.head);
         let what = if avail > self.capacity() {
             Some("producer tail claims more entries than the ring holds")
@@ -522,6 +535,11 @@ impl<T: Pod> Consumer<T> {
         }
         self.cached_tail = tail;
         Ok(())
+    }
+
+    /// How many times this half loaded the producer's tail (only when its cache said "empty", or in `sync`).
+    pub fn reloads(&self) -> u64 {
+        self.reloads
     }
 
     /// Entries available according to the cached tail (no shared-memory access).
@@ -762,6 +780,30 @@ mod tests {
             c.release();
         }
         assert!(mem.ctrl().tail.load(Ordering::Relaxed) < 100, "indices wrapped");
+    }
+
+    #[test]
+    fn far_index_is_loaded_only_when_the_cache_runs_out() {
+        let mem = HeapMem::new(ring_bytes(8, 8).unwrap());
+        let (mut p, mut c) = pair(8, &mem);
+        for i in 0..8 {
+            p.push(i).unwrap();
+        }
+        assert_eq!(p.reloads(), 1, "one load: the first push found the pessimistic cache full");
+        assert_eq!(p.push(8), Err(RingError::Full));
+        assert_eq!(p.reloads(), 2);
+        p.publish();
+        for i in 0..8 {
+            assert_eq!(c.pop(), Ok(Some(i)));
+        }
+        assert_eq!(c.reloads(), 1, "one load of the tail served all 8 entries");
+        assert_eq!(c.pop(), Ok(None));
+        assert_eq!(c.reloads(), 2);
+        c.release();
+        for i in 0..8 {
+            p.push(i).unwrap();
+        }
+        assert_eq!(p.reloads(), 3, "one load of the head freed all 8 slots");
     }
 
     #[test]
