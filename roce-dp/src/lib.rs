@@ -7,6 +7,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod copy;
 pub mod ctrl;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;

@@ -210,7 +210,7 @@ impl MrTable {
     pub fn read(&self, key: u32, pd: Pd, va: u64, dst: &mut [u8], need: AccessFlags) -> Result<(), AccessError> {
         let mr = self.lookup(key)?;
         let off = check_mr(mr, pd, va, dst.len() as u64, need)?;
-        dst.copy_from_slice(&mr.bytes[off..off + dst.len()]);
+        crate::copy::copy_bytes(dst, &mr.bytes[off..off + dst.len()]);
         Ok(())
     }
 
@@ -219,7 +219,7 @@ impl MrTable {
     pub fn write(&mut self, key: u32, pd: Pd, va: u64, src: &[u8], need: AccessFlags) -> Result<(), AccessError> {
         let mr = self.lookup_mut(key)?;
         let off = check_mr(mr, pd, va, src.len() as u64, need)?;
-        mr.bytes[off..off + src.len()].copy_from_slice(src);
+        crate::copy::copy_bytes(&mut mr.bytes[off..off + src.len()], src);
         Ok(())
     }
 

@@ -660,3 +660,56 @@ fn atomic_ack_for_a_later_atomic_means_the_earlier_result_was_lost() {
     assert_eq!(u64::from_le_bytes(p.data()[..8].try_into().unwrap()), 4);
     assert_eq!(u64::from_le_bytes(p.data()[8..16].try_into().unwrap()), 5);
 }
+
+#[test]
+fn retry_cnt_7_retries_forever_when_configured_as_rxe() {
+    let mut p = Peer::with(PeerCfg { retry_cnt: 7, retry_cnt_7_infinite: true, ..PeerCfg::default() });
+    p.post_send(1, 0, 10);
+    p.tx();
+    for n in 0..40 {
+        p.fire();
+        assert_eq!(ops(&p.tx()), vec![(Opcode::RC_SEND_ONLY, S, true)], "timeout retry {n}");
+    }
+    p.no_cqes();
+    assert_eq!(p.state(), QpState::Rts);
+    // Any other retry_cnt stays finite with the option on.
+    let mut p = Peer::with(PeerCfg { retry_cnt: 6, retry_cnt_7_infinite: true, ..PeerCfg::default() });
+    p.post_send(1, 0, 10);
+    p.tx();
+    for _ in 0..6 {
+        p.fire();
+        assert_eq!(p.tx().len(), 1);
+    }
+    p.fire();
+    p.expect_cqes(&[(1, WcStatus::RetryExcErr)]);
+}
+
+#[test]
+fn a_send_is_gathered_from_its_sges_across_packet_boundaries() {
+    let mut p = Peer::new();
+    p.fill_data();
+    let sgl = [p.sge(0x100, 1000), p.sge(0x4000, 30), p.sge(0x8000, 500)];
+    p.post(roce_dp::SendWr::new(1, roce_dp::WrOpcode::Send), &sgl);
+    let v = p.tx();
+    assert_eq!(v.iter().map(|o| o.payload.len()).collect::<Vec<_>>(), vec![1024, 506]);
+    let all: Vec<u8> = v.iter().flat_map(|o| o.payload.clone()).collect();
+    let d = p.data();
+    let want: Vec<u8> = [&d[0x100..0x100 + 1000], &d[0x4000..0x4000 + 30], &d[0x8000..0x8000 + 500]].concat();
+    assert_eq!(all, want);
+}
+
+#[test]
+fn inline_data_is_copied_at_post_time() {
+    let mut p = Peer::new();
+    p.fill_data();
+    let mut wr = roce_dp::SendWr::new(1, roce_dp::WrOpcode::Send);
+    wr.inline = true;
+    p.post(wr, &[p.sge(0, 64)]);
+    let want = p.data()[..64].to_vec();
+    p.data_mut()[..64].fill(0xee); // the buffer is reused at once
+    let o = p.tx_one();
+    assert_eq!(o.payload, want);
+    // Across retransmissions too.
+    p.fire();
+    assert_eq!(p.tx_one().payload, want);
+}

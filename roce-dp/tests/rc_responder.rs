@@ -593,3 +593,73 @@ fn ack_requested_inside_a_message_is_acked_without_counting_a_message() {
     p.rx(Pkt::new(Opcode::RC_SEND_LAST, R + 1).ack_req().fill(1024, 1));
     p.expect_ack(R + 1, ACK, 1);
 }
+
+#[test]
+fn duplicate_read_drops_later_queued_responses_and_their_duplicates_replay_in_psn_order() {
+    // A READ (R..R+2) and a FETCH_ADD (R+3) are queued; the requester goes back to R+1 (a duplicate READ there):
+    // responses must keep PSN order, so the queued atomic ACK waits for its own duplicate, which replays it.
+    let mut p = Peer::new();
+    p.fill_data();
+    p.data_mut()[0x800..0x808].copy_from_slice(&40u64.to_le_bytes());
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 3000));
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 3).ack_req().atomic(DATA_VA + 0x800, k, 2, 0));
+    let mut buf = vec![0u8; BUF_LEN];
+    assert!(p.eng.poll_transmit(p.now, &mut buf).is_some(), "READ response R");
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA + 1024, k, 3000 - 1024));
+    let v = expect_read_stream(&mut p, R + 1, 2);
+    assert_eq!(&v[1].payload[..], &p.data()[2048..3000]);
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 3).ack_req().atomic(DATA_VA + 0x800, k, 2, 0));
+    let o = p.tx_one();
+    assert_eq!(
+        (o.op(), o.psn(), o.repr.ext.atomic_ack, o.aeth().msn),
+        (Opcode::RC_ATOMIC_ACKNOWLEDGE, R + 3, Some(40), 2)
+    );
+    assert_eq!(u64_at(&p, 0x800), 42, "the atomic executed exactly once");
+}
+
+#[test]
+fn dma_length_over_2_pow_31_gets_invalid_request_nak() {
+    // ROCE-NOTES §1.6: RETH length <= 2^31 (a length error, before any rkey check).
+    for op in [Opcode::RC_RDMA_READ_REQUEST, Opcode::RC_RDMA_WRITE_FIRST] {
+        let mut p = Peer::new();
+        let before = p.data().to_vec();
+        let mut pkt = Pkt::new(op, R).ack_req().reth(DATA_VA, p.data.rkey, (1 << 31) + 1);
+        if op == Opcode::RC_RDMA_WRITE_FIRST {
+            pkt = pkt.fill(0, 1024);
+        }
+        p.rx(pkt);
+        expect_fatal(&mut p, R, NakCode::InvalidRequest, &before);
+    }
+}
+
+#[test]
+fn flush_and_atomic_write_are_unsupported_and_get_invalid_request_nak() {
+    // Not implemented by this engine: the unsupported-opcode class of ROCE-NOTES §1.6.
+    let mut p = Peer::new();
+    let before = p.data().to_vec();
+    let mut f = Pkt::new(Opcode::RC_FLUSH, R).ack_req().reth(DATA_VA, p.data.rkey, 64);
+    f.ext.feth = Some(1);
+    p.rx(f);
+    expect_fatal(&mut p, R, NakCode::InvalidRequest, &before);
+    let mut p = Peer::new();
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_WRITE, R).ack_req().reth(DATA_VA, p.data.rkey, 8).payload(&[1; 8]));
+    expect_fatal(&mut p, R, NakCode::InvalidRequest, &before);
+}
+
+#[test]
+fn a_send_is_scattered_across_the_receive_sges_in_order() {
+    let mut p = Peer::new();
+    let sgl = [p.sge(0x3000, 100), p.sge(0x5000, 1), p.sge(0x6000, 2000)];
+    p.eng.post_recv(p.qpn, 1, &sgl).unwrap();
+    p.rx(Pkt::new(Opcode::RC_SEND_FIRST, R).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_SEND_LAST, R + 1).ack_req().fill(1024, 476));
+    p.expect_ack(R + 1, ACK, 1);
+    assert_recv(&p.cqes()[0], 1, 1500);
+    let want: Vec<u8> = (0..1500).map(pattern).collect();
+    let d = p.data();
+    assert_eq!(&d[0x3000..0x3000 + 100], &want[..100]);
+    assert_eq!(d[0x5000], want[100]);
+    assert_eq!(&d[0x6000..0x6000 + 1399], &want[101..]);
+    assert!(d[0x3064..0x5000].iter().all(|&b| b == 0) && d[0x6000 + 1399..].iter().all(|&b| b == 0));
+}

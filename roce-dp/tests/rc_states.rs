@@ -232,3 +232,70 @@ fn a_full_completion_queue_moves_the_qp_to_err() {
     assert_eq!(c.len(), 1, "{c:?}");
     assert_recv(&c[0], 1, 8);
 }
+
+#[test]
+fn a_buffer_too_small_for_the_path_mtu_loses_nothing() {
+    let mut p = Peer::new();
+    p.post_send(1, 0, 100);
+    let mut small = vec![0u8; 1024];
+    assert_eq!(p.eng.poll_transmit(p.now, &mut small), None);
+    assert_eq!(p.eng.stats().tx_buffer_too_small, 1);
+    assert_eq!(p.tx_one().psn(), 0x10_0000, "the frame leaves with the next big enough buffer");
+}
+
+#[test]
+fn an_ipv6_peer_is_answered_over_ipv6_and_other_sources_are_dropped() {
+    use roce_dp::wire::{emit_frame, parse_frame, IpAddrs, RoceRepr};
+    use roce_dp::{Engine, EngineConfig, Instant, LocalIp, PeerAddr, RxMeta};
+    let local: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let remote: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+    let mut eng =
+        Engine::new(EngineConfig { local_ip: LocalIp { v4: None, v6: Some(local) }, ..EngineConfig::default() });
+    let pd = eng.alloc_pd();
+    let mr = eng.reg_mr(pd, 0, 4096, AccessFlags::ALL).unwrap();
+    let cq = eng.create_cq(16).unwrap();
+    let q = eng.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+    eng.modify_qp(q, &QpAttr { access: Some(AccessFlags::ALL), ..to(QpState::Init) }).unwrap();
+    // An IPv4 peer on a port without an IPv4 address is refused.
+    let v4 = PeerAddr { ip: IpAddrs::V4 { src: [0; 4], dst: [10, 0, 0, 2] }, mac: REMOTE_MAC };
+    let mut rtr = QpAttr {
+        path_mtu: Some(1024),
+        dest_qpn: Some(REMOTE_QPN),
+        rq_psn: Some(R),
+        peer: Some(v4),
+        ..to(QpState::Rtr)
+    };
+    assert!(matches!(eng.modify_qp(q, &rtr), Err(VerbsError::BadAttr(..))));
+    rtr.peer = Some(PeerAddr { ip: IpAddrs::V6 { src: local, dst: remote }, mac: REMOTE_MAC });
+    eng.modify_qp(q, &rtr).unwrap();
+    eng.modify_qp(q, &QpAttr { sq_psn: Some(S), ..to(QpState::Rts) }).unwrap();
+    eng.post_recv(q, 1, &[roce_dp::Sge { addr: 0, len: 64, lkey: mr.lkey }]).unwrap();
+    let send = |src: [u8; 16]| {
+        let mut r = RoceRepr { udp_dst: roce_dp::wire::ROCE_UDP_PORT, udp_src: 0xc000, ..RoceRepr::default() };
+        r.ip.addrs = IpAddrs::V6 { src, dst: local };
+        r.ip.ttl = 64;
+        r.bth.opcode = Opcode::RC_SEND_ONLY;
+        r.bth.dest_qp = q;
+        r.bth.psn = roce_dp::wire::Psn::new(R);
+        r.bth.ack_req = true;
+        let mut buf = vec![0u8; 256];
+        let n = emit_frame(&mut buf, &r, 8, |d| d.fill(7)).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    let mut other = remote;
+    other[15] = 3;
+    eng.handle_rx(Instant(0), &send(other), RxMeta::default());
+    assert_eq!(eng.stats().rx_drop_wrong_peer, 1);
+    eng.handle_rx(Instant(0), &send(remote), RxMeta::default());
+    let mut buf = vec![0u8; 9000];
+    let n = eng.poll_transmit(Instant(0), &mut buf).expect("an ACK");
+    let f = parse_frame(&buf[..n]).unwrap();
+    assert!(f.icrc_ok);
+    assert_eq!(f.repr.ip.addrs, IpAddrs::V6 { src: local, dst: remote });
+    assert_eq!(
+        (f.repr.bth.opcode, f.repr.bth.psn.value(), f.repr.ext.aeth.unwrap().msn),
+        (Opcode::RC_ACKNOWLEDGE, R, 1)
+    );
+    assert_eq!(eng.poll_cq_one(cq).map(|c| (c.wr_id, c.status, c.byte_len)), Some((1, WcStatus::Success, 8)));
+}

@@ -122,6 +122,8 @@ struct Capture {
     server: Record,
     /// The capture holds losses and retransmissions (drop5_*).
     lossy: bool,
+    /// Frames the capture shows but the bridge dropped after the capture point: never fed to the engine.
+    dropped: Vec<Vec<u8>>,
 }
 
 fn capture(name: &'static str) -> Capture {
@@ -146,7 +148,15 @@ fn capture(name: &'static str) -> Capture {
     let client = client.unwrap_or_else(|| panic!("{name}: no exchange record from the client"));
     let server = server.unwrap_or_else(|| panic!("{name}: no exchange record from the server"));
     assert_eq!(printed_client_qpn_psn(name), (client.qpn, client.psn), "{name}: records vs perftest output");
-    Capture { name, run: perftest_run(name), roce, client, server, lossy: name.starts_with("drop") }
+    Capture {
+        name,
+        run: perftest_run(name),
+        roce,
+        client,
+        server,
+        lossy: name.starts_with("drop"),
+        dropped: Vec::new(),
+    }
 }
 
 fn parsed(f: &[u8]) -> RoceFrame<'_> {
@@ -465,6 +475,9 @@ fn replay(cap: &Capture, side: Side) -> Outcome {
                 next_msg += 1;
             }
         } else {
+            if cap.dropped.contains(f) {
+                continue;
+            }
             pl.eng.handle_rx(now, f, RxMeta::default());
             after_rx.push((i, sent.len()));
         }
@@ -858,4 +871,83 @@ fn ecn_ce_all_write_client_accepts_ce_marked_acks() {
         .count();
     assert_eq!(ce, 20, "the server's ACKs in this capture are CE-marked");
     run("ecn_ce_all_write_tapa0.pcap", Side::Client);
+}
+
+/// rxe's UC WRITEs and UD SENDs addressed to an RC QP with the same QPN and peer: every frame is a counted drop
+/// (wrong transport), nothing is answered, nothing is written.
+#[test]
+fn uc_and_ud_captures_into_an_rc_qp_are_counted_drops() {
+    for name in ["uc_write_4k.pcap", "ud_send_1k.pcap"] {
+        let frames: Vec<Vec<u8>> =
+            common::load(name).into_iter().map(|(_, f)| f).filter(|f| parse_frame(f).is_ok()).collect();
+        let first = parsed(&frames[0]);
+        let (src, dst) = match first.repr.ip.addrs {
+            roce_dp::wire::IpAddrs::V4 { src, dst } => (src, dst),
+            roce_dp::wire::IpAddrs::V6 { .. } => unreachable!(),
+        };
+        let qpn = first.repr.bth.dest_qp;
+        let cfg = EngineConfig {
+            local_mac: first.repr.eth.dst,
+            local_ip: LocalIp { v4: Some(dst), v6: None },
+            qpn_base: qpn,
+            ..EngineConfig::default()
+        };
+        let mut eng = Engine::new(cfg);
+        let pd = eng.alloc_pd();
+        let mr = eng.reg_mr(pd, 0, 1 << 20, AccessFlags::ALL).unwrap();
+        let cq = eng.create_cq(64).unwrap();
+        let q = eng.create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+        let st = |s| QpAttr { state: Some(s), ..QpAttr::default() };
+        eng.modify_qp(q, &QpAttr { access: Some(AccessFlags::ALL), ..st(QpState::Init) }).unwrap();
+        eng.post_recv(q, 1, &[Sge { addr: 0, len: 4096, lkey: mr.lkey }]).unwrap();
+        let peer = PeerAddr { ip: roce_dp::wire::IpAddrs::V4 { src: dst, dst: src }, mac: first.repr.eth.src };
+        let rtr = QpAttr {
+            path_mtu: Some(1024),
+            dest_qpn: Some(qpn),
+            rq_psn: Some(first.repr.bth.psn.value()),
+            peer: Some(peer),
+            ..st(QpState::Rtr)
+        };
+        eng.modify_qp(q, &rtr).unwrap();
+        eng.modify_qp(q, &QpAttr { sq_psn: Some(0), ..st(QpState::Rts) }).unwrap();
+        let mine: Vec<&Vec<u8>> = frames.iter().filter(|f| src_ip(&parsed(f)) == src).collect();
+        assert!(mine.len() >= 20, "{name}");
+        for f in &mine {
+            eng.handle_rx(Instant(0), f, RxMeta::default());
+        }
+        assert_eq!(eng.stats().rx_drop_wrong_transport, mine.len() as u64, "{name}: {:?}", eng.stats());
+        let mut buf = vec![0u8; 9000];
+        assert_eq!(eng.poll_transmit(Instant(0), &mut buf), None, "{name}");
+        assert!(eng.poll_cq_one(cq).is_none(), "{name}");
+        assert!(eng.mr_bytes(mr.lkey).unwrap().iter().all(|&b| b == 0), "{name}");
+    }
+}
+
+/// The receiver's side of the 5 % loss run: the sender's frames that crossed the bridge (drop5_write_annotated.txt
+/// lists the ones it dropped, by frame number in the sender-side capture) are fed to the engine playing the
+/// server; its ACKs and sequence-error NAKs must be rxe's, byte for byte apart from the IP ID, in the same order:
+/// one NAK per gap with the expected PSN and the MSN of completed messages, out-of-sequence packets discarded
+/// silently until the expected PSN arrives (ROCE-NOTES §1.5).
+#[test]
+fn drop5_write_receiver_naks_like_rxe() {
+    let name = "drop5_write_tapa0.pcap";
+    let notes = std::fs::read_to_string(common::vectors_dir().join("drop5_write_annotated.txt")).unwrap();
+    let dropped_numbers: Vec<usize> = notes
+        .lines()
+        .filter(|l| l.contains("DROPPED") && l.contains("A->B"))
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(dropped_numbers.len(), 10, "drop5_write_annotated.txt");
+    let all = common::load(name);
+    let mut cap = capture(name);
+    cap.dropped = dropped_numbers.iter().map(|&n| all[n - 1].1.clone()).collect();
+    for d in &cap.dropped {
+        assert_eq!(src_ip(&parsed(d)), cap.client.ip, "a dropped frame is the sender's");
+    }
+    let o = replay(&cap, Side::Server);
+    assert_eq!(o.want.iter().filter(|f| parsed(f).repr.ext.aeth.is_some_and(|a| a.syndrome == 0x60)).count(), 4);
+    assert_same_frames(&cap, Side::Server, &o);
+    check_memory(&cap, &o);
+    let c = o.played.eng.qp_counters(o.played.qpn).unwrap();
+    assert_eq!(c.nak_psn_seq_sent, 4, "{c:?}");
 }

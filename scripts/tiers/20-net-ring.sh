@@ -1,5 +1,6 @@
 # Tier 2: one process, no hugepages: two net_ring ports cross-connected (rte_eth_from_rings); 64 B, 1 KiB and 4 KiB
-# frames both ways, every byte checked. Plus bad input: a wrong EAL argument and a vdev that does not exist.
+# frames both ways, every byte checked; again with two queue pairs per port. Plus bad input: a wrong EAL argument
+# and a vdev that does not exist.
 TIERS+=(tier2_ring)
 
 tier2_ring() {
@@ -14,10 +15,18 @@ tier2_ring() {
     left=$(prefix_leftovers "$p")
     check "ring pair: nothing left behind${left:+ ($left)}" test -z "$left"
 
+    # Two queue pairs per port, one flow each (Port::configure with N queues, bursts on queue 1).
+    local pq="${RUN_ID}t2q" qlog="$LOG_DIR/tier2-ring-2-queues.log"
+    rc=0
+    track_prefix "$pq"
+    timeout 120 "$PORTTEST" ring --queues 2 --file-prefix "$pq" --mem 256 >"$qlog" 2>&1 || rc=$?
+    check "ring pair, 2 queues: exit status 0 (got $rc)" test "$rc" -eq 0
+    tool_checks "$qlog"
+
     expect_setup_error "wrong EAL argument" "${p}e" "rte_eal_init failed: Invalid argument" -- \
         "$PORTTEST" ring --file-prefix "${p}e" --eal=--no-such-eal-option
     expect_setup_error "vdev that does not exist" "${p}v" "rte_eal_init failed: .*net_nosuchdriver0" -- \
         "$PORTTEST" ring --file-prefix "${p}v" --eal=--vdev=net_nosuchdriver0
-    TIER_NOTE="($(grep -m1 '^RESULT ring a' "$log" | grep -Eo 'rx [0-9]+ frames' | head -1) each way, 64/1024/4096 B)"
+    TIER_NOTE="($(grep -m1 '^RESULT ring a' "$log" | grep -Eo 'rx [0-9]+ frames' | head -1) each way, 64/1024/4096 B; 1 and 2 queues)"
     tier_end
 }

@@ -114,8 +114,8 @@ unsafe impl Sync for EalInner {}
 impl Eal {
     /// Initialise DPDK with `args` (`argv[0]` first), logging to stdout/stderr as DPDK does by default.
     ///
-    /// Only one call per process can succeed; later calls fail with `EALREADY`. The calling thread is pinned to
-    /// the main lcore. The argument strings are leaked on purpose: EAL keeps pointers into argv for the whole
+    /// One call per process, successful or not (DPDK cannot retry a failed init): later calls fail with
+    /// `EALREADY`, so keep the handle and clone it. The calling thread is pinned to the main lcore. The argument strings are leaked on purpose: EAL keeps pointers into argv for the whole
     /// process lifetime.
     pub fn init(args: Vec<String>) -> Result<Eal> {
         Self::init_inner(args, None)

@@ -167,18 +167,22 @@ impl Port {
         }
     }
 
-    /// A net_ring port named `name` that receives from `rx` and transmits into `tx` (one queue each way). Two such
-    /// ports with the rings swapped are cross-connected: what one sends, the other receives.
-    pub fn from_rings(eal: &Eal, name: &str, rx: &Ring, tx: &Ring) -> Result<Port> {
+    /// A net_ring port named `name` whose rx queue `q` receives from `rx[q]` and whose tx queue `q` transmits into
+    /// `tx[q]`. Two such ports with the rings swapped are cross-connected: what one sends on queue `q`, the other
+    /// receives on queue `q`. Configure the port with as many queues as rings.
+    pub fn from_rings(eal: &Eal, name: &str, rx: &[Ring], tx: &[Ring]) -> Result<Port> {
         const OP: &str = "rte_eth_from_rings";
         let cname = CString::new(name).map_err(|_| DpdkError::new(OP, libc::EINVAL))?;
-        let mut rxr = [rx.as_ptr()];
-        let mut txr = [tx.as_ptr()];
-        // SAFETY: EAL is initialised; the ring arrays hold one valid ring each (counts 1), which the returned Port
-        // keeps alive; the name is NUL-terminated. Returns the port id or -1 with rte_errno.
-        let ret = unsafe { dpdk_sys::rte_eth_from_rings(cname.as_ptr(), rxr.as_mut_ptr(), 1, txr.as_mut_ptr(), 1, 0) };
+        let mut rxr: Vec<_> = rx.iter().map(Ring::as_ptr).collect();
+        let mut txr: Vec<_> = tx.iter().map(Ring::as_ptr).collect();
+        let too_many = |_| DpdkError::new(OP, libc::EINVAL);
+        let (nrx, ntx) = (u32::try_from(rxr.len()).map_err(too_many)?, u32::try_from(txr.len()).map_err(too_many)?);
+        // SAFETY: EAL is initialised; the arrays hold nrx and ntx valid rings, which the returned Port keeps alive
+        // (DPDK stores the pointers); the name is NUL-terminated. Returns the port id or -1 with rte_errno.
+        let ret =
+            unsafe { dpdk_sys::rte_eth_from_rings(cname.as_ptr(), rxr.as_mut_ptr(), nrx, txr.as_mut_ptr(), ntx, 0) };
         let id = u16::try_from(ret).map_err(|_| DpdkError::from_rte_errno(OP))?;
-        Ok(Self::wrap(eal, id, None, vec![rx.clone(), tx.clone()]))
+        Ok(Self::wrap(eal, id, None, rx.iter().chain(tx).cloned().collect()))
     }
 
     fn wrap(eal: &Eal, id: u16, vdev: Option<CString>, rings: Vec<Ring>) -> Port {

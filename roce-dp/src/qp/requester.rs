@@ -86,7 +86,7 @@ impl Qp {
             let per = self.caps.max_inline as usize;
             let base = self.sq.slot(idx) * per + off as usize;
             if let Some(src) = self.sq_inline.get(base..base + dst.len()) {
-                dst.copy_from_slice(src);
+                crate::copy::copy_bytes(dst, src);
                 return;
             }
             dst.fill(0);

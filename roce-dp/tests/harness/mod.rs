@@ -56,6 +56,8 @@ pub struct PeerCfg {
     pub caps: QpCaps,
     /// Depth of the send and the receive CQ.
     pub cq_depth: u32,
+    /// EngineConfig::retry_cnt_7_infinite (rxe's reading of retry_cnt = 7).
+    pub retry_cnt_7_infinite: bool,
 }
 
 impl Default for PeerCfg {
@@ -76,6 +78,7 @@ impl Default for PeerCfg {
             max_unacked_psns: 256,
             caps: QpCaps::default(),
             cq_depth: 4096,
+            retry_cnt_7_infinite: false,
         }
     }
 }
@@ -246,6 +249,7 @@ impl Peer {
             ack: cfg.ack,
             ack_req_every: cfg.ack_req_every,
             max_unacked_psns: cfg.max_unacked_psns,
+            retry_cnt_7_infinite: cfg.retry_cnt_7_infinite,
             ..EngineConfig::default()
         };
         let mut eng = Engine::new(ecfg);

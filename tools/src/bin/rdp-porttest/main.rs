@@ -7,12 +7,14 @@
 //!
 //! Output: one `CHECK ok|FAIL ...` line per verified direction and size (and for the stop handshake), one
 //! `RESULT ...` line per side with frames/s. Exit status: 0 all checks passed, 1 a check failed (or the exchange
-//! timed out), 2 setup failed, with one line on stderr naming the step and DPDK's error text.
+//! timed out), 2 setup failed, with one line on stderr naming the step and DPDK's error text, 130 interrupted
+//! (SIGINT/SIGTERM: the tool stops polling and shuts DPDK down cleanly; a second signal kills it at once).
 
 mod flow;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -63,7 +65,10 @@ struct Opts {
     #[arg(long, global = true, value_delimiter = ',', default_value = "64,1024,4096",
           value_parser = clap::value_parser!(u32).range(64..=8192))]
     sizes: Vec<u32>,
-    /// Frames per size and direction.
+    /// Queue pairs per port, each with its own flow (ring mode only: the other PMDs spread frames over queues).
+    #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
+    queues: u16,
+    /// Frames per size and direction (per queue pair).
     #[arg(long, global = true, default_value_t = 1000)]
     frames: u64,
     /// Send for this many seconds instead of a fixed number of frames (throughput runs).
@@ -72,6 +77,9 @@ struct Opts {
     /// Most unacknowledged frames in flight.
     #[arg(long, global = true, default_value_t = 256)]
     window: u64,
+    /// Resend from the first unacknowledged frame after this many milliseconds without ACK progress (go-back-N).
+    #[arg(long, global = true, default_value_t = 200)]
+    rto_ms: u64,
     /// Give up (exit 1) if the exchange has not finished after this many seconds.
     #[arg(long, global = true, default_value_t = 30)]
     timeout: u64,
@@ -128,17 +136,47 @@ impl<T> Context<T> for Result<T, DpdkError> {
     }
 }
 
-/// One tested port and its flow.
+/// One flow: a queue pair of a port (index into the port list) and the frames exchanged through it.
 struct Side {
     label: String,
-    port: Port,
+    port: usize,
+    queue: u16,
     flow: Flow,
     rx: Burst,
     tx: Burst,
 }
 
+/// Set by SIGINT/SIGTERM: stop polling and shut down cleanly.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    if INTERRUPTED.swap(true, Ordering::SeqCst) {
+        // SAFETY: signal() and raise() are async-signal-safe; with the default action restored, the second signal
+        // terminates the process as if no handler were installed.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+}
+
+/// How the exchange ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Both directions complete and the stop handshake done.
+    Finished,
+    /// Not finished before --timeout.
+    TimedOut,
+    /// SIGINT or SIGTERM arrived.
+    Interrupted,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: on_signal only touches an atomic and calls async-signal-safe functions.
+        unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
     let (mode_name, default_lcore) = match &cli.mode {
         Mode::Ring => ("ring", 0),
         Mode::Memif { role: Role::Server, .. } => ("memif_s", 1),
@@ -151,6 +189,10 @@ fn main() -> ExitCode {
     // Everything DPDK is dropped by now (rte_eal_cleanup ran); remove what EAL left in its runtime directory.
     let _ = std::fs::remove_dir_all(PathBuf::from("/var/run/dpdk").join(&prefix));
     match result {
+        Ok(_) if INTERRUPTED.load(Ordering::SeqCst) => {
+            eprintln!("rdp-porttest: interrupted");
+            ExitCode::from(130)
+        }
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(SetupError(msg)) => {
@@ -187,16 +229,29 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     let af_packet = matches!(cli.mode, Mode::AfPacket { .. });
     // af_packet copies each frame into an mbuf of framesz (8192) - 32 bytes; others need the largest frame.
     let room = dpdk::data_room_for(if af_packet { 8192 } else { max_size.max(2048) }).expect("sizes <= 8192");
-    let conf = PortConfig { mtu: o.mtu, ..PortConfig::default() };
-    let nports = if matches!(cli.mode, Mode::Ring) { 2 } else { 1 };
-    let extra = u32::try_from(o.window).unwrap_or(u32::MAX).saturating_add(4 * dpdk::BURST as u32);
-    let n = dpdk::pool_size(nports, conf.rx_desc.into(), conf.tx_desc.into(), 1, 256, extra);
+    let ring_mode = matches!(cli.mode, Mode::Ring);
+    if o.queues > 1 && !ring_mode {
+        return Err(SetupError(format!(
+            "--queues {} needs ring mode (other PMDs spread a flow over queues)",
+            o.queues
+        )));
+    }
+    let q = o.queues;
+    let conf = PortConfig { mtu: o.mtu, rx_queues: q, tx_queues: q, ..PortConfig::default() };
+    let nports: u32 = if ring_mode { 2 } else { 1 };
+    let flows = nports * u32::from(q);
+    let extra = u32::try_from(o.window).unwrap_or(u32::MAX).saturating_add(4 * dpdk::BURST as u32) * flows;
+    let n = dpdk::pool_size(flows, conf.rx_desc.into(), conf.tx_desc.into(), 1, 256, extra);
     let pool = Mempool::new(&eal, "rdpt_pool", n, 256, room).ctx(|| format!("{n} mbufs of {room} B"))?;
 
-    let mut sides = match &cli.mode {
+    let mut ports = match &cli.mode {
         Mode::Ring => {
-            let ab = Ring::new(&eal, "rdpt_ab", 1024)?;
-            let ba = Ring::new(&eal, "rdpt_ba", 1024)?;
+            let rings = |dir: &str| -> Result<Vec<Ring>, SetupError> {
+                (0..q)
+                    .map(|i| Ring::new(&eal, &format!("rdpt_{dir}{i}"), 1024).ctx(|| format!("ring {dir}{i}")))
+                    .collect()
+            };
+            let (ab, ba) = (rings("ab")?, rings("ba")?);
             let a = Port::from_rings(&eal, "net_ring_a", &ba, &ab).ctx(|| "port a".into())?;
             let b = Port::from_rings(&eal, "net_ring_b", &ab, &ba).ctx(|| "port b".into())?;
             vec![("ring a".to_owned(), a), ("ring b".to_owned(), b)]
@@ -216,10 +271,10 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
             vec![(format!("af_packet {iface}"), p)]
         }
     };
-    for (label, port) in &mut sides {
+    for (label, port) in &mut ports {
         let info = port.info().ctx(|| label.clone())?;
         let mtu = o.mtu.map_or("default".to_owned(), |m| m.to_string());
-        port.configure(&conf, &pool).ctx(|| format!("{label}: 1 rx/tx queue pair, mtu {mtu}"))?;
+        port.configure(&conf, &pool).ctx(|| format!("{label}: {q} rx/tx queue pair(s), mtu {mtu}"))?;
         // A memif client cannot start before its server listens: retry until the link timeout.
         let retry_until = Instant::now() + Duration::from_secs(o.link_timeout);
         while let Err(e) = port.start() {
@@ -242,28 +297,33 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
         );
     }
     let link_timeout = Duration::from_secs(o.link_timeout);
-    for (label, port) in &sides {
-        let link = port.wait_link_up(link_timeout).ctx(|| format!("{label}, after {} s", o.link_timeout))?;
+    for (label, port) in &ports {
+        let link = wait_link(port, true, link_timeout).ctx(|| format!("{label}, link timeout {} s", o.link_timeout))?;
         println!("{label}: link up, {} Mbit/s", link.speed_mbps);
     }
 
     let start = Instant::now();
-    let mut sides: Vec<Side> = sides
-        .into_iter()
-        .map(|(label, port)| {
-            let mac = port.mac().unwrap_or([2, 0, 0, 0, 0, 0]);
+    let mut sides = Vec::new();
+    for (p, (label, port)) in ports.iter().enumerate() {
+        let mac = port.mac().unwrap_or([2, 0, 0, 0, 0, 0]);
+        for queue in 0..q {
             let sizes = o.sizes.iter().map(|&s| s as usize).collect();
             let mut cfg = FlowConfig::count(sizes, o.frames, mac);
             cfg.window = o.window;
+            cfg.rto = Duration::from_millis(o.rto_ms);
             if let Some(s) = o.seconds {
                 cfg.frames_per_size = None;
                 cfg.duration = Some(Duration::from_secs_f64(s));
             }
-            Side { label, port, flow: Flow::new(cfg, start), rx: Burst::new(), tx: Burst::new() }
-        })
-        .collect();
+            let label = if q > 1 { format!("{label} queue {queue}") } else { label.clone() };
+            let flow = Flow::new(cfg, start);
+            sides.push(Side { label, port: p, queue, flow, rx: Burst::new(), tx: Burst::new() });
+        }
+    }
+    let ports: Vec<Port> = ports.into_iter().map(|(_, port)| port).collect();
 
-    let finished = exchange(&mut sides, &pool, start + Duration::from_secs(o.timeout))?;
+    let outcome = exchange(&ports, &mut sides, &pool, start + Duration::from_secs(o.timeout))?;
+    let finished = outcome == Outcome::Finished;
     // memif teardown order (DPDK 22.11 crashes otherwise): neither side may poll while its peer disconnects, and
     // the server must not clean up EAL while the client's disconnect is still to come (measured: segfault in
     // eal-intr-thread). So the client waits until the server surely stopped polling (it lingers 100 ms after the
@@ -273,16 +333,37 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
         o.stop_grace_ms.unwrap_or(if matches!(cli.mode, Mode::Memif { role: Role::Client, .. }) { 1500 } else { 0 });
     std::thread::sleep(Duration::from_millis(grace));
     if is_memif_server && finished {
-        for s in &sides {
-            s.port.wait_link_down(link_timeout).ctx(|| format!("{}: the client did not disconnect", s.label))?;
+        for port in &ports {
+            wait_link(port, false, link_timeout).ctx(|| "memif server: the client did not disconnect".into())?;
         }
     }
     let mut ok = finished;
-    for s in &mut sides {
-        ok &= report(s, finished, nports == 1);
-        s.port.stop().ctx(|| s.label.clone())?;
+    for s in &sides {
+        ok &= report(s, &ports[s.port], finished, !ring_mode);
+    }
+    for mut port in ports {
+        port.stop().ctx(|| port.name())?;
     }
     Ok(ok)
+}
+
+/// Poll the link every 10 ms until it is `up` (or down); ETIMEDOUT after `timeout`, EINTR on a signal.
+fn wait_link(port: &Port, up: bool, timeout: Duration) -> Result<dpdk::Link, DpdkError> {
+    let op = if up { "wait for link up" } else { "wait for link down" };
+    let start = Instant::now();
+    loop {
+        let link = port.link()?;
+        if link.up == up {
+            return Ok(link);
+        }
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return Err(DpdkError::new(op, libc::EINTR));
+        }
+        if start.elapsed() >= timeout {
+            return Err(DpdkError::new(op, libc::ETIMEDOUT));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// DPDK's own explanation of a failure: the first line of its output that reports one, minus known noise.
@@ -299,13 +380,14 @@ fn dpdk_explanation(log: &str) -> Option<String> {
         .map(|l| l.strip_prefix("rdp-porttest: ").unwrap_or(l).to_owned())
 }
 
-/// Poll every side until all flows finished or `deadline`; false on timeout.
-fn exchange(sides: &mut [Side], pool: &Mempool, deadline: Instant) -> Result<bool, SetupError> {
+/// Poll every side until all flows finished, `deadline` passed or a signal arrived.
+fn exchange(ports: &[Port], sides: &mut [Side], pool: &Mempool, deadline: Instant) -> Result<Outcome, SetupError> {
     loop {
         let now = Instant::now();
         let mut busy = false;
         for s in sides.iter_mut() {
-            if s.port.rx_burst(0, &mut s.rx) == 0 {
+            let port = &ports[s.port];
+            if port.rx_burst(s.queue, &mut s.rx) == 0 {
                 s.flow.rx_idle();
             }
             for m in s.rx.drain() {
@@ -320,14 +402,17 @@ fn exchange(sides: &mut [Side], pool: &Mempool, deadline: Instant) -> Result<boo
                 let _ = s.tx.push(m);
             }
             if !s.tx.is_empty() {
-                busy |= s.port.tx_burst(0, &mut s.tx) > 0;
+                busy |= port.tx_burst(s.queue, &mut s.tx) > 0;
             }
         }
         if sides.iter().all(|s| s.flow.finished(now)) {
-            return Ok(true);
+            return Ok(Outcome::Finished);
         }
         if now >= deadline {
-            return Ok(false);
+            return Ok(Outcome::TimedOut);
+        }
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            return Ok(Outcome::Interrupted);
         }
         if !busy {
             // Let the kernel's softirq work run (af_packet on veth); costs nothing when the CPU is otherwise idle.
@@ -337,7 +422,7 @@ fn exchange(sides: &mut [Side], pool: &Mempool, deadline: Instant) -> Result<boo
 }
 
 /// Print the side's CHECK and RESULT lines; true if all its checks passed.
-fn report(s: &Side, finished: bool, handshake: bool) -> bool {
+fn report(s: &Side, port: &Port, finished: bool, handshake: bool) -> bool {
     let f = &s.flow;
     let mut ok = true;
     let mut check = |pass: bool, what: String| {
@@ -358,7 +443,7 @@ fn report(s: &Side, finished: bool, handshake: bool) -> bool {
     }
     let rate =
         |r: Option<(u64, f64)>| r.map_or("incomplete".to_owned(), |(n, fps)| format!("{n} frames, {fps:.0} frames/s"));
-    let stats = s.port.stats().unwrap_or_default();
+    let stats = port.stats().unwrap_or_default();
     println!(
         "RESULT {}: tx {} | rx {} | retransmitted {}, out-of-order {}, foreign {} | port ipackets {} opackets {} oerrors {} imissed {}",
         s.label,

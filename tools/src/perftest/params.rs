@@ -1,0 +1,337 @@
+//! perftest's command line for the eight tools: the same short and long flags, the same defaults per test
+//! (`perftest_parameters.h`: size 65536 BW / 2 latency / 8 atomic, 5000 iterations for write BW and 1000
+//! otherwise, TX depth 128 BW / 1 latency, RX depth 512 send / 1 RDMA, CQ moderation 100, `-u` 14, port 18515),
+//! and the same clamping of the depths to the iteration count that perftest's banner shows.
+//!
+//! Flags perftest only accepts in some tests (`-A` atomic, `-o` read/atomic, `-b`/`-N`/`-Q`/`--report_gbits`/
+//! `--run_infinitely` BW, `-r` send) are refused in the others with one line, as is a connection type other than
+//! RC (the engine is RC only).
+
+use super::exchange::{Mtu, TestKind, Verb, DEFAULT_PORT};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// perftest's smallest and largest iteration counts (`MIN_ITER`, `MAX_ITER`).
+pub const MIN_ITERS: u64 = 5;
+/// See [`MIN_ITERS`].
+pub const MAX_ITERS: u64 = 100_000_000;
+/// The largest size `-a` runs (2^23; it starts at 2).
+pub const MAX_ALL_SIZE_LOG2: u32 = 23;
+
+/// `-A`: the atomic operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AtomicType {
+    /// Compare and swap.
+    #[value(name = "CMP_AND_SWAP")]
+    CmpAndSwap,
+    /// Fetch and add (perftest's default).
+    #[value(name = "FETCH_AND_ADD")]
+    FetchAndAdd,
+}
+
+impl AtomicType {
+    /// As perftest spells it (flag value and test title).
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicType::CmpAndSwap => "CMP_AND_SWAP",
+            AtomicType::FetchAndAdd => "FETCH_AND_ADD",
+        }
+    }
+}
+
+/// The raw command line (shared by the eight tools; what a test does not accept is refused after parsing).
+#[derive(Parser, Debug, Clone)]
+#[command(version, about = "perftest-compatible RoCEv2 test (server without HOST, client with HOST)")]
+struct Cli {
+    /// Server's management address (client mode); without it we are the server.
+    host: Option<String>,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Device name (accepted for compatibility; shown in the banner).
+    #[arg(short = 'd', long = "ib-dev")]
+    ib_dev: Option<String>,
+    /// Port number on the device (accepted for compatibility).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=3))]
+    ib_port: u8,
+    /// GID index of the RoCE address.
+    #[arg(short = 'x', long = "gid-index", value_parser = clap::value_parser!(u32).range(0..=64))]
+    gid_index: Option<u32>,
+    /// Path MTU in bytes (256, 512, 1024, 2048, 4096); default: the port's, then the smaller of both sides.
+    #[arg(short = 'm', long = "mtu", value_parser = parse_mtu)]
+    mtu: Option<Mtu>,
+    /// Connection type (only RC).
+    #[arg(short = 'c', long = "connection", default_value = "RC")]
+    connection: String,
+    /// Message size in bytes.
+    #[arg(short = 's', long = "size", conflicts_with = "all")]
+    size: Option<u64>,
+    /// Run all sizes from 2 to 2^23 bytes.
+    #[arg(short = 'a', long = "all")]
+    all: bool,
+    /// Iterations.
+    #[arg(short = 'n', long = "iters", conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(MIN_ITERS..=MAX_ITERS))]
+    iters: Option<u64>,
+    /// Number of QPs.
+    #[arg(short = 'q', long = "qp", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16384))]
+    qp: u32,
+    /// Send queue depth.
+    #[arg(short = 't', long = "tx-depth", value_parser = clap::value_parser!(u32).range(1..=15000))]
+    tx_depth: Option<u32>,
+    /// Receive queue depth (send tests).
+    #[arg(short = 'r', long = "rx-depth", value_parser = clap::value_parser!(u32).range(1..=16384))]
+    rx_depth: Option<u32>,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long = "duration", conflicts_with = "all", value_parser = clap::value_parser!(u32).range(1..))]
+    duration: Option<u32>,
+    /// QP local ACK timeout exponent: 4.096 us * 2^N.
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    qp_timeout: u8,
+    /// Outstanding RDMA READs / atomics (read and atomic tests; default: the device's maximum).
+    #[arg(short = 'o', long = "outs", value_parser = clap::value_parser!(u32).range(1..))]
+    outs: Option<u32>,
+    /// Atomic operation (atomic tests).
+    #[arg(short = 'A', long = "atomic_type", value_enum)]
+    atomic_type: Option<AtomicType>,
+    /// Bidirectional: both sides send (BW tests).
+    #[arg(short = 'b', long = "bidirectional")]
+    bidirectional: bool,
+    /// Do not fail when the CPU frequency cannot be pinned (accepted; we time with the TSC/clock).
+    #[arg(short = 'F', long = "CPU-freq")]
+    cpu_freq: bool,
+    /// Do not compute the peak bandwidth (BW tests).
+    #[arg(short = 'N', long = "noPeak")]
+    no_peak: bool,
+    /// Request a completion every N sends (BW tests).
+    #[arg(short = 'Q', long = "cq-mod", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    cq_mod: Option<u32>,
+    /// Report Gb/s instead of MiB/s (BW tests).
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    /// Run until interrupted, printing a result every duration (BW tests).
+    #[arg(long = "run_infinitely", conflicts_with_all = ["all", "iters"])]
+    run_infinitely: bool,
+    /// Also print the results as JSON.
+    #[arg(long = "out_json")]
+    out_json: bool,
+    /// Write the JSON results to this file (implies --out_json).
+    #[arg(long = "out_json_file")]
+    out_json_file: Option<PathBuf>,
+    /// Verify every payload byte (ours; perftest has no equivalent in 4.5).
+    #[arg(long = "data_validation")]
+    data_validation: bool,
+}
+
+fn parse_mtu(s: &str) -> Result<Mtu, String> {
+    s.parse::<u32>().ok().and_then(Mtu::from_bytes).ok_or_else(|| "the MTU must be 256, 512, 1024, 2048 or 4096".into())
+}
+
+/// Iterations or time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunLength {
+    /// A number of iterations per size.
+    Iterations(u64),
+    /// Seconds (`-D`).
+    Duration(u32),
+    /// `--run_infinitely`: a result every this many seconds until interrupted.
+    Infinitely(u32),
+}
+
+/// A test's settings after defaults and checks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Params {
+    /// Which test.
+    pub test: TestKind,
+    /// The server's address: `Some` makes us the client.
+    pub host: Option<String>,
+    /// TCP port of the exchange.
+    pub port: u16,
+    /// `-d` (banner only).
+    pub ib_dev: Option<String>,
+    /// `-i`.
+    pub ib_port: u8,
+    /// `-x`.
+    pub gid_index: Option<u32>,
+    /// `-m`: a forced MTU (the exchange then refuses a peer that cannot use it).
+    pub mtu: Option<Mtu>,
+    /// Message sizes to run (one, or 2..2^23 with `-a`).
+    pub sizes: Vec<u64>,
+    /// `-a`.
+    pub all: bool,
+    /// Iterations, duration or forever.
+    pub run: RunLength,
+    /// `-q`.
+    pub num_qps: u32,
+    /// Send queue depth after perftest's clamping to the iteration count.
+    pub tx_depth: u32,
+    /// Receive queue depth after clamping (used by the send tests).
+    pub rx_depth: u32,
+    /// Completion moderation after clamping to the TX depth (BW tests).
+    pub cq_mod: u32,
+    /// `-u`.
+    pub qp_timeout: u8,
+    /// `-o` (read/atomic tests); `None`: the device's maximum.
+    pub out_reads: Option<u32>,
+    /// `-A` (atomic tests; FETCH_AND_ADD by default).
+    pub atomic_type: AtomicType,
+    /// `-b`.
+    pub duplex: bool,
+    /// `-F`.
+    pub cpu_freq_ignore: bool,
+    /// `-N`.
+    pub no_peak: bool,
+    /// `--report_gbits`.
+    pub report_gbits: bool,
+    /// `--out_json` (or `--out_json_file`).
+    pub out_json: bool,
+    /// `--out_json_file`.
+    pub out_json_file: Option<PathBuf>,
+    /// `--data_validation`.
+    pub data_validation: bool,
+}
+
+impl Params {
+    /// True when a host was given.
+    pub fn is_client(&self) -> bool {
+        self.host.is_some()
+    }
+
+    /// Parses `args` (the first is the program name) for `test`. Errors are clap's (help and version included).
+    pub fn try_parse_from<I, T>(test: TestKind, args: I) -> Result<Params, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let mut cmd = Cli::command().name(test.tool_name()).bin_name(test.tool_name());
+        let m = cmd.try_get_matches_from_mut(args)?;
+        let cli = Cli::from_arg_matches(&m).map_err(|e| e.format(&mut cmd))?;
+        from_cli(test, cli).map_err(|msg| cmd.error(ErrorKind::ArgumentConflict, msg))
+    }
+
+    /// Parses the process's arguments; on a bad command line prints one line (`TOOL: reason`) to stderr and
+    /// exits with status 2; `--help` and `--version` print and exit 0.
+    pub fn parse_or_exit(test: TestKind) -> Params {
+        Params::parse_from_or_exit(test, std::env::args_os())
+    }
+
+    /// [`Params::parse_or_exit`] on the given arguments (the first is the program name).
+    pub fn parse_from_or_exit<I, T>(test: TestKind, args: I) -> Params
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        match Params::try_parse_from(test, args) {
+            Ok(p) => p,
+            Err(e) => {
+                if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                    e.exit();
+                }
+                eprintln!("{}", one_line_error(test, &e));
+                std::process::exit(2);
+            }
+        }
+    }
+}
+
+/// A clap error as one line: `rdp_write_bw: unexpected argument '--foo' found (see --help)`.
+pub fn one_line_error(test: TestKind, e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let first = text.lines().next().unwrap_or("bad command line").trim();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    format!("{}: {first} (see --help)", test.tool_name())
+}
+
+fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
+    let verb = test.verb();
+    let bw = test.is_bw();
+    let kind = if bw { "BW" } else { "latency" };
+    let refuse = |flag: &str, only: &str| Err(format!("{flag} is only available in {only} tests"));
+    if !c.connection.eq_ignore_ascii_case("RC") {
+        return Err(format!("connection type {:?} is not supported: roce-dp runs RC only", c.connection));
+    }
+    if c.atomic_type.is_some() && verb != Verb::Atomic {
+        return refuse("-A/--atomic_type", "atomic");
+    }
+    if c.outs.is_some() && !matches!(verb, Verb::Read | Verb::Atomic) {
+        return refuse("-o/--outs", "read and atomic");
+    }
+    if c.rx_depth.is_some() && verb != Verb::Send {
+        return refuse("-r/--rx-depth", "send");
+    }
+    if !bw {
+        for (set, flag) in [
+            (c.bidirectional, "-b/--bidirectional"),
+            (c.no_peak, "-N/--noPeak"),
+            (c.cq_mod.is_some(), "-Q/--cq-mod"),
+            (c.report_gbits, "--report_gbits"),
+            (c.run_infinitely, "--run_infinitely"),
+        ] {
+            if set {
+                return refuse(flag, "BW");
+            }
+        }
+        if c.qp > 1 {
+            return Err(format!("-q/--qp {} is not available in {kind} tests (one QP)", c.qp));
+        }
+    }
+    if verb == Verb::Atomic {
+        if c.size.is_some_and(|s| s != 8) {
+            return Err("the message size of atomic tests is always 8 bytes".into());
+        }
+        if c.all {
+            return Err("-a/--all is not available in atomic tests (the size is always 8)".into());
+        }
+    }
+    let size = c.size.unwrap_or(match (verb, bw) {
+        (Verb::Atomic, _) => 8,
+        (_, true) => 65536,
+        (_, false) => 2,
+    });
+    if size == 0 || size > 1 << 31 {
+        return Err(format!("message size {size} is out of range (1 to 2^31 bytes)"));
+    }
+    let sizes = if c.all { (1..=MAX_ALL_SIZE_LOG2).map(|i| 1u64 << i).collect() } else { vec![size] };
+    let run = if c.run_infinitely {
+        RunLength::Infinitely(c.duration.unwrap_or(5))
+    } else if let Some(d) = c.duration {
+        RunLength::Duration(d)
+    } else {
+        RunLength::Iterations(c.iters.unwrap_or(if test == TestKind::WriteBw { 5000 } else { 1000 }))
+    };
+    // perftest shrinks the queues to the iteration count (its banner shows "TX depth : 20" with -n 20).
+    let clamp = |depth: u32| match run {
+        RunLength::Iterations(n) => depth.min(u32::try_from(n).unwrap_or(u32::MAX)),
+        _ => depth,
+    };
+    let tx_depth = clamp(c.tx_depth.unwrap_or(if bw { 128 } else { 1 }));
+    let rx_depth = clamp(c.rx_depth.unwrap_or(if verb == Verb::Send { 512 } else { 1 }));
+    let cq_mod = c.cq_mod.unwrap_or(100).min(tx_depth);
+    Ok(Params {
+        test,
+        host: c.host,
+        port: c.port,
+        ib_dev: c.ib_dev,
+        ib_port: c.ib_port,
+        gid_index: c.gid_index,
+        mtu: c.mtu,
+        sizes,
+        all: c.all,
+        run,
+        num_qps: c.qp,
+        tx_depth,
+        rx_depth,
+        cq_mod,
+        qp_timeout: c.qp_timeout,
+        out_reads: c.outs,
+        atomic_type: c.atomic_type.unwrap_or(AtomicType::FetchAndAdd),
+        duplex: c.bidirectional,
+        cpu_freq_ignore: c.cpu_freq,
+        no_peak: c.no_peak,
+        report_gbits: c.report_gbits,
+        out_json: c.out_json || c.out_json_file.is_some(),
+        out_json_file: c.out_json_file,
+        data_validation: c.data_validation,
+    })
+}

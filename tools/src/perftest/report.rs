@@ -1,0 +1,423 @@
+//! perftest's printed output, so that scripts that parse perftest parse ours: the banner block, the local and
+//! remote address lines, the BW and latency tables (same columns, widths, tabs and units), and `--out_json`.
+//!
+//! The formats are perftest's (`perftest_parameters.h`, `perftest_communication.h`) as perftest 4.5 printed them
+//! in `shared/vectors/rxe/*.perftest.txt`, with one deliberate difference: the BW header says `MiB/sec` (as
+//! perftest >= 24.07 does) where 4.5 said `MB/sec`. The figures were always 2^20-based, and parsers read the
+//! columns by position, so only the header text differs. The BW row separates the message rate with two tabs and
+//! three spaces, as 4.5 printed it (ROCE-NOTES §2.3 quotes five spaces from a newer perftest).
+
+use super::exchange::{BwReport, Dest, Mtu, Role, TestKind, Verb};
+use super::params::AtomicType;
+use hdrhistogram::Histogram;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// perftest's `RESULT_LINE`: 87 dashes.
+pub const RESULT_LINE: &str = "---------------------------------------------------------------------------------------";
+/// The BW table header in MiB/s.
+pub const RESULT_FMT: &str = " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]";
+/// The BW table header with `--report_gbits`.
+pub const RESULT_FMT_G: &str = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]";
+/// The latency table header (with perftest's trailing space).
+pub const RESULT_FMT_LAT: &str =
+    " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    \
+                                  t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ";
+/// The latency table header in duration mode (`-D`).
+pub const RESULT_FMT_LAT_DUR: &str = " #bytes        #iterations       t_avg[usec]    tps average";
+
+/// C's `%#0Nx`: `0x` and hex digits zero-padded to a total width of `width`; zero prints without `0x`.
+pub fn c_alt_hex(v: u64, width: usize) -> String {
+    if v == 0 {
+        format!("{:0width$}", 0)
+    } else {
+        format!("{v:#0width$x}")
+    }
+}
+
+/// C's `%-N.Pf`.
+fn f(v: f64, width: usize, prec: usize) -> String {
+    format!("{v:<width$.prec$}")
+}
+
+/// The test's title line as perftest centres it (20 spaces), e.g. `RDMA_Write BW Test`.
+pub fn title(test: TestKind, atomic: AtomicType) -> String {
+    let op = match test.verb() {
+        Verb::Send => "Send".to_string(),
+        Verb::Write => "RDMA_Write".to_string(),
+        Verb::Read => "RDMA_Read".to_string(),
+        Verb::Atomic => format!("Atomic {}", atomic.name()),
+    };
+    let kind = if test.is_bw() { "BW" } else { "Latency" };
+    format!("                    {op} {kind} Test")
+}
+
+/// What the banner shows.
+#[derive(Clone, Debug)]
+pub struct Banner {
+    /// The test.
+    pub test: TestKind,
+    /// `-A` (atomic tests).
+    pub atomic_type: AtomicType,
+    /// Client or server: the client shows its TX depth; the server its RX depth in send tests, else none.
+    pub role: Role,
+    /// The device (perftest: `rxe0`; ours: the port or soft-NIC name).
+    pub device: String,
+    /// `-q`.
+    pub num_qps: u32,
+    /// TX depth after clamping.
+    pub tx_depth: u32,
+    /// RX depth after clamping.
+    pub rx_depth: u32,
+    /// CQ moderation (BW tests).
+    pub cq_mod: u32,
+    /// The MTU both sides use.
+    pub mtu: Mtu,
+    /// The GID index.
+    pub gid_index: u32,
+    /// Inline threshold (send/write tests).
+    pub max_inline: u32,
+    /// Outstanding reads/atomics (read and atomic tests).
+    pub out_reads: u32,
+}
+
+impl Banner {
+    /// From the parsed flags and what the exchange settled.
+    pub fn new(p: &super::params::Params, device: &str, mtu: Mtu, gid_index: u32, out_reads: u32) -> Banner {
+        Banner {
+            test: p.test,
+            atomic_type: p.atomic_type,
+            role: if p.is_client() { Role::Client } else { Role::Server },
+            device: device.to_string(),
+            num_qps: p.num_qps,
+            tx_depth: p.tx_depth,
+            rx_depth: p.rx_depth,
+            cq_mod: p.cq_mod,
+            mtu,
+            gid_index,
+            max_inline: 0,
+            out_reads,
+        }
+    }
+
+    /// The banner, between two `RESULT_LINE`s, one string per line (no newlines).
+    pub fn lines(&self) -> Vec<String> {
+        let verb = self.test.verb();
+        let mut v = vec![
+            RESULT_LINE.to_string(),
+            title(self.test, self.atomic_type),
+            format!(" Dual-port       : OFF\t\tDevice         : {}", self.device),
+            format!(" Number of qps   : {}\t\tTransport type : IB", self.num_qps),
+            " Connection type : RC\t\tUsing SRQ      : OFF".to_string(),
+            // perftest 4.5 turned relaxed ordering off in write latency only (as captured); meaningless here.
+            format!(" PCIe relax order: {}", if self.test == TestKind::WriteLat { "OFF" } else { "ON" }),
+            " ibv_wr* API     : OFF".to_string(),
+        ];
+        match (self.role, verb) {
+            (Role::Client, _) => v.push(format!(" TX depth        : {}", self.tx_depth)),
+            (Role::Server, Verb::Send) => v.push(format!(" RX depth        : {}", self.rx_depth)),
+            (Role::Server, _) => {}
+        }
+        if self.test.is_bw() {
+            v.push(format!(" CQ Moderation   : {}", self.cq_mod));
+        }
+        v.push(format!(" Mtu             : {}[B]", self.mtu.bytes()));
+        v.push(" Link type       : Ethernet".to_string());
+        v.push(format!(" GID index       : {}", self.gid_index));
+        if matches!(verb, Verb::Read | Verb::Atomic) {
+            v.push(format!(" Outstand reads  : {}", self.out_reads));
+        } else {
+            v.push(format!(" Max inline data : {}[B]", self.max_inline));
+        }
+        v.push(" rdma_cm QPs\t : OFF".to_string());
+        v.push(" Data ex. method : Ethernet".to_string());
+        v.push(RESULT_LINE.to_string());
+        v
+    }
+}
+
+/// The server's lines while it waits (perftest prints an empty line first).
+pub fn waiting_lines() -> Vec<String> {
+    let stars = "************************************".to_string();
+    vec![String::new(), stars.clone(), "* Waiting for client to connect... *".to_string(), stars]
+}
+
+/// One QP's two address lines (`BASIC_ADDR_FMT` [+ `READ_FMT`] [+ `RDMA_FMT`], then `PERF_GID_FMT`): send and
+/// atomic tests show LID/QPN/PSN only, read tests add OUT, read and write tests add RKey and VAddr.
+pub fn address_lines(test: TestKind, local: bool, d: &Dest) -> [String; 2] {
+    let mut s = format!(
+        " {} address: LID {} QPN {} PSN {}",
+        if local { "local" } else { "remote" },
+        c_alt_hex(u64::from(d.lid), 4),
+        c_alt_hex(u64::from(d.qpn), 6),
+        c_alt_hex(u64::from(d.psn), 6)
+    );
+    if test.verb() == Verb::Read {
+        let _ = write!(s, " OUT {}", c_alt_hex(u64::from(d.out_reads), 4));
+    }
+    if matches!(test.verb(), Verb::Read | Verb::Write) {
+        let _ = write!(s, " RKey {} VAddr {}", c_alt_hex(u64::from(d.rkey), 8), c_alt_hex(d.vaddr, 16));
+    }
+    let gid: Vec<String> = d.gid.iter().map(|b| format!("{b:02}")).collect();
+    [s, format!(" GID: {}", gid.join(":"))]
+}
+
+/// All local lines (one pair per QP), then all remote lines, then a `RESULT_LINE`, as perftest prints them.
+pub fn addresses(test: TestKind, local: &[Dest], remote: &[Dest]) -> Vec<String> {
+    let mut v: Vec<String> = local.iter().flat_map(|d| address_lines(test, true, d)).collect();
+    v.extend(remote.iter().flat_map(|d| address_lines(test, false, d)));
+    v.push(RESULT_LINE.to_string());
+    v
+}
+
+/// Converts a MiB/s figure to Gb/s (perftest's `format_factor`: 2^20 vs 1.25e8 bytes per unit).
+pub fn mibs_to_gbits(mibs: f64) -> f64 {
+    mibs * 1_048_576.0 / 125_000_000.0
+}
+
+/// BW figures from a measurement, as perftest computes them: average = bytes / time in MiB/s over all QPs
+/// (and both directions with `-b`), message rate = messages / time in Mpps, `#iterations` = per QP.
+/// `peak_mibs` is the caller's (perftest: the fastest completion interval; 0 with `-N`).
+pub fn bw_report(size: u64, iters: u64, num_qps: u32, duplex: bool, elapsed: Duration, peak_mibs: f64) -> BwReport {
+    let msgs = iters as f64 * f64::from(num_qps) * if duplex { 2.0 } else { 1.0 };
+    let secs = elapsed.as_secs_f64();
+    let (avg, rate) =
+        if secs > 0.0 { (size as f64 * msgs / secs / 1_048_576.0, msgs / secs / 1e6) } else { (0.0, 0.0) };
+    BwReport { size, iters, bw_peak: peak_mibs, bw_avg: avg, msg_rate: rate }
+}
+
+/// The BW table header.
+pub fn bw_header(gbits: bool) -> &'static str {
+    if gbits {
+        RESULT_FMT_G
+    } else {
+        RESULT_FMT
+    }
+}
+
+/// One BW row (`REPORT_FMT`); `r` in MiB/s, printed in Gb/s with `gbits`.
+pub fn bw_line(r: &BwReport, gbits: bool) -> String {
+    let conv = |v: f64| if gbits { mibs_to_gbits(v) } else { v };
+    format!(
+        " {:<7}    {:<10}       {}            {}\t\t   {}",
+        r.size,
+        r.iters,
+        f(conv(r.bw_peak), 7, 2),
+        f(conv(r.bw_avg), 7, 2),
+        f(r.msg_rate, 7, 6)
+    )
+}
+
+/// perftest's `rtt_factor`: send and write latencies are half the round trip (ping-pong), read and atomic the
+/// full round trip.
+pub fn rtt_factor(test: TestKind) -> u32 {
+    match test.verb() {
+        Verb::Read | Verb::Atomic => 1,
+        Verb::Send | Verb::Write => 2,
+    }
+}
+
+/// One latency row's figures, microseconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatStats {
+    /// Message size.
+    pub size: u64,
+    /// Iterations (as given with `-n`).
+    pub iters: u64,
+    /// Smallest sample.
+    pub t_min: f64,
+    /// Largest sample.
+    pub t_max: f64,
+    /// Median (perftest's "typical").
+    pub t_typical: f64,
+    /// Mean.
+    pub t_avg: f64,
+    /// Standard deviation (population).
+    pub t_stdev: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+}
+
+/// Collects round-trip samples: min/max/mean/stdev exactly, median and percentiles from an HdrHistogram
+/// (nanoseconds, 3 significant digits, so within 0.1%).
+pub struct LatRecorder {
+    hist: Histogram<u64>,
+    n: u64,
+    sum: f64,
+    sum_sq: f64,
+    min: u64,
+    max: u64,
+}
+
+impl Default for LatRecorder {
+    fn default() -> Self {
+        LatRecorder::new()
+    }
+}
+
+impl LatRecorder {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        // Auto-resizing, so no sample is ever refused.
+        let mut hist = Histogram::new(3).expect("3 significant digits is a valid precision");
+        hist.auto(true);
+        LatRecorder { hist, n: 0, sum: 0.0, sum_sq: 0.0, min: u64::MAX, max: 0 }
+    }
+
+    /// Records one sample (a full round trip, or one completion for read/atomic).
+    pub fn record(&mut self, sample: Duration) {
+        let ns = u64::try_from(sample.as_nanos()).unwrap_or(u64::MAX);
+        // Cannot fail with auto-resize; a sample that still did not fit would only be missing from the quantiles.
+        let _ = self.hist.record(ns);
+        self.n += 1;
+        self.sum += ns as f64;
+        self.sum_sq += (ns as f64) * (ns as f64);
+        self.min = self.min.min(ns);
+        self.max = self.max.max(ns);
+    }
+
+    /// Samples recorded.
+    pub fn len(&self) -> u64 {
+        self.n
+    }
+
+    /// True before the first sample.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The row, every figure divided by `rtt_factor` and in microseconds; `None` without samples.
+    pub fn stats(&self, size: u64, iters: u64, rtt_factor: u32) -> Option<LatStats> {
+        if self.n == 0 {
+            return None;
+        }
+        let k = 1000.0 * f64::from(rtt_factor);
+        let n = self.n as f64;
+        let mean = self.sum / n;
+        let var = (self.sum_sq / n - mean * mean).max(0.0);
+        let q = |quantile: f64| self.hist.value_at_quantile(quantile) as f64 / k;
+        Some(LatStats {
+            size,
+            iters,
+            t_min: self.min as f64 / k,
+            t_max: self.max as f64 / k,
+            t_typical: q(0.5),
+            t_avg: mean / k,
+            t_stdev: var.sqrt() / k,
+            p99: q(0.99),
+            p999: q(0.999),
+        })
+    }
+}
+
+/// One latency row (`REPORT_FMT_LAT`, with perftest's tabs).
+pub fn lat_line(s: &LatStats) -> String {
+    format!(
+        " {:<7} {}          {}        {}      {}  \t       {}     \t{}\t\t{} \t\t{}",
+        s.size,
+        s.iters,
+        f(s.t_min, 7, 2),
+        f(s.t_max, 7, 2),
+        f(s.t_typical, 7, 2),
+        f(s.t_avg, 7, 2),
+        f(s.t_stdev, 7, 2),
+        f(s.p99, 7, 2),
+        f(s.p999, 7, 2)
+    )
+}
+
+/// One latency row in duration mode (`-D`): `REPORT_FMT_LAT_DUR` under [`RESULT_FMT_LAT_DUR`], the mean latency
+/// in microseconds and the transactions per second.
+pub fn lat_dur_line(size: u64, iters: u64, t_avg: f64, tps: f64) -> String {
+    format!(" {size:<7}       {iters}            {}        {}", f(t_avg, 7, 2), f(tps, 7, 2))
+}
+
+/// A JSON string literal (roce-dump's escaping).
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    crate::dump::json_str(&mut o, s);
+    o
+}
+
+/// A number as the table prints it (same decimals), valid JSON (non-finite values become 0).
+fn json_num(v: f64, prec: usize) -> String {
+    let v = if v.is_finite() { v } else { 0.0 };
+    format!("{v:.prec$}")
+}
+
+/// The results of a run, for `--out_json`.
+#[derive(Clone, Debug)]
+pub enum Results {
+    /// BW rows (one per size), in MiB/s.
+    Bw(Vec<BwReport>),
+    /// Latency rows (one per size), in microseconds.
+    Lat(Vec<LatStats>),
+}
+
+/// `--out_json`: `{"test_info": {...}, "results": {...}}`, the result keys as perftest names them (`MsgSize`,
+/// `n_iterations`, `BW_peak`, `BW_average`, `MsgRate`; `t_min` .. `t_stdev`, `percentile_99`,
+/// `percentile_99.9`), with the same figures (same rounding) as the table. With several sizes (`-a`),
+/// `results` is a list of such objects.
+pub fn json(banner: &Banner, results: &Results, gbits: bool) -> String {
+    let mut o = String::from("{\n  \"test_info\": {\n");
+    let title = title(banner.test, banner.atomic_type);
+    let info = [
+        ("test", json_str(title.trim())),
+        ("tool", json_str(banner.test.tool_name())),
+        ("role", json_str(if banner.role == Role::Client { "client" } else { "server" })),
+        ("device", json_str(&banner.device)),
+        ("connection", json_str("RC")),
+        ("num_qps", banner.num_qps.to_string()),
+        ("mtu", banner.mtu.bytes().to_string()),
+        ("gid_index", banner.gid_index.to_string()),
+        ("tx_depth", banner.tx_depth.to_string()),
+        ("rx_depth", banner.rx_depth.to_string()),
+        ("bw_unit", json_str(if gbits { "Gb/sec" } else { "MiB/sec" })),
+    ];
+    let body: Vec<String> = info.iter().map(|(k, v)| format!("    {}: {v}", json_str(k))).collect();
+    o.push_str(&body.join(",\n"));
+    o.push_str("\n  },\n  \"results\": ");
+    let conv = |v: f64| if gbits { mibs_to_gbits(v) } else { v };
+    let rows: Vec<String> = match results {
+        Results::Bw(rows) => rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"MsgSize\": {}, \"n_iterations\": {}, \"BW_peak\": {}, \"BW_average\": {}, \"MsgRate\": {}}}",
+                    r.size,
+                    r.iters,
+                    json_num(conv(r.bw_peak), 2),
+                    json_num(conv(r.bw_avg), 2),
+                    json_num(r.msg_rate, 6)
+                )
+            })
+            .collect(),
+        Results::Lat(rows) => rows
+            .iter()
+            .map(|s| {
+                format!(
+                    "{{\"MsgSize\": {}, \"n_iterations\": {}, \"t_min\": {}, \"t_max\": {}, \"t_typical\": {}, \
+                     \"t_avg\": {}, \"t_stdev\": {}, \"percentile_99\": {}, \"percentile_99.9\": {}}}",
+                    s.size,
+                    s.iters,
+                    json_num(s.t_min, 2),
+                    json_num(s.t_max, 2),
+                    json_num(s.t_typical, 2),
+                    json_num(s.t_avg, 2),
+                    json_num(s.t_stdev, 2),
+                    json_num(s.p99, 2),
+                    json_num(s.p999, 2)
+                )
+            })
+            .collect(),
+    };
+    if rows.len() == 1 {
+        o.push_str(&rows[0]);
+    } else {
+        o.push_str(&format!("[\n    {}\n  ]", rows.join(",\n    ")));
+    }
+    o.push_str("\n}\n");
+    o
+}

@@ -1,0 +1,63 @@
+//! Shared by the perftest tests: the captured vectors and the perftest TCP exchange inside the pcaps.
+#![allow(dead_code, unreachable_pub)]
+
+use roce_dp_tools::capture::for_each_frame;
+use std::path::PathBuf;
+
+/// shared/vectors/rxe, which sits beside the repository; missing is a failure, never a skip.
+pub fn vectors() -> PathBuf {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors/rxe"));
+    assert!(dir.is_dir(), "test vectors missing: {} (shared/ must sit beside the repository)", dir.display());
+    dir
+}
+
+/// One TCP payload of the exchange, in capture order.
+#[derive(Clone, Debug)]
+pub struct Segment {
+    pub from_client: bool,
+    pub data: Vec<u8>,
+}
+
+/// The TCP payloads to and from port 18515 in a capture (IPv4, Ethernet), retransmissions dropped.
+pub fn oob_segments(name: &str) -> Vec<Segment> {
+    let path = vectors().join(name);
+    let mut out = Vec::new();
+    let mut next_seq: [Option<u32>; 2] = [None, None];
+    for_each_frame(&path, |f| {
+        let d = f.data;
+        if d.len() < 14 + 20 || d[12..14] != [0x08, 0x00] {
+            return;
+        }
+        let ip = &d[14..];
+        let ihl = usize::from(ip[0] & 0xf) * 4;
+        let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+        if ip[9] != 6 || total > ip.len() || total < ihl + 20 {
+            return;
+        }
+        let tcp = &ip[ihl..total];
+        let sport = u16::from_be_bytes([tcp[0], tcp[1]]);
+        let dport = u16::from_be_bytes([tcp[2], tcp[3]]);
+        let from_client = match (sport, dport) {
+            (_, 18515) => true,
+            (18515, _) => false,
+            _ => return,
+        };
+        let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+        let payload = &tcp[usize::from(tcp[12] >> 4) * 4..];
+        if payload.is_empty() {
+            return;
+        }
+        let dir = usize::from(from_client);
+        if let Some(n) = next_seq[dir] {
+            if seq.wrapping_sub(n) as i32 != 0 {
+                assert!((seq.wrapping_sub(n) as i32) < 0, "{name}: gap in the TCP stream");
+                return; // a retransmission
+            }
+        }
+        next_seq[dir] = Some(seq.wrapping_add(payload.len() as u32));
+        out.push(Segment { from_client, data: payload.to_vec() });
+    })
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert!(!out.is_empty(), "{name}: no perftest exchange (TCP port 18515) in the capture");
+    out
+}

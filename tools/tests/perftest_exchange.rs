@@ -1,0 +1,761 @@
+//! The perftest out-of-band exchange against the real thing: every TCP exchange captured between two perftest 4.5
+//! peers (shared/vectors/rxe/*.pcap, port 18515) is replayed through an in-memory peer in both roles, and every
+//! byte we write must equal what perftest wrote (with our QP records and report set to the captured values, which
+//! also checks the encoders byte for byte). Then our client against our server over TCP on 127.0.0.1, and the
+//! failure modes: wrong version, MTU mismatch, refused connection, a vanished or silent peer, garbage.
+
+mod common;
+
+use common::{oob_segments, Segment};
+use roce_dp_tools::perftest::exchange::{
+    accept, check_gid_compatibility, connect, listen, BwReport, Dest, Exchange, ExchangeError, Mtu, Role, SysData,
+    TestKind, DEST_LEN, REPORT_LEN,
+};
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// A peer that replays the captured segments of the other side, and only hands over a segment once we have
+/// written everything the capture shows our side writing before it (so a read-before-write is caught).
+struct ScriptedPeer {
+    segs: Vec<Segment>,
+    us_client: bool,
+    /// Index of the next peer segment to deliver and how much of it was delivered.
+    next: usize,
+    offset: usize,
+    written: Vec<u8>,
+    /// Most bytes handed over per read and taken per write (1 tests partial reads and writes).
+    chunk: usize,
+}
+
+impl ScriptedPeer {
+    fn new(segs: Vec<Segment>, role: Role, chunk: usize) -> Self {
+        ScriptedPeer { segs, us_client: role == Role::Client, next: 0, offset: 0, written: Vec::new(), chunk }
+    }
+
+    fn ours_expected(&self) -> Vec<u8> {
+        self.segs.iter().filter(|s| s.from_client == self.us_client).flat_map(|s| s.data.clone()).collect()
+    }
+}
+
+impl Read for ScriptedPeer {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.next < self.segs.len() && self.segs[self.next].from_client == self.us_client {
+            self.next += 1;
+        }
+        if self.next >= self.segs.len() {
+            return Ok(0);
+        }
+        let ours_before: usize =
+            self.segs[..self.next].iter().filter(|s| s.from_client == self.us_client).map(|s| s.data.len()).sum();
+        if self.written.len() < ours_before {
+            return Err(io::Error::new(ErrorKind::WouldBlock, "read before writing what the capture writes first"));
+        }
+        let seg = &self.segs[self.next].data;
+        let n = buf.len().min(seg.len() - self.offset).min(self.chunk);
+        buf[..n].copy_from_slice(&seg[self.offset..self.offset + n]);
+        self.offset += n;
+        if self.offset == seg.len() {
+            self.next += 1;
+            self.offset = 0;
+        }
+        Ok(n)
+    }
+}
+
+impl Write for ScriptedPeer {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.chunk);
+        self.written.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The first 108-byte record a side sent, and its report (40 bytes after the 5th-from-last record... found by
+/// position: the five 8-byte segments) if any.
+fn captured_values(segs: &[Segment], client: bool) -> (Dest, Option<[u8; REPORT_LEN]>) {
+    let mine: Vec<&Segment> = segs.iter().filter(|s| s.from_client == client).collect();
+    let rec = mine.iter().find(|s| s.data.len() == DEST_LEN).expect("a record");
+    let dest = Dest::decode(&rec.data).expect("captured record parses");
+    let eights: Vec<u8> = mine.iter().filter(|s| s.data.len() == 8).flat_map(|s| s.data.clone()).collect();
+    let report = match eights.len() {
+        0 => None,
+        REPORT_LEN => Some(eights.try_into().unwrap()),
+        n => panic!("{n} bytes of 8-byte segments, expected 0 or {REPORT_LEN}"),
+    };
+    (dest, report)
+}
+
+/// What one side does from connect to close, with one QP.
+struct Outcome {
+    peer_version: String,
+    sys: SysData,
+    mtu: Mtu,
+    remote: Vec<Dest>,
+    peer_report: Option<BwReport>,
+}
+
+fn run_side<S: Read + Write>(
+    ex: Exchange<S>,
+    test: TestKind,
+    mine: &Dest,
+    report: &BwReport,
+    mtu: Mtu,
+) -> Result<Outcome, ExchangeError> {
+    let mut ex = ex;
+    let n = ex.setup(SysData::default(), mtu, false)?;
+    let remote = ex.exchange_dests(test, std::slice::from_ref(mine))?;
+    ex.ready(test, mine, false)?;
+    assert_eq!(ex.end_run(test, mine, report, false, false)?, None);
+    let peer_report = ex.finish(test, mine, report, false)?;
+    Ok(Outcome { peer_version: n.peer_version, sys: n.sys, mtu: n.mtu, remote, peer_report })
+}
+
+fn replay(name: &str, test: TestKind, role: Role, chunk: usize) {
+    let segs = oob_segments(name);
+    let us_client = role == Role::Client;
+    let (mine, my_report) = captured_values(&segs, us_client);
+    let (theirs, their_report) = captured_values(&segs, !us_client);
+    let report = my_report.map(|r| BwReport::decode(&r)).unwrap_or_default();
+    let mut peer = ScriptedPeer::new(segs.clone(), role, chunk);
+    let out = {
+        let ex = Exchange::new(&mut peer, role, Duration::from_secs(1));
+        run_side(ex, test, &mine, &report, Mtu::Mtu1024).unwrap_or_else(|e| panic!("{name} as {role:?}: {e}"))
+    };
+    let expected = peer.ours_expected();
+    assert_eq!(
+        peer.written.len(),
+        expected.len(),
+        "{name} as {role:?}: wrote {} bytes, perftest wrote {}",
+        peer.written.len(),
+        expected.len()
+    );
+    if let Some(i) = (0..expected.len()).find(|&i| peer.written[i] != expected[i]) {
+        panic!(
+            "{name} as {role:?}: first difference at byte {i}: ours {:02x?}, perftest's {:02x?}",
+            &peer.written[i..(i + 16).min(expected.len())],
+            &expected[i..(i + 16).min(expected.len())]
+        );
+    }
+    assert_eq!(out.peer_version, "6.06");
+    assert_eq!(out.sys, SysData { cycle_buffer: 4096, cache_line: 64 });
+    assert_eq!(out.mtu, Mtu::Mtu1024);
+    assert_eq!(out.remote, vec![theirs], "{name}: the peer's QP as parsed");
+    // Reports are swapped exactly in the write/read/atomic BW tests, and come back bit for bit.
+    match (out.peer_report, their_report) {
+        (Some(got), Some(raw)) => assert_eq!(got.encode(), raw, "{name}: peer report"),
+        (None, None) => {}
+        (got, raw) => panic!("{name}: report exchanged {:?} vs captured {:?}", got.is_some(), raw.is_some()),
+    }
+}
+
+const CAPTURES: &[(&str, TestKind)] = &[
+    ("rc_write_4k.pcap", TestKind::WriteBw),
+    ("rc_send_4k.pcap", TestKind::SendBw),
+    ("rc_read_4k.pcap", TestKind::ReadBw),
+    ("rc_atomic.pcap", TestKind::AtomicBw),
+    ("rc_send_lat_64.pcap", TestKind::SendLat),
+    ("rc_write_lat_64.pcap", TestKind::WriteLat),
+    ("drop5_write_tapa0.pcap", TestKind::WriteBw),
+    ("ecn_ce_all_write_tapa0.pcap", TestKind::WriteBw),
+    ("uc_write_4k.pcap", TestKind::WriteBw),
+    ("ud_send_1k.pcap", TestKind::SendBw),
+];
+
+#[test]
+fn client_writes_what_perftest_wrote_in_every_capture() {
+    for &(name, test) in CAPTURES {
+        replay(name, test, Role::Client, usize::MAX);
+    }
+}
+
+#[test]
+fn server_writes_what_perftest_wrote_in_every_capture() {
+    for &(name, test) in CAPTURES {
+        replay(name, test, Role::Server, usize::MAX);
+    }
+}
+
+#[test]
+fn byte_at_a_time_reads_and_writes_change_nothing() {
+    for &(name, test) in CAPTURES {
+        for role in [Role::Client, Role::Server] {
+            replay(name, test, role, 1);
+        }
+    }
+}
+
+#[test]
+fn captured_shapes_match_the_documented_sequence() {
+    // k records before the traffic and the teardown, as rxe-peer/README.md describes them.
+    for &(name, test) in CAPTURES {
+        let segs = oob_segments(name);
+        let client: Vec<usize> = segs.iter().filter(|s| s.from_client).map(|s| s.data.len()).collect();
+        let k = test.records_before_traffic(1, false);
+        let mut want = vec![16, 4, 4, 2];
+        want.extend(std::iter::repeat_n(DEST_LEN, k));
+        match test {
+            TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw => {
+                want.extend([DEST_LEN, 8, 8, 8, 8, 8, DEST_LEN, 5])
+            }
+            TestKind::WriteLat => {}
+            _ => want.extend([DEST_LEN, 5]),
+        }
+        assert_eq!(client, want, "{name}");
+        let server: Vec<usize> = segs.iter().filter(|s| !s.from_client).map(|s| s.data.len()).collect();
+        assert_eq!(server, want, "{name} (server side)");
+    }
+}
+
+#[test]
+fn record_encoding_matches_the_readme_example() {
+    let d = Dest {
+        lid: 0,
+        out_reads: 1,
+        qpn: 0x2f,
+        psn: 0xdab31a,
+        rkey: 0x20bb,
+        vaddr: 0x55c4_cf0e_2000,
+        gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0x0a, 0x32, 0, 1],
+        srqn: 0,
+    };
+    let want = b"0000:0001:00002f:dab31a:000020bb:000055c4cf0e2000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:32:00:01:00000000:\0";
+    assert_eq!(&d.encode().unwrap()[..], &want[..]);
+    assert_eq!(Dest::decode(want).unwrap(), d);
+    assert!(Dest { qpn: 1 << 24, ..d }.encode().is_err());
+    assert!(Dest { psn: 1 << 24, ..d }.encode().is_err());
+}
+
+#[test]
+fn garbage_records_are_errors_not_panics() {
+    let good = *b"0000:0001:00002f:dab31a:000020bb:000055c4cf0e2000:00:00:00:00:00:00:00:00:00:00:ff:ff:0a:32:00:01:00000000:\0";
+    assert!(Dest::decode(&good[..107]).is_err(), "short");
+    let mut no_nul = good;
+    no_nul[107] = b'x';
+    assert!(Dest::decode(&no_nul).unwrap_err().contains("NUL"));
+    let mut bad_hex = good;
+    bad_hex[12] = b'g';
+    assert!(Dest::decode(&bad_hex).unwrap_err().contains("QPN"));
+    let mut bad_sep = good;
+    bad_sep[4] = b';';
+    assert!(Dest::decode(&bad_sep).unwrap_err().contains("LID"));
+    let mut bad_gid = good;
+    bad_gid[52] = b' ';
+    assert!(Dest::decode(&bad_gid).unwrap_err().contains("GID[0]"));
+    let mut sign = good;
+    sign[0] = b'+';
+    assert!(Dest::decode(&sign).is_err(), "from_str_radix would take a sign; we must not");
+    // Every single-byte corruption either still parses (a different hex digit) or is an error; none panics.
+    for i in 0..DEST_LEN {
+        for b in [0u8, b':', b'z', 0xff, b'A'] {
+            let mut r = good;
+            r[i] = b;
+            let _ = Dest::decode(&r);
+        }
+    }
+    // Upper-case hex is what sscanf accepts too.
+    let upper = good.map(|c| c.to_ascii_uppercase());
+    assert_eq!(Dest::decode(&upper).unwrap(), Dest::decode(&good).unwrap());
+}
+
+#[test]
+fn mtu_enum_round_trips() {
+    for (bytes, e) in [(256, 1), (512, 2), (1024, 3), (2048, 4), (4096, 5)] {
+        let m = Mtu::from_bytes(bytes).unwrap();
+        assert_eq!(m as u8, e);
+        assert_eq!(m.bytes(), bytes);
+        assert_eq!(Mtu::from_enum(e), Some(m));
+    }
+    assert_eq!(Mtu::from_enum(0), None);
+    assert_eq!(Mtu::from_enum(6), None);
+    assert_eq!(Mtu::from_bytes(1500), None);
+}
+
+// ---- in-memory duplex pipe with timeouts, for the failure cases -------------------------------------------
+
+#[derive(Default)]
+struct PipeState {
+    buf: [Vec<u8>; 2],
+    closed: [bool; 2],
+}
+
+/// One end of an in-memory socket pair; reads time out (WouldBlock) like a socket with SO_RCVTIMEO.
+struct PipeEnd {
+    shared: Arc<(Mutex<PipeState>, Condvar)>,
+    side: usize,
+    timeout: Duration,
+}
+
+fn pipe(timeout: Duration) -> (PipeEnd, PipeEnd) {
+    let shared = Arc::new((Mutex::new(PipeState::default()), Condvar::new()));
+    (PipeEnd { shared: shared.clone(), side: 0, timeout }, PipeEnd { shared, side: 1, timeout })
+}
+
+impl Read for PipeEnd {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let (m, cv) = &*self.shared;
+        let deadline = Instant::now() + self.timeout;
+        let mut st = m.lock().unwrap();
+        let from = 1 - self.side;
+        loop {
+            if !st.buf[from].is_empty() {
+                let n = out.len().min(st.buf[from].len());
+                out[..n].copy_from_slice(&st.buf[from][..n]);
+                st.buf[from].drain(..n);
+                return Ok(n);
+            }
+            if st.closed[from] {
+                return Ok(0);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(ErrorKind::WouldBlock, "timed out"));
+            }
+            st = cv.wait_timeout(st, left).unwrap().0;
+        }
+    }
+}
+
+impl Write for PipeEnd {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let (m, cv) = &*self.shared;
+        let mut st = m.lock().unwrap();
+        if st.closed[1 - self.side] {
+            return Err(io::Error::new(ErrorKind::BrokenPipe, "peer closed"));
+        }
+        st.buf[self.side].extend_from_slice(data);
+        cv.notify_all();
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for PipeEnd {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.shared;
+        m.lock().unwrap().closed[self.side] = true;
+        cv.notify_all();
+    }
+}
+
+fn dest(qpn: u32, last_ip: u8, out_reads: u16) -> Dest {
+    Dest {
+        lid: 0,
+        out_reads,
+        qpn,
+        psn: 0x123456 ^ qpn,
+        rkey: 0x1000 + qpn,
+        vaddr: 0x7f00_0000_0000 + u64::from(qpn) * 0x1000,
+        gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 50, 0, last_ip],
+        srqn: 0,
+    }
+}
+
+/// Negotiated sys data and MTU, the peer's QPs, the peer's reports per run and at the end.
+type SessionOutcome = (SysData, Mtu, Vec<Dest>, Vec<Option<BwReport>>, Option<BwReport>);
+
+/// One side of a multi-run session as the tools will drive it.
+fn session<S: Read + Write>(
+    mut ex: Exchange<S>,
+    test: TestKind,
+    mine: &[Dest],
+    sys: SysData,
+    mtu: Mtu,
+    reports: &[BwReport],
+    duplex: bool,
+) -> Result<SessionOutcome, ExchangeError> {
+    let n = ex.setup(sys, mtu, false)?;
+    let remote = ex.exchange_dests(test, mine)?;
+    ex.connected(test, &mine[0])?;
+    let all = reports.len() > 1;
+    let mut per_run = Vec::new();
+    for r in reports {
+        ex.start_run(test, &mine[0], duplex)?;
+        per_run.push(ex.end_run(test, &mine[0], r, duplex, all)?);
+    }
+    let last = ex.finish(test, &mine[0], reports.last().unwrap(), duplex)?;
+    Ok((n.sys, n.mtu, remote, per_run, last))
+}
+
+#[test]
+fn our_client_and_server_over_a_pipe_all_tests_qp_counts_sizes_and_directions() {
+    for test in TestKind::ALL {
+        for qps in [1u32, 3] {
+            for duplex in [false, true] {
+                for runs in [1u64, 3] {
+                    if (duplex || qps > 1) && !test.is_bw() {
+                        continue;
+                    }
+                    let ctx = format!("{test:?} q={qps} duplex={duplex} runs={runs}");
+                    let (a, b) = pipe(Duration::from_secs(5));
+                    let cl: Vec<Dest> = (0..qps).map(|i| dest(0x20 + i, 1, 0x80)).collect();
+                    let sv: Vec<Dest> = (0..qps).map(|i| dest(0x40 + i, 2, 0x10)).collect();
+                    let rep = |side: u64, i: u64| BwReport {
+                        size: 2 << i,
+                        iters: 20 + side,
+                        bw_peak: 8.7 + i as f64,
+                        bw_avg: 7.93,
+                        msg_rate: 0.00203,
+                    };
+                    let crep: Vec<BwReport> = (0..runs).map(|i| rep(0, i)).collect();
+                    let srep: Vec<BwReport> = (0..runs).map(|i| rep(1, i)).collect();
+                    let (sv2, srep2) = (sv.clone(), srep.clone());
+                    let server = thread::spawn(move || {
+                        let ex = Exchange::new(b, Role::Server, Duration::from_secs(5));
+                        let sys = SysData { cycle_buffer: 8192, cache_line: 64 };
+                        session(ex, test, &sv2, sys, Mtu::Mtu4096, &srep2, duplex)
+                    });
+                    let ex = Exchange::new(a, Role::Client, Duration::from_secs(5));
+                    let sys = SysData { cycle_buffer: 4096, cache_line: 128 };
+                    let c = session(ex, test, &cl, sys, Mtu::Mtu1024, &crep, duplex)
+                        .unwrap_or_else(|e| panic!("{ctx} client: {e}"));
+                    let s = server.join().unwrap().unwrap_or_else(|e| panic!("{ctx} server: {e}"));
+                    assert_eq!(c.0, SysData { cycle_buffer: 8192, cache_line: 128 }, "{ctx}");
+                    assert_eq!(s.0, c.0, "{ctx}");
+                    assert_eq!((c.1, s.1), (Mtu::Mtu1024, Mtu::Mtu1024), "{ctx}");
+                    assert_eq!(c.2, sv, "{ctx}");
+                    assert_eq!(s.2, cl, "{ctx}");
+                    // Per-run reports only in duplex BW runs; the final one only in one-way write/read/atomic BW.
+                    let per_run = duplex && test.is_bw();
+                    let want_c: Vec<_> = srep.iter().map(|r| per_run.then_some(*r)).collect();
+                    let want_s: Vec<_> = crep.iter().map(|r| per_run.then_some(*r)).collect();
+                    assert_eq!((c.3.clone(), s.3.clone()), (want_c, want_s), "{ctx}");
+                    let fin = !duplex && matches!(test, TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw);
+                    assert_eq!(s.4, fin.then(|| *crep.last().unwrap()), "{ctx}");
+                    assert_eq!(c.4, fin.then(|| *srep.last().unwrap()), "{ctx}");
+                }
+            }
+        }
+    }
+}
+
+/// Runs `peer` as the other side of a pipe and our side as `role` through `run_side`; returns our error.
+fn against(role: Role, timeout: Duration, peer: impl FnOnce(PipeEnd) + Send + 'static) -> ExchangeError {
+    let (a, b) = pipe(timeout);
+    let t = thread::spawn(move || peer(b));
+    let ex = Exchange::new(a, role, timeout);
+    let start = Instant::now();
+    let r = run_side(ex, TestKind::WriteBw, &dest(0x11, 1, 1), &BwReport::default(), Mtu::Mtu1024);
+    assert!(start.elapsed() < timeout * 3, "took {:?}", start.elapsed());
+    t.join().unwrap();
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    }
+}
+
+fn version_bytes(v: &str) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..v.len()].copy_from_slice(v.as_bytes());
+    b
+}
+
+#[test]
+fn another_perftest_version_is_refused_naming_both() {
+    for role in [Role::Client, Role::Server] {
+        let e = against(role, Duration::from_secs(2), |mut p| {
+            p.write_all(&version_bytes("6.29")).unwrap();
+            let mut theirs = [0u8; 16];
+            p.read_exact(&mut theirs).unwrap();
+            assert_eq!(&theirs, &version_bytes("6.06"), "the peer still gets our version");
+        });
+        let msg = e.to_string();
+        assert!(matches!(e, ExchangeError::Version { .. }), "{msg}");
+        assert!(msg.contains("\"6.29\"") && msg.contains("\"6.06\""), "{msg}");
+        assert!(!msg.contains('\n'));
+    }
+}
+
+#[test]
+fn garbage_version_is_malformed() {
+    let e = against(Role::Server, Duration::from_secs(2), |mut p| {
+        p.write_all(&[0xff; 16]).unwrap();
+        let _ = p.read(&mut [0u8; 16]);
+    });
+    assert!(matches!(e, ExchangeError::Malformed { step: "version", .. }), "{e}");
+}
+
+/// Plays a perftest server up to the MTU: answers version and sys data correctly, then sends `mtu`.
+fn answer_until_mtu(p: &mut PipeEnd, mtu: [u8; 2]) {
+    let mut buf = [0u8; 16];
+    p.read_exact(&mut buf).unwrap();
+    p.write_all(&version_bytes("6.06")).unwrap();
+    for v in [4096i32, 64] {
+        p.read_exact(&mut buf[..4]).unwrap();
+        p.write_all(&v.to_be_bytes()).unwrap();
+    }
+    p.read_exact(&mut buf[..2]).unwrap();
+    p.write_all(&mtu).unwrap();
+}
+
+fn peer_until_mtu(mtu: [u8; 2]) -> impl FnOnce(PipeEnd) + Send + 'static {
+    move |mut p| answer_until_mtu(&mut p, mtu)
+}
+
+#[test]
+fn forced_mtu_the_peer_cannot_use_is_a_clear_error() {
+    let (a, b) = pipe(Duration::from_secs(2));
+    let t = thread::spawn(move || peer_until_mtu(*b"3\0")(b));
+    let mut ex = Exchange::new(a, Role::Client, Duration::from_secs(2));
+    let e = ex.setup(SysData::default(), Mtu::Mtu4096, true).unwrap_err();
+    t.join().unwrap();
+    assert_eq!(e.to_string(), "MTU mismatch: -m 4096 was requested but the peer's MTU is 1024");
+    // Not forced: both take the smaller.
+    let (a, b) = pipe(Duration::from_secs(2));
+    let t = thread::spawn(move || peer_until_mtu(*b"3\0")(b));
+    let mut ex = Exchange::new(a, Role::Client, Duration::from_secs(2));
+    assert_eq!(ex.setup(SysData::default(), Mtu::Mtu4096, false).unwrap().mtu, Mtu::Mtu1024);
+    t.join().unwrap();
+    // A peer with a larger MTU than our forced one is fine: both use ours.
+    let (a, b) = pipe(Duration::from_secs(2));
+    let t = thread::spawn(move || peer_until_mtu(*b"5\0")(b));
+    let mut ex = Exchange::new(a, Role::Client, Duration::from_secs(2));
+    assert_eq!(ex.setup(SysData::default(), Mtu::Mtu1024, true).unwrap().mtu, Mtu::Mtu1024);
+    t.join().unwrap();
+}
+
+#[test]
+fn garbage_mtu_and_sys_data_are_malformed() {
+    for bad in [*b"7\0", *b"33", *b"\0\0"] {
+        let e = against(Role::Client, Duration::from_secs(2), peer_until_mtu(bad));
+        assert!(matches!(e, ExchangeError::Malformed { step: "MTU", .. }), "{bad:?}: {e}");
+    }
+    let e = against(Role::Client, Duration::from_secs(2), |mut p| {
+        let mut buf = [0u8; 16];
+        p.read_exact(&mut buf).unwrap();
+        p.write_all(&version_bytes("6.06")).unwrap();
+        p.read_exact(&mut buf[..4]).unwrap();
+        p.write_all(&(-1i32).to_be_bytes()).unwrap();
+    });
+    assert!(matches!(e, ExchangeError::Malformed { step: "cycle buffer", .. }), "{e}");
+}
+
+#[test]
+fn a_peer_that_vanishes_mid_exchange_is_reported() {
+    for role in [Role::Client, Role::Server] {
+        let e = against(role, Duration::from_secs(5), |mut p| {
+            // Version only, then gone.
+            let mut buf = [0u8; 16];
+            if p.write_all(&version_bytes("6.06")).is_ok() {
+                let _ = p.read_exact(&mut buf);
+            }
+        });
+        assert!(matches!(e, ExchangeError::PeerClosed { .. }), "{role:?}: {e}");
+        assert!(e.to_string().contains("peer closed the connection during the"), "{e}");
+    }
+}
+
+#[test]
+fn a_silent_peer_times_out() {
+    let start = Instant::now();
+    let e = against(Role::Client, Duration::from_millis(300), |p| {
+        thread::sleep(Duration::from_millis(600));
+        drop(p);
+    });
+    assert!(matches!(e, ExchangeError::Timeout { step: "version", .. }), "{e}");
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert_eq!(e.to_string(), "peer sent nothing for 0.3 s during the version exchange");
+}
+
+#[test]
+fn garbage_record_from_the_peer_is_malformed() {
+    let e = against(Role::Client, Duration::from_secs(2), |mut p| {
+        answer_until_mtu(&mut p, *b"3\0");
+        let mut buf = [0u8; DEST_LEN];
+        let _ = p.read_exact(&mut buf);
+        let _ = p.write_all(&[b'?'; DEST_LEN]);
+    });
+    assert!(matches!(e, ExchangeError::Malformed { step: "QP record", .. }), "{e}");
+}
+
+// ---- real TCP on 127.0.0.1 ----------------------------------------------------------------------------------
+
+#[test]
+fn our_client_and_server_over_tcp_every_test() {
+    for test in TestKind::ALL {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sv = dest(0x51, 2, 16);
+        let server = thread::spawn(move || {
+            let s = accept(&listener, Some(Duration::from_secs(10)), Duration::from_secs(10)).unwrap();
+            run_side(
+                Exchange::new(s, Role::Server, Duration::from_secs(10)),
+                test,
+                &sv,
+                &BwReport::default(),
+                Mtu::Mtu4096,
+            )
+        });
+        let cl = dest(0x31, 1, 16);
+        let rep = BwReport { size: 65536, iters: 5000, bw_peak: 1000.5, bw_avg: 999.25, msg_rate: 0.015 };
+        let s = connect("127.0.0.1", port, Duration::from_secs(10)).unwrap();
+        let c = run_side(Exchange::new(s, Role::Client, Duration::from_secs(10)), test, &cl, &rep, Mtu::Mtu2048)
+            .unwrap_or_else(|e| panic!("{test:?} client: {e}"));
+        let s = server.join().unwrap().unwrap_or_else(|e| panic!("{test:?} server: {e}"));
+        assert_eq!(c.remote, vec![sv], "{test:?}");
+        assert_eq!(s.remote, vec![cl], "{test:?}");
+        assert_eq!((c.mtu, s.mtu), (Mtu::Mtu2048, Mtu::Mtu2048));
+        let reports = matches!(test, TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw);
+        assert_eq!(s.peer_report, reports.then_some(rep), "{test:?}");
+    }
+}
+
+#[test]
+fn connection_refused_is_one_line_within_the_timeout() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let start = Instant::now();
+    let e = connect("127.0.0.1", port, Duration::from_millis(500)).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    let msg = e.to_string();
+    assert!(msg.starts_with(&format!("couldn't connect to 127.0.0.1:{port}: ")), "{msg}");
+    assert!(msg.to_lowercase().contains("refused"), "{msg}");
+    assert!(!msg.contains('\n'));
+}
+
+#[test]
+fn no_client_in_time_is_an_accept_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let e = accept(&listener, Some(Duration::from_millis(200)), Duration::from_secs(1)).unwrap_err();
+    assert!(matches!(e, ExchangeError::Listen { .. }), "{e}");
+}
+
+#[test]
+fn a_tcp_peer_that_resets_mid_run_is_reported() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let peer = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 16];
+        s.read_exact(&mut buf).unwrap();
+        s.write_all(&version_bytes("6.06")).unwrap();
+        drop(s); // gone before the sys data
+    });
+    let s: TcpStream = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+    let start = Instant::now();
+    let r = run_side(
+        Exchange::new(s, Role::Client, Duration::from_secs(5)),
+        TestKind::SendLat,
+        &dest(1, 1, 1),
+        &BwReport::default(),
+        Mtu::Mtu1024,
+    );
+    peer.join().unwrap();
+    let e = r.err().expect("an error");
+    assert!(matches!(e, ExchangeError::PeerClosed { .. }), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn gid_types_must_agree() {
+    let v4 = dest(1, 1, 1);
+    let mut v6 = v4;
+    v6.gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x50, 0x54, 0, 0xff, 0xfe, 0x50, 0, 1];
+    check_gid_compatibility(&v4, &dest(2, 2, 1)).unwrap();
+    check_gid_compatibility(&v6, &v6).unwrap();
+    let e = check_gid_compatibility(&v4, &v6).unwrap_err().to_string();
+    assert!(e.contains("ours IPv4-mapped, the peer's IPv6"), "{e}");
+}
+
+/// Plays the captured perftest peer over a real TCP connection: writes its segments, and reads ours checking
+/// every byte against what perftest sent, in capture order; then expects our side to close.
+fn perftest_peer_over_tcp(mut s: TcpStream, segs: Vec<Segment>, peer_is_client: bool, name: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    for (i, seg) in segs.iter().enumerate() {
+        if seg.from_client == peer_is_client {
+            s.write_all(&seg.data).unwrap();
+        } else {
+            let mut got = vec![0u8; seg.data.len()];
+            s.read_exact(&mut got).unwrap_or_else(|e| panic!("{name}: segment {i}: {e}"));
+            assert_eq!(got, seg.data, "{name}: segment {i}");
+        }
+    }
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{name}: {} bytes after the exchange", rest.len());
+}
+
+#[test]
+fn captured_perftest_peer_over_tcp_in_both_roles() {
+    for &(name, test) in CAPTURES {
+        let segs = oob_segments(name);
+        for role in [Role::Client, Role::Server] {
+            let us_client = role == Role::Client;
+            let (mine, my_report) = captured_values(&segs, us_client);
+            let report = my_report.map(|r| BwReport::decode(&r)).unwrap_or_default();
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let segs2 = segs.clone();
+            let out = if us_client {
+                let peer = thread::spawn(move || {
+                    let (s, _) = listener.accept().unwrap();
+                    perftest_peer_over_tcp(s, segs2, false, name);
+                });
+                let s = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+                let out = run_side(Exchange::new(s, role, Duration::from_secs(5)), test, &mine, &report, Mtu::Mtu1024);
+                peer.join().unwrap();
+                out
+            } else {
+                let peer = thread::spawn(move || {
+                    let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                    perftest_peer_over_tcp(s, segs2, true, name);
+                });
+                let s = accept(&listener, Some(Duration::from_secs(5)), Duration::from_secs(5)).unwrap();
+                let out = run_side(Exchange::new(s, role, Duration::from_secs(5)), test, &mine, &report, Mtu::Mtu1024);
+                peer.join().unwrap();
+                out
+            };
+            let out = out.unwrap_or_else(|e| panic!("{name} as {role:?}: {e}"));
+            assert_eq!(out.mtu, Mtu::Mtu1024);
+        }
+    }
+}
+
+#[test]
+fn listen_on_a_busy_port_is_one_line() {
+    let first = listen(0).unwrap();
+    let port = first.local_addr().unwrap().port();
+    // A client reaches it over IPv4 loopback.
+    let c = thread::spawn(move || connect("127.0.0.1", port, Duration::from_secs(5)).map(|_| ()));
+    accept(&first, Some(Duration::from_secs(5)), Duration::from_secs(5)).unwrap();
+    c.join().unwrap().unwrap();
+    let e = listen(port).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("couldn't listen for a client on TCP port {port}: ")), "{e}");
+    assert!(!e.contains('\n'));
+}
+
+#[test]
+fn peer_gone_sees_a_closed_peer_without_blocking() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let peer = thread::spawn(move || {
+        let (s, _) = listener.accept().unwrap();
+        rx.recv().unwrap();
+        drop(s);
+    });
+    let s = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+    let ex = Exchange::new(s, Role::Client, Duration::from_secs(5));
+    let start = Instant::now();
+    assert!(!ex.peer_gone(), "an idle live peer is not gone");
+    assert!(start.elapsed() < Duration::from_millis(500), "peer_gone blocked");
+    tx.send(()).unwrap();
+    peer.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ex.peer_gone() {
+        assert!(Instant::now() < deadline, "closed peer never seen");
+        thread::sleep(Duration::from_millis(10));
+    }
+    // Still usable as a blocking stream afterwards: a read reports the closed peer.
+    let mut ex = ex;
+    assert!(matches!(ex.exchange_versions(), Err(ExchangeError::PeerClosed { .. })));
+}

@@ -1,0 +1,183 @@
+//! perftest's flags and defaults for the eight tools, and one-line refusals of what perftest would refuse.
+
+use roce_dp_tools::perftest::exchange::{Mtu, TestKind};
+use roce_dp_tools::perftest::params::{one_line_error, AtomicType, Params, RunLength};
+
+fn parse(test: TestKind, args: &str) -> Result<Params, String> {
+    let argv = std::iter::once(test.tool_name()).chain(args.split_whitespace());
+    Params::try_parse_from(test, argv).map_err(|e| one_line_error(test, &e))
+}
+
+fn ok(test: TestKind, args: &str) -> Params {
+    parse(test, args).unwrap_or_else(|e| panic!("{test:?} {args:?}: {e}"))
+}
+
+fn err(test: TestKind, args: &str) -> String {
+    match parse(test, args) {
+        Ok(p) => panic!("{test:?} {args:?} parsed: {p:?}"),
+        Err(e) => {
+            assert!(!e.contains('\n'), "not one line: {e}");
+            assert!(e.starts_with(&format!("{}: ", test.tool_name())), "{e}");
+            e
+        }
+    }
+}
+
+#[test]
+fn defaults_per_test_as_perftest() {
+    // (test, size, iters, tx depth, rx depth)
+    let table = [
+        (TestKind::SendBw, 65536, 1000, 128, 512),
+        (TestKind::WriteBw, 65536, 5000, 128, 1),
+        (TestKind::ReadBw, 65536, 1000, 128, 1),
+        (TestKind::AtomicBw, 8, 1000, 128, 1),
+        (TestKind::SendLat, 2, 1000, 1, 512),
+        (TestKind::WriteLat, 2, 1000, 1, 1),
+        (TestKind::ReadLat, 2, 1000, 1, 1),
+        (TestKind::AtomicLat, 8, 1000, 1, 1),
+    ];
+    for (test, size, iters, tx, rx) in table {
+        let p = ok(test, "");
+        assert_eq!(p.sizes, vec![size], "{test:?}");
+        assert_eq!(p.run, RunLength::Iterations(iters), "{test:?}");
+        assert_eq!((p.tx_depth, p.rx_depth), (tx, rx), "{test:?}");
+        assert_eq!(p.port, 18515);
+        assert_eq!(p.qp_timeout, 14);
+        assert_eq!(p.num_qps, 1);
+        assert_eq!(p.cq_mod, if test.is_bw() { 100 } else { 1 }, "{test:?}");
+        assert_eq!(p.atomic_type, AtomicType::FetchAndAdd);
+        assert_eq!(p.mtu, None);
+        assert!(!p.is_client());
+        assert!(!p.duplex && !p.report_gbits && !p.out_json && !p.data_validation && !p.all);
+    }
+}
+
+#[test]
+fn depths_clamp_to_iterations_as_the_captured_banners_show() {
+    // rc_write_4k: "-s 4096 -n 20" printed "TX depth : 20" and "CQ Moderation : 20".
+    let p = ok(TestKind::WriteBw, "10.50.0.2 -s 4096 -n 20");
+    assert_eq!((p.tx_depth, p.cq_mod), (20, 20));
+    assert_eq!(p.host.as_deref(), Some("10.50.0.2"));
+    // drop5: "-n 25" -> 25 / 25.
+    let p = ok(TestKind::WriteBw, "-s 4096 -n 25");
+    assert_eq!((p.tx_depth, p.cq_mod), (25, 25));
+    // rc_send_4k server: "RX depth : 20".
+    assert_eq!(ok(TestKind::SendBw, "-n 20").rx_depth, 20);
+    assert_eq!(ok(TestKind::SendLat, "-s 64 -n 20").rx_depth, 20);
+    // Latency: TX depth 1.
+    assert_eq!(ok(TestKind::WriteLat, "-s 64 -n 20").tx_depth, 1);
+    // Duration mode does not clamp.
+    let p = ok(TestKind::SendBw, "-D 3");
+    assert_eq!((p.run, p.tx_depth, p.rx_depth), (RunLength::Duration(3), 128, 512));
+}
+
+#[test]
+fn every_flag_of_the_issue_parses() {
+    let p = ok(
+        TestKind::ReadBw,
+        "host1 -s 4096 -n 50 -q 4 -t 64 -m 4096 -x 1 -p 18600 -u 17 -o 8 -b -F -N -Q 10 \
+         --report_gbits --out_json --out_json_file /tmp/r.json --data_validation -d rdp0 -i 1 -c RC",
+    );
+    assert_eq!(p.host.as_deref(), Some("host1"));
+    assert_eq!(p.sizes, vec![4096]);
+    assert_eq!(p.run, RunLength::Iterations(50));
+    assert_eq!((p.num_qps, p.tx_depth, p.cq_mod), (4, 50, 10));
+    assert_eq!(p.mtu, Some(Mtu::Mtu4096));
+    assert_eq!((p.gid_index, p.port, p.qp_timeout, p.out_reads), (Some(1), 18600, 17, Some(8)));
+    assert!(p.duplex && p.cpu_freq_ignore && p.no_peak && p.report_gbits && p.out_json && p.data_validation);
+    assert_eq!(p.out_json_file.as_deref(), Some(std::path::Path::new("/tmp/r.json")));
+    assert_eq!(p.ib_dev.as_deref(), Some("rdp0"));
+    // Long forms.
+    let p = ok(TestKind::AtomicBw, "--size=8 --iters=100 --qp=2 --tx-depth=16 --atomic_type=CMP_AND_SWAP --mtu=1024");
+    assert_eq!(p.atomic_type, AtomicType::CmpAndSwap);
+    assert_eq!((p.num_qps, p.tx_depth), (2, 16));
+    // --out_json_file alone implies JSON.
+    assert!(ok(TestKind::SendLat, "--out_json_file x.json").out_json);
+    // -a: 2 .. 2^23.
+    let p = ok(TestKind::WriteLat, "-a");
+    assert_eq!(p.sizes.len(), 23);
+    assert_eq!((p.sizes[0], p.sizes[22]), (2, 1 << 23));
+    let p = ok(TestKind::WriteBw, "--run_infinitely -D 2");
+    assert_eq!(p.run, RunLength::Infinitely(2));
+    assert_eq!(ok(TestKind::WriteBw, "--run_infinitely").run, RunLength::Infinitely(5));
+    assert_eq!(ok(TestKind::SendBw, "-r 64 -n 1000").rx_depth, 64);
+}
+
+#[test]
+fn bad_input_is_one_line() {
+    let e = err(TestKind::WriteBw, "--bogus");
+    assert!(e.contains("--bogus"), "{e}");
+    let e = err(TestKind::WriteBw, "-m 1500");
+    assert!(e.contains("256, 512, 1024, 2048 or 4096"), "{e}");
+    let e = err(TestKind::WriteBw, "-c UD");
+    assert!(e.contains("RC only"), "{e}");
+    let e = err(TestKind::WriteBw, "-A CMP_AND_SWAP");
+    assert!(e.contains("-A/--atomic_type is only available in atomic tests"), "{e}");
+    let e = err(TestKind::AtomicBw, "-A XOR");
+    assert!(e.contains("XOR"), "{e}");
+    let e = err(TestKind::AtomicLat, "-s 16");
+    assert!(e.contains("always 8"), "{e}");
+    err(TestKind::AtomicBw, "-a");
+    let e = err(TestKind::WriteLat, "-q 2");
+    assert!(e.contains("-q/--qp 2 is not available in latency tests"), "{e}");
+    for flag in ["-b", "-N", "--report_gbits", "--run_infinitely", "-Q 4"] {
+        let e = err(TestKind::SendLat, flag);
+        assert!(e.contains("only available in BW tests"), "{flag}: {e}");
+    }
+    err(TestKind::WriteBw, "-o 4");
+    err(TestKind::WriteBw, "-r 4");
+    let e = err(TestKind::WriteBw, "-n 4");
+    assert!(e.contains("5..=100000000"), "{e}");
+    err(TestKind::WriteBw, "-t 15001");
+    err(TestKind::SendBw, "-r 16385");
+    err(TestKind::WriteBw, "-Q 1025");
+    err(TestKind::WriteBw, "-x 65");
+    err(TestKind::WriteBw, "-s 0");
+    err(TestKind::WriteBw, "-s 4096 -a");
+    err(TestKind::WriteBw, "-n 100 -D 5");
+    err(TestKind::WriteBw, "-u 32");
+    err(TestKind::WriteBw, "-q 0");
+    err(TestKind::WriteBw, "-s abc");
+    err(TestKind::WriteBw, "host1 host2");
+}
+
+#[test]
+fn help_names_the_tool() {
+    let e = Params::try_parse_from(TestKind::ReadLat, ["rdp_read_lat", "--help"]).unwrap_err();
+    assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+    let text = e.render().to_string();
+    assert!(text.contains("rdp_read_lat"), "{text}");
+    assert!(text.contains("--report_gbits") && text.contains("--data_validation"), "{text}");
+}
+
+/// In a child process (re-running this test binary): parse the arguments in RDP_PARAMS_CHILD and print them.
+#[test]
+fn child_parse_from_or_exit() {
+    let Ok(args) = std::env::var("RDP_PARAMS_CHILD") else { return };
+    let p = Params::parse_from_or_exit(TestKind::WriteBw, args.split_whitespace());
+    println!("parsed iters={:?}", p.run);
+}
+
+fn run_child(args: &str) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_parse_from_or_exit", "--nocapture", "--test-threads=1"])
+        .env("RDP_PARAMS_CHILD", args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_bad_command_line_exits_2_with_one_line() {
+    let out = run_child("rdp_write_bw --bogus");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines, ["rdp_write_bw: unexpected argument '--bogus' found (see --help)"], "{err}");
+    let out = run_child("rdp_write_bw -n 20");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("parsed iters=Iterations(20)"));
+    // --help prints the usage and succeeds.
+    let out = run_child("rdp_write_bw --help");
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage: rdp_write_bw"));
+}

@@ -1,0 +1,277 @@
+//! perftest's printed output, golden against the real perftest 4.5 outputs in shared/vectors/rxe/*.perftest.txt:
+//! the figures each file printed go through our formatter, with the banner built from the same command line
+//! through our flag parser and the address lines from the QP records in the same run's capture, and every
+//! line must come out as perftest printed it. The one documented difference: the BW header says MiB/sec where
+//! perftest 4.5 said MB/sec (same 2^20-based figures; perftest >= 24.07 prints MiB/sec).
+
+mod common;
+
+use common::{oob_segments, vectors};
+use roce_dp_tools::perftest::exchange::{BwReport, Dest, Mtu, Role, TestKind, DEST_LEN};
+use roce_dp_tools::perftest::params::{AtomicType, Params};
+use roce_dp_tools::perftest::report::{
+    address_lines, addresses, bw_header, bw_line, bw_report, c_alt_hex, json, lat_dur_line, lat_line, mibs_to_gbits,
+    rtt_factor, title, waiting_lines, Banner, LatRecorder, LatStats, Results, RESULT_FMT_LAT, RESULT_LINE,
+};
+use std::time::Duration;
+
+/// (output file, capture, test)
+const RUNS: &[(&str, &str, TestKind)] = &[
+    ("rc_write_4k.perftest.txt", "rc_write_4k.pcap", TestKind::WriteBw),
+    ("rc_send_4k.perftest.txt", "rc_send_4k.pcap", TestKind::SendBw),
+    ("rc_read_4k.perftest.txt", "rc_read_4k.pcap", TestKind::ReadBw),
+    ("rc_atomic.perftest.txt", "rc_atomic.pcap", TestKind::AtomicBw),
+    ("rc_send_lat_64.perftest.txt", "rc_send_lat_64.pcap", TestKind::SendLat),
+    ("rc_write_lat_64.perftest.txt", "rc_write_lat_64.pcap", TestKind::WriteLat),
+    ("drop5_write_tapa0.perftest.txt", "drop5_write_tapa0.pcap", TestKind::WriteBw),
+    ("ecn_ce_all_write_tapa0.perftest.txt", "ecn_ce_all_write_tapa0.pcap", TestKind::WriteBw),
+];
+
+struct Captured {
+    args: Vec<String>,
+    client: Vec<String>,
+    server: Vec<String>,
+}
+
+fn read_output(name: &str) -> Captured {
+    let text = std::fs::read_to_string(vectors().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut lines = text.lines();
+    let head = lines.next().unwrap();
+    // "### ib_write_bw -s 4096 -n 20  (client A -> server B via 10.50.0.2)"
+    let cmd = head.strip_prefix("### ").unwrap().split("  (").next().unwrap();
+    let args = cmd.split_whitespace().skip(1).map(String::from).collect();
+    let mut client = Vec::new();
+    let mut server = Vec::new();
+    let mut in_client = true;
+    for l in lines {
+        if l.starts_with("### client rc-time") {
+            in_client = false;
+        } else if in_client {
+            client.push(l.to_string());
+        } else if let Some(s) = l.strip_prefix("  [srv] ") {
+            server.push(s.to_string());
+        }
+    }
+    // What perftest prints before its banner on rxe (an inline warning, a stray RESULT_LINE) is not ours.
+    let title_at = client.iter().position(|l| l.starts_with("                    ")).expect("title");
+    client.drain(..title_at - 1);
+    let wait_at = server.iter().position(|l| l.contains("Waiting for client")).expect("waiting");
+    server.drain(..wait_at - 2);
+    Captured { args, client, server }
+}
+
+fn first_record(segs: &[common::Segment], client: bool) -> Dest {
+    let s = segs.iter().find(|s| s.from_client == client && s.data.len() == DEST_LEN).unwrap();
+    Dest::decode(&s.data).unwrap()
+}
+
+/// Our rendering of one side's output, from the figures in perftest's table row.
+fn render(test: TestKind, args: &[String], role: Role, local: &Dest, remote: &Dest, row: &str) -> Vec<String> {
+    let mut argv = vec![test.tool_name().to_string()];
+    if role == Role::Client {
+        argv.push("10.50.0.2".into());
+    }
+    argv.extend(args.iter().cloned());
+    let p = Params::try_parse_from(test, &argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    let banner = Banner::new(&p, "rxe0", Mtu::Mtu1024, 1, u32::from(local.out_reads));
+    let mut out = if role == Role::Server { waiting_lines() } else { Vec::new() };
+    out.extend(banner.lines());
+    out.extend(addresses(test, std::slice::from_ref(local), std::slice::from_ref(remote)));
+    let n: Vec<f64> = row.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    if test.is_bw() {
+        out.push(bw_header(false).to_string());
+        let r = BwReport { size: n[0] as u64, iters: n[1] as u64, bw_peak: n[2], bw_avg: n[3], msg_rate: n[4] };
+        out.push(bw_line(&r, false));
+    } else {
+        out.push(RESULT_FMT_LAT.to_string());
+        let s = LatStats {
+            size: n[0] as u64,
+            iters: n[1] as u64,
+            t_min: n[2],
+            t_max: n[3],
+            t_typical: n[4],
+            t_avg: n[5],
+            t_stdev: n[6],
+            p99: n[7],
+            p999: n[8],
+        };
+        out.push(lat_line(&s));
+    }
+    out.push(RESULT_LINE.to_string());
+    out
+}
+
+fn compare(what: &str, ours: &[String], theirs: &[String]) {
+    let theirs: Vec<String> = theirs.iter().map(|l| l.replace("[MB/sec]", "[MiB/sec]")).collect();
+    for (i, (o, t)) in ours.iter().zip(&theirs).enumerate() {
+        assert_eq!(o, t, "{what}: line {i} differs");
+    }
+    assert_eq!(ours.len(), theirs.len(), "{what}: ours {ours:#?}\ntheirs {theirs:#?}");
+}
+
+#[test]
+fn client_and_server_output_as_perftest_printed_it() {
+    for &(txt, pcap, test) in RUNS {
+        let cap = read_output(txt);
+        let segs = oob_segments(pcap);
+        let (c, s) = (first_record(&segs, true), first_record(&segs, false));
+        let row_of = |lines: &[String]| lines[lines.len() - 2].clone();
+        let ours = render(test, &cap.args, Role::Client, &c, &s, &row_of(&cap.client));
+        compare(&format!("{txt} client"), &ours, &cap.client);
+        let ours = render(test, &cap.args, Role::Server, &s, &c, &row_of(&cap.server));
+        compare(&format!("{txt} server"), &ours, &cap.server);
+    }
+}
+
+#[test]
+fn the_mib_header_is_the_only_textual_change() {
+    // perftest 4.5's header with MB -> MiB is exactly ours; nothing else moves.
+    let theirs = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
+    assert_eq!(bw_header(false), theirs.replace("MB/sec", "MiB/sec"));
+    assert_eq!(bw_header(true), theirs.replace("MB/sec", "Gb/sec"));
+}
+
+#[test]
+fn c_alternate_hex_as_printf() {
+    // Values from the captured address lines.
+    assert_eq!(c_alt_hex(0, 4), "0000");
+    assert_eq!(c_alt_hex(0x35, 6), "0x0035");
+    assert_eq!(c_alt_hex(0x76849, 6), "0x76849");
+    assert_eq!(c_alt_hex(0xdab31a, 6), "0xdab31a");
+    assert_eq!(c_alt_hex(0x26a8, 8), "0x0026a8");
+    assert_eq!(c_alt_hex(0x5621_a9ba_d000, 16), "0x005621a9bad000");
+    assert_eq!(c_alt_hex(0x80, 4), "0x80");
+}
+
+#[test]
+fn titles_of_all_eight_tests() {
+    let t = |k, a| title(k, a).trim_start().to_string();
+    assert_eq!(t(TestKind::SendBw, AtomicType::FetchAndAdd), "Send BW Test");
+    assert_eq!(t(TestKind::WriteBw, AtomicType::FetchAndAdd), "RDMA_Write BW Test");
+    assert_eq!(t(TestKind::ReadBw, AtomicType::FetchAndAdd), "RDMA_Read BW Test");
+    assert_eq!(t(TestKind::AtomicBw, AtomicType::FetchAndAdd), "Atomic FETCH_AND_ADD BW Test");
+    assert_eq!(t(TestKind::AtomicBw, AtomicType::CmpAndSwap), "Atomic CMP_AND_SWAP BW Test");
+    assert_eq!(t(TestKind::SendLat, AtomicType::FetchAndAdd), "Send Latency Test");
+    assert_eq!(t(TestKind::WriteLat, AtomicType::FetchAndAdd), "RDMA_Write Latency Test");
+    assert_eq!(t(TestKind::ReadLat, AtomicType::FetchAndAdd), "RDMA_Read Latency Test");
+    assert_eq!(t(TestKind::AtomicLat, AtomicType::FetchAndAdd), "Atomic FETCH_AND_ADD Latency Test");
+    assert!(title(TestKind::SendBw, AtomicType::FetchAndAdd).starts_with(&" ".repeat(20)));
+}
+
+#[test]
+fn several_qps_print_all_local_then_all_remote() {
+    let d = |q| Dest { qpn: q, psn: q, ..Dest::default() };
+    let v = addresses(TestKind::SendBw, &[d(1), d(2)], &[d(3), d(4)]);
+    let qpns: Vec<&str> = v.iter().filter_map(|l| l.split("QPN ").nth(1)).map(|r| &r[..6]).collect();
+    assert_eq!(qpns, ["0x0001", "0x0002", "0x0003", "0x0004"]);
+    assert!(v[0].starts_with(" local") && v[4].starts_with(" remote"));
+    assert_eq!(v.last().unwrap(), RESULT_LINE);
+    assert_eq!(
+        address_lines(TestKind::SendBw, true, &d(1))[1],
+        " GID: 00:00:00:00:00:00:00:00:00:00:00:00:00:00:00:00"
+    );
+}
+
+#[test]
+fn bw_figures_from_a_measurement() {
+    // 20 x 4096 B in 10 ms: 8192000 B/s = 7.8125 MiB/s; 2000 msg/s = 0.002 Mpps.
+    let r = bw_report(4096, 20, 1, false, Duration::from_millis(10), 8.5);
+    assert_eq!((r.size, r.iters), (4096, 20));
+    assert!((r.bw_avg - 7.8125).abs() < 1e-9, "{}", r.bw_avg);
+    assert!((r.msg_rate - 0.002).abs() < 1e-12);
+    assert_eq!(r.bw_peak, 8.5);
+    // Four QPs and both directions: eight times the bytes, the same #iterations column.
+    let r4 = bw_report(4096, 20, 4, true, Duration::from_millis(10), 0.0);
+    assert!((r4.bw_avg - 8.0 * 7.8125).abs() < 1e-9);
+    assert_eq!(r4.iters, 20);
+    assert_eq!(bw_line(&r, false), " 4096       20               8.50               7.81   \t\t   0.002000");
+    // Gb/s: 7.8125 MiB/s = 8192000 B/s = 0.065536 Gb/s.
+    assert!((mibs_to_gbits(7.8125) - 0.065536).abs() < 1e-12);
+    assert_eq!(bw_line(&r, true), " 4096       20               0.07               0.07   \t\t   0.002000");
+    assert_eq!(bw_report(1, 1, 1, false, Duration::ZERO, 0.0).bw_avg, 0.0);
+}
+
+#[test]
+fn latency_statistics_and_rtt_factor() {
+    assert_eq!(rtt_factor(TestKind::SendLat), 2);
+    assert_eq!(rtt_factor(TestKind::WriteLat), 2);
+    assert_eq!(rtt_factor(TestKind::ReadLat), 1);
+    assert_eq!(rtt_factor(TestKind::AtomicLat), 1);
+    let mut rec = LatRecorder::new();
+    assert!(rec.stats(64, 20, 2).is_none());
+    // 1..=1000 us round trips.
+    for us in 1..=1000u64 {
+        rec.record(Duration::from_micros(us));
+    }
+    assert_eq!(rec.len(), 1000);
+    let s = rec.stats(64, 1000, 1).unwrap();
+    assert_eq!((s.t_min, s.t_max), (1.0, 1000.0));
+    assert!((s.t_avg - 500.5).abs() < 1e-9);
+    // Population stdev of 1..=n: sqrt((n^2 - 1) / 12).
+    assert!((s.t_stdev - ((1000.0f64 * 1000.0 - 1.0) / 12.0).sqrt()).abs() < 1e-6, "{}", s.t_stdev);
+    let near = |got: f64, want: f64| (got - want).abs() <= want * 0.001 + 1e-9;
+    assert!(near(s.t_typical, 500.0), "median {}", s.t_typical);
+    assert!(near(s.p99, 990.0), "p99 {}", s.p99);
+    assert!(near(s.p999, 999.0), "p99.9 {}", s.p999);
+    // Half round trip for send/write.
+    let h = rec.stats(64, 1000, 2).unwrap();
+    assert_eq!((h.t_min, h.t_max), (0.5, 500.0));
+    assert!((h.t_avg - 250.25).abs() < 1e-9);
+    assert!(near(h.t_typical, 250.0));
+    // A skewed set: the median is not the mean.
+    let mut rec = LatRecorder::new();
+    for us in [10u64, 10, 10, 10, 1000] {
+        rec.record(Duration::from_micros(us));
+    }
+    let s = rec.stats(2, 5, 1).unwrap();
+    assert!(near(s.t_typical, 10.0) && (s.t_avg - 208.0).abs() < 1e-9);
+    assert!(near(s.p99, 1000.0));
+}
+
+#[test]
+fn json_carries_the_table_figures() {
+    let p = Params::try_parse_from(TestKind::WriteBw, ["rdp_write_bw", "h", "-s", "4096", "-n", "20"]).unwrap();
+    let banner = Banner::new(&p, "rdp0", Mtu::Mtu1024, 1, 1);
+    let r = BwReport { size: 4096, iters: 20, bw_peak: 8.7, bw_avg: 7.93, msg_rate: 0.00203 };
+    let j = json(&banner, &Results::Bw(vec![r]), false);
+    assert!(j.contains("\"test\": \"RDMA_Write BW Test\""), "{j}");
+    assert!(
+        j.contains(
+            "{\"MsgSize\": 4096, \"n_iterations\": 20, \"BW_peak\": 8.70, \"BW_average\": 7.93, \"MsgRate\": 0.002030}"
+        ),
+        "{j}"
+    );
+    assert!(j.contains("\"bw_unit\": \"MiB/sec\""));
+    let g = json(&banner, &Results::Bw(vec![r, r]), true);
+    assert!(g.contains("\"results\": [") && g.contains("\"bw_unit\": \"Gb/sec\""), "{g}");
+    assert_eq!(g.matches("\"MsgSize\"").count(), 2);
+    let p = Params::try_parse_from(TestKind::SendLat, ["rdp_send_lat"]).unwrap();
+    let banner = Banner::new(&p, "a\"b", Mtu::Mtu4096, 0, 1);
+    let s = LatStats {
+        size: 2,
+        iters: 1000,
+        t_min: 1.0,
+        t_max: 9.0,
+        t_typical: 2.0,
+        t_avg: f64::NAN,
+        t_stdev: 0.5,
+        p99: 8.0,
+        p999: 9.0,
+    };
+    let j = json(&banner, &Results::Lat(vec![s]), false);
+    assert!(j.contains("\"device\": \"a\\\"b\""), "{j}");
+    assert!(
+        j.contains("\"t_typical\": 2.00") && j.contains("\"t_avg\": 0.00") && j.contains("\"percentile_99.9\": 9.00"),
+        "{j}"
+    );
+    assert!(j.contains("\"role\": \"server\""));
+    // Balanced braces and brackets, no NaN.
+    assert_eq!(j.matches('{').count(), j.matches('}').count());
+    assert!(!j.contains("NaN"));
+}
+
+#[test]
+fn latency_duration_row() {
+    // REPORT_FMT_LAT_DUR: " %-7lu       %d            %-7.2f        %-7.2f".
+    assert_eq!(lat_dur_line(2, 123456, 1.5, 333333.333), " 2             123456            1.50           333333.33");
+}
