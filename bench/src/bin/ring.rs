@@ -456,6 +456,8 @@ fn main() {
     );
     println!();
     println!("Round trip = two one-way hops. Ring waiters spin (yield every 256 polls); channels block in recv.");
-    println!("With fewer idle cores than threads the spinning rows measure the scheduler, not the rings.");
+    println!("With fewer idle cores than threads the spinning rows measure the scheduler, not the rings: when both");
+    println!("sides share a core they hand over only at yields (~17-25 us per round trip on this 2-CPU VM), so a");
+    println!("loaded machine gives bimodal rows. Pinning the sides to CPUs 0 and 1 made it worse here (busy cores).");
     println!("reproduce: cargo run --release -p roce-dp-bench --bin ring{}", if quick { " -- --quick" } else { "" });
 }
