@@ -696,6 +696,17 @@ impl<T: Pod> SlotTable<T> {
         Some(())
     }
 
+    /// Writes element `k` (`None` if `k >= per_slot`) of the slot of ring index `index`.
+    #[inline]
+    pub fn set(&mut self, index: u32, k: usize, value: T) -> Option<()> {
+        if k >= self.per_slot as usize {
+            return None;
+        }
+        // SAFETY: k < per_slot: inside the slot.
+        unsafe { ptr::write_volatile(self.slot(index).add(k), value) };
+        Some(())
+    }
+
     /// Copies element `k` (`None` if `k >= per_slot`) of the slot of ring index `index`.
     #[inline]
     pub fn get(&self, index: u32, k: usize) -> Option<T> {
@@ -819,6 +830,8 @@ mod tests {
         assert_eq!(r.read(5 + 4 * 1000, &mut d), Some(()), "index is masked");
         assert_eq!(d, [1, 2]);
         assert_eq!((r.get(1, 2), r.get(1, 3)), (Some(3), None));
+        assert_eq!((w.set(9, 0, 7), w.set(1, 3, 7)), (Some(()), None));
+        assert_eq!(r.get(1, 0), Some(7));
         assert_eq!(r.read(1, &mut [0u32; 4]), None);
     }
 

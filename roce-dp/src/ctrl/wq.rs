@@ -74,6 +74,16 @@ fn ext_sge(table: Option<&SlotTable<Sge>>, index: u32, k: usize) -> Sge {
     table.and_then(|t| t.get(index, k - 1)).unwrap_or_default()
 }
 
+/// Writes SGEs 2..n of `sgl` into the side-table slot of ring index `index`: the slot of the WQE about to be pushed,
+/// which the caller reserved; the table is long enough for max_sge (constructor check).
+fn write_ext(table: Option<&mut SlotTable<Sge>>, index: u32, sgl: &[verbs::Sge]) {
+    if let Some(t) = table {
+        for (k, s) in sgl.iter().enumerate().skip(1) {
+            let _ = t.set(index, k - 1, (*s).into());
+        }
+    }
+}
+
 /// The daemon's reader of a QP's send queue.
 pub struct SendQueueReader {
     ring: Consumer<Wqe>,
@@ -200,18 +210,7 @@ impl SendQueueWriter {
         let mut wr = *wr;
         wr.inline = false;
         self.ring.reserve()?; // before touching the slot's side table
-        if sgl.len() > 1 {
-            let mut ext = [Sge::default(); super::abi::MAX_WQE_SGE];
-            for (d, s) in ext.iter_mut().zip(&sgl[1..]) {
-                *d = (*s).into();
-            }
-            let index = self.ring.next_index();
-            // The slot of the WQE about to be pushed (free: reserved above); the table is long enough (constructor
-            // check).
-            if let Some(t) = self.sges.as_mut() {
-                let _ = t.write(index, &ext[..sgl.len() - 1]);
-            }
-        }
+        write_ext(self.sges.as_mut(), self.ring.next_index(), sgl);
         self.ring.push_publish(Wqe::encode(&wr, sgl, 0))?;
         Ok(())
     }
@@ -257,16 +256,7 @@ impl RecvQueueWriter {
             return Err(WqError::Wqe { index: self.ring.next_index(), wr_id, error });
         }
         self.ring.reserve()?; // before touching the slot's side table
-        if sgl.len() > 1 {
-            let mut ext = [Sge::default(); super::abi::MAX_WQE_SGE];
-            for (d, s) in ext.iter_mut().zip(&sgl[1..]) {
-                *d = (*s).into();
-            }
-            let index = self.ring.next_index();
-            if let Some(t) = self.sges.as_mut() {
-                let _ = t.write(index, &ext[..sgl.len() - 1]);
-            }
-        }
+        write_ext(self.sges.as_mut(), self.ring.next_index(), sgl);
         self.ring.push_publish(RecvWqe::encode(wr_id, sgl))?;
         Ok(())
     }
