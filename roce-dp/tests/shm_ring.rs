@@ -160,6 +160,16 @@ fn qp_header() -> RegionHeader {
     RegionHeader::qp(64, 64, 4, 4, 256).unwrap()
 }
 
+/// The CQ of the hostile test follows the QP region (inside the same guard pages).
+fn cq_header() -> RegionHeader {
+    RegionHeader::cq(64).unwrap()
+}
+
+fn cq_ring() -> RingDesc {
+    let h = cq_header();
+    RingDesc { offset: h.sq.offset + (QP_AT as u64 + qp_header().region_len), ..h.sq }
+}
+
 /// Child role "hostile": scribbles over everything it can see of the QP region for a bounded number of rounds.
 fn child_hostile() {
     let mut region = ShmRegion::open_inherited(env_u64(FD) as i32).expect("map inherited region");
@@ -171,7 +181,9 @@ fn child_hostile() {
     let h: RegionHeader = region.read(QP_AT).expect("header");
     h.check(region_kind::QP, region.len() - QP_AT).expect("the daemon's header is valid");
     let start = QP_AT;
-    let end = QP_AT + h.region_len as usize;
+    let end = QP_AT + h.region_len as usize + cq_header().region_len as usize;
+    let cq = cq_ring();
+    let (cq_head_at, cq_tail_at) = (cq.offset as usize, cq.offset as usize + 128);
     let sq = at(h.sq);
     let (head_at, tail_at, slots_at) = (sq.offset as usize, sq.offset as usize + 128, sq.offset as usize + 256);
     // Phase 1: honest indices (the tail never runs more than `capacity` ahead of the daemon's head), hostile
@@ -179,6 +191,9 @@ fn child_hostile() {
     let mut tail = 0u32;
     let mut posted = 0u32;
     while posted < 20_000 {
+        // An honest CQ consumer meanwhile: everything the daemon completed is taken.
+        let cq_tail: u32 = region.read(cq_tail_at).unwrap();
+        region.write(cq_head_at, cq_tail).unwrap();
         let head: u32 = region.read(head_at).unwrap();
         if tail.wrapping_sub(head) >= sq.capacity {
             std::thread::yield_now();
@@ -201,10 +216,10 @@ fn child_hostile() {
         region.write(tail_at, tail).unwrap();
         posted += 1;
     }
-    // Phase 2: anything goes.
+    // Phase 2: anything goes, the CQ ring (whose head is ours to write) included.
     for round in 0..200_000u32 {
         match rng.below(8) {
-            // Random words anywhere in the QP region (header, indices, WQEs, tables).
+            // Random words anywhere in the QP and CQ regions (headers, indices, WQEs, tables, CQEs).
             0..=3 => {
                 let off = start + (rng.below(((end - start) / 8) as u64) as usize) * 8;
                 region.write(off, rng.next_u64()).unwrap();
@@ -235,10 +250,10 @@ fn child_hostile() {
 
 fn hostile_process_gets_typed_errors_and_nothing_outside_is_touched() {
     let h = qp_header();
-    let total = QP_AT + h.region_len as usize + PAGE;
+    let total = QP_AT + h.region_len as usize + cq_header().region_len as usize + PAGE;
     let mut region = ShmRegion::create("roce-dp-hostile", total, Backing::Pages).unwrap();
     region.write(QP_AT, h).unwrap();
-    // Guard pages in this process's mapping: any read or write outside the QP region kills the test.
+    // Guard pages in this process's mapping: any read or write outside the QP and CQ regions kills the test.
     // SAFETY: both ranges are whole pages inside our mapping; nothing in this process uses them.
     unsafe {
         let base = region.as_ptr().as_ptr();
@@ -256,6 +271,14 @@ fn hostile_process_gets_typed_errors_and_nothing_outside_is_touched() {
             limits,
         )
         .unwrap()
+    };
+    // SAFETY: this process is the only producer of the CQ ring.
+    let mut cq = unsafe { region.producer::<abi::Cqe>(cq_ring()).unwrap() };
+    let (mut cq_pushed, mut cq_full, mut cq_corrupt) = (0u64, 0u64, false);
+    let mut complete = |c: abi::Cqe| match cq.push_publish(c) {
+        Ok(()) => cq_pushed += 1,
+        Err(RingError::Full) => cq_full += 1,
+        Err(RingError::Corrupt { .. }) => cq_corrupt = true,
     };
     // A bystander QP of another (honest) client, served by the same loop.
     let (p, c) = heap_ring::<Wqe>(64);
@@ -279,11 +302,22 @@ fn hostile_process_gets_typed_errors_and_nothing_outside_is_touched() {
                     assert!(req.sges.as_slice().len() <= 4 && req.inline_len <= 256);
                     assert!(req.sges.total_len() <= 1 << 31);
                     accepted += 1;
+                    let done = Cqe {
+                        wr_id: req.wr.wr_id,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::Send,
+                        qpn: 0x11,
+                        byte_len: req.sges.total_len() as u32,
+                        imm: None,
+                        invalidated_rkey: None,
+                    };
+                    complete(abi::Cqe::from(&done));
                 }
-                Err(WqError::Wqe { error, .. }) => {
+                Err(WqError::Wqe { wr_id, error, .. }) => {
                     assert!(!corrupt);
                     assert!(!error.to_string().is_empty());
                     refused += 1;
+                    complete(abi::Cqe::refused(wr_id, 0x11, WcOpcode::Send, &error));
                 }
                 Err(WqError::Ring(RingError::Corrupt { .. })) => {
                     corrupt = true;
@@ -311,12 +345,19 @@ fn hostile_process_gets_typed_errors_and_nothing_outside_is_touched() {
         std::thread::yield_now();
     };
     assert!(status.success(), "hostile child failed its own checks: {status}");
+    // The daemon's CQ producer reads the client-written head on its next refresh.
+    if let Err(RingError::Corrupt { .. }) = cq.sync() {
+        cq_corrupt = true;
+    }
     assert_eq!(honest_seen, honest_posted);
     assert!(honest_seen > 0);
     println!(
         "  hostile child: {accepted} WQEs passed validation, {refused} refused with a typed error, ring corrupt: \
-         {corrupt}; bystander QP: {honest_seen} WQEs intact"
+         {corrupt}; CQ: {cq_pushed} CQEs delivered, {cq_full} found it full, corrupt head detected: {cq_corrupt}; \
+         bystander QP: {honest_seen} WQEs intact"
     );
+    assert!(cq_pushed > 1000, "phase 1 completions reach the CQ the child drains");
+    assert!(cq_corrupt, "the CQ head scribbled in phase 2 was not detected");
     // Phase 1 of the child posts 20000 WQEs with honest indices, each only when the daemon's published head shows
     // room, so at most one ring's worth (64) can still be unread when phase 2 starts scribbling on the indices.
     let phase1_seen = 20_000 - u64::from(h.sq.capacity);
