@@ -17,8 +17,8 @@ use std::sync::Arc;
 use roce_dp::ctrl::abi::{self, region_kind, RegionHeader, RingDesc, Sge, TableDesc, Wqe, WqeLimits};
 use roce_dp::ctrl::ring::{heap_ring, heap_table, RingError};
 use roce_dp::ctrl::shm::{
-    inherit_fd, recv_with_fds, send_with_fds, Backing, ClientCqRegion, ClientQpRegion, DaemonCqRegion, DaemonQpRegion,
-    QpRegionCaps, ShmRegion,
+    inherit_fd, open_memfds, recv_with_fds, send_with_fds, Backing, ClientCqRegion, ClientQpRegion, DaemonCqRegion,
+    DaemonQpRegion, QpRegionCaps, ShmRegion,
 };
 use roce_dp::ctrl::wq::{SendQueueReader, SendQueueWriter, WqError};
 use roce_dp::sim::SimRng;
@@ -499,6 +499,12 @@ fn daemon_and_client_processes_post_and_complete() {
     println!("  {M} work requests posted by the client process, validated and completed through the rings");
 }
 
+/// Mappings of this process of memfds called `name`.
+fn mapped(name: &str) -> usize {
+    let want = format!("/memfd:{name} (deleted)");
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().filter(|l| l.ends_with(want.as_str())).count()
+}
+
 /// Child role "poster": posts sends forever (until killed), never polling its CQ beyond what frees the window.
 fn child_poster() {
     let (_sock, mut qp, mut cq) = client_connect();
@@ -530,6 +536,12 @@ fn client_killed_mid_stream_leaves_the_daemon_side_sound() {
     // The daemon learns of the death from its socket: end of stream.
     let mut fds = Vec::new();
     assert_eq!(recv_with_fds(&sock, &mut [0u8; 8], &mut fds), Ok(0), "EOF on the client's socket");
+    // Reclaiming the client's queues releases everything this process held of them.
+    assert_eq!(open_memfds("roce-dp-it-qp") + open_memfds("roce-dp-it-cq"), 2);
+    assert_eq!(mapped("roce-dp-it-qp") + mapped("roce-dp-it-cq"), 2);
+    drop((qp, cq));
+    assert_eq!(open_memfds("roce-dp-it-qp") + open_memfds("roce-dp-it-cq"), 0, "memfds closed");
+    assert_eq!(mapped("roce-dp-it-qp") + mapped("roce-dp-it-cq"), 0, "regions unmapped");
     println!("  client SIGKILLed after {done} completions; {left} WQEs drained afterwards; socket EOF seen");
 }
 

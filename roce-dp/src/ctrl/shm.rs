@@ -531,6 +531,14 @@ pub fn inherit_fd(cmd: &mut Command, fd: BorrowedFd<'_>) -> RawFd {
     fd
 }
 
+/// Descriptors this process holds on memfds called `name` (from /proc/self/fd; 0 if it cannot be read): a leak
+/// check for tests and statistics.
+pub fn open_memfds(name: &str) -> usize {
+    let want = format!("/memfd:{name} (deleted)");
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return 0 };
+    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok()).filter(|t| t.to_str() == Some(want.as_str())).count()
+}
+
 /// The most descriptors one message may carry.
 pub const MAX_FDS: usize = 8;
 
@@ -683,16 +691,6 @@ mod tests {
         assert!(matches!(ShmRegion::open_inherited(999_999), Err(ShmError::Os { .. })));
     }
 
-    /// Descriptors of this process open on the memfd called `name` (tests run in parallel: count only our own).
-    fn open_fds_on(name: &str) -> usize {
-        let want = format!("/memfd:{name} (deleted)");
-        std::fs::read_dir("/proc/self/fd")
-            .unwrap()
-            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-            .filter(|t| t.to_str() == Some(want.as_str()))
-            .count()
-    }
-
     #[test]
     #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
     fn regions_travel_over_a_unix_socket() {
@@ -724,14 +722,14 @@ mod tests {
     fn a_flood_of_descriptors_is_refused_and_closed() {
         let (a, b) = UnixStream::pair().unwrap();
         let r = ShmRegion::create("roce-dp-flood", 4096, Backing::Pages).unwrap();
-        assert_eq!(open_fds_on("roce-dp-flood"), 1);
+        assert_eq!(open_memfds("roce-dp-flood"), 1);
         let many: Vec<_> = (0..20).map(|_| r.fd()).collect();
         assert_eq!(sendmsg_fds(&a, b"flood", &many), Ok(5));
         let mut fds = Vec::new();
         let e = recv_with_fds(&b, &mut [0u8; 8], &mut fds).unwrap_err();
         assert!(matches!(e, ShmError::Fds(_)), "{e}");
         assert!(fds.is_empty());
-        assert_eq!(open_fds_on("roce-dp-flood"), 1, "every received descriptor was closed");
+        assert_eq!(open_memfds("roce-dp-flood"), 1, "every received descriptor was closed");
     }
 
     const CAPS: QpRegionCaps =
