@@ -9,6 +9,7 @@
 
 pub mod cc;
 pub mod copy;
+pub mod ctrl;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
 pub mod engine;

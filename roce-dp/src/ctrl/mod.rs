@@ -1,0 +1,46 @@
+//! The application control plane's shared-memory data path: the ABI of the entries applications and the daemon
+//! exchange ([`abi`]), the single-producer single-consumer rings that carry them ([`ring`]), the memfd regions the
+//! rings live in ([`shm`]) and the daemon-side work-queue readers that validate what applications post ([`wq`]).
+//!
+//! Trust: the daemon treats every byte in shared memory as hostile. Indices are masked and checked, entries are
+//! copied out before they are validated, and nothing read from shared memory is ever used as a pointer or offset.
+//! `unsafe` is confined to `ring.rs` and `shm.rs`.
+//!
+//! # Pieces and who uses them
+//! - Daemon: [`shm::DaemonQpRegion`] / [`shm::DaemonCqRegion`] create a sealed memfd per QP and CQ with its
+//!   [`abi::RegionHeader`], keep their own copy of the layout, and send the descriptors with
+//!   [`shm::send_with_fds`]. The owning worker drains each QP with [`wq::SendQueueReader::poll_into`] and
+//!   [`wq::RecvQueueReader::poll_into`] and hands the validated request to `Engine::post_send` / `post_recv`;
+//!   completions go back with [`abi::Cqe::from`] into the CQ ring. A refused WQE ([`wq::WqError::Wqe`]) completes
+//!   with [`abi::Cqe::refused`] (LocQpOpErr, `vendor_err` naming the reason) and moves the QP to the error state;
+//!   corrupt indices ([`ring::RingError::Corrupt`], sticky) do the same for the whole queue.
+//! - Client library: [`shm::recv_with_fds`], then [`shm::ClientQpRegion::open`] / [`shm::ClientCqRegion::open`]
+//!   (magic, ABI version and geometry checked; a version mismatch is a one-line [`abi::AbiError::Version`]), then
+//!   `post`/`post_inline` (one Release store each) and [`wq::CqReader::poll`].
+//!
+//! Not here yet (issue 7): the daemon must still check that every SGE's lkey belongs to the posting client (the
+//! engine's per-PD check does it if each client gets its own PD), memory regions backed by client shared memory
+//! (the engine's `MrTable` owns heap bytes today), the socket protocol, and death detection (EOF on the client's
+//! socket, see `tests/shm_ring.rs`).
+//!
+//! # Checking the unsafe code
+//! The ring, ABI and work-queue unit tests use heap memory and run under Miri (the shm tests, which need
+//! memfd/mmap, are ignored there), and under ThreadSanitizer:
+//! ```text
+//! cargo +nightly miri test -p roce-dp --no-default-features --lib ctrl::
+//! RUSTFLAGS=-Zsanitizer=thread cargo +nightly test -Zbuild-std --target x86_64-unknown-linux-gnu \
+//!     -p roce-dp --no-default-features --lib ctrl::
+//! ```
+//! Neither toolchain is installed on the build machine yet, so neither has been run. Valgrind's memcheck is, and
+//! finds nothing (every ring and table access inside its allocation):
+//! ```text
+//! cargo test -p roce-dp --no-default-features --lib --no-run   # then, with the printed binary:
+//! valgrind --error-exitcode=9 -q target/debug/deps/roce_dp-HASH ctrl:: --skip two_threads --test-threads 1
+//! ```
+//! `tests/shm_ring.rs` puts PROT_NONE guard pages around the region a hostile process scribbles on.
+
+pub mod abi;
+pub mod ring;
+#[cfg(target_os = "linux")]
+pub mod shm;
+pub mod wq;
