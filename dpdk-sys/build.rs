@@ -35,6 +35,8 @@ const FUNCTIONS: &[&str] = &[
     "rte_mempool_in_use_count",
     "rte_ring_create",
     "rte_ring_free",
+    "rte_thread_register",
+    "rte_thread_unregister",
     "rte_vdev_init",
     "rte_vdev_uninit",
     "rte_eth_from_rings",

@@ -11,6 +11,7 @@
 pub mod dpdk;
 pub mod engine;
 pub mod mr;
+pub mod neigh;
 pub mod qp;
 pub mod sim;
 pub mod stats;

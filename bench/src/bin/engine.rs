@@ -41,7 +41,11 @@ fn side(n: usize, depth: u32, region: usize, coalesce: bool) -> Side {
         local_mac: roce_dp::sim::NODE_MAC[n],
         local_ip: roce_dp::LocalIp { v4: Some(roce_dp::sim::NODE_IP[n]), v6: None },
         max_unacked_psns: 1024,
-        ack: if coalesce { AckPolicy { max_pkts: 16, max_delay: Duration::from_micros(2) } } else { AckPolicy::default() },
+        ack: if coalesce {
+            AckPolicy { max_pkts: 16, max_delay: Duration::from_micros(2) }
+        } else {
+            AckPolicy::default()
+        },
         ..EngineConfig::default()
     };
     let mut e = Engine::new(cfg);
@@ -72,7 +76,13 @@ fn connect(a: &mut Side, b_qpn: u32, peer: usize) {
     .expect("rtr");
     e.modify_qp(
         a.qpn,
-        &QpAttr { state: Some(QpState::Rts), sq_psn: Some(0), timeout: Some(20), max_rd_atomic: Some(16), ..QpAttr::default() },
+        &QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(0),
+            timeout: Some(20),
+            max_rd_atomic: Some(16),
+            ..QpAttr::default()
+        },
     )
     .expect("rts");
 }
@@ -118,7 +128,15 @@ fn run(op: Op, size: u32, msgs: u64, coalesce: bool) -> (f64, u64) {
     connect(&mut a, bq, 1);
     connect(&mut b, aq, 0);
     let mut wire = Wire::new(64);
-    let blank = Cqe { wr_id: 0, status: WcStatus::Success, opcode: WcOpcode::Send, qpn: 0, byte_len: 0, imm: None, invalidated_rkey: None };
+    let blank = Cqe {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        qpn: 0,
+        byte_len: 0,
+        imm: None,
+        invalidated_rkey: None,
+    };
     let mut cqes = [blank; 64];
     let sge_a = Sge { addr: VA, len: size, lkey: a.lkey };
     let sge_b = Sge { addr: VA, len: size, lkey: b.lkey };
