@@ -22,13 +22,17 @@ mod mbuf;
 mod mempool;
 mod port;
 mod ring;
+mod worker;
 
 pub use eal::{captured_log, Eal, EalArgs};
 pub use error::{DpdkError, Result};
 pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for, pool_size, Mempool};
-pub use port::{offload_names, Link, Port, PortConfig, PortInfo, PortStats};
+pub use port::{offload_names, Link, Port, PortConfig, PortInfo, PortStats, QueuePair};
 pub use ring::Ring;
+pub use worker::{
+    choose_offloads, register_thread, Clock, Dispatch, Idle, Worker, WorkerConfig, WorkerStats, QPN_STRIDE,
+};
 
 /// The DPDK version the bindings were built against (`pkg-config --modversion libdpdk`).
 pub const DPDK_VERSION: &str = dpdk_sys::DPDK_VERSION;

@@ -112,7 +112,71 @@ pub struct Port {
     /// Rings behind a net_ring port; they must outlive the port.
     rings: Vec<Ring>,
     eal: Eal,
+    /// Queues configured (rx, tx).
+    queues: (u16, u16),
+    /// Queue pairs handed out by [`Port::queue_pair`] (bit q).
+    taken: Cell<u64>,
     _not_sync: PhantomData<Cell<()>>,
+}
+
+/// Rx queue `q` and tx queue `q` of a started port, owned by one thread (a worker): DPDK allows bursts on
+/// different queues of one port from different threads at once, never on the same queue. Borrows the port, so the
+/// port outlives it; [`Port::queue_pair`] hands each pair out once.
+pub struct QueuePair<'p> {
+    port: u16,
+    queue: u16,
+    /// Whether rx queue `queue` exists (a port with fewer rx than tx queues: workers past the rx queues get their
+    /// frames from a software dispatcher instead).
+    has_rx: bool,
+    _port: PhantomData<&'p ()>,
+}
+
+// SAFETY: a QueuePair is the only handle on its queue pair (Port::queue_pair hands each out once), and ethdev
+// rx/tx bursts on distinct queues are thread-safe; the borrowed port outlives it.
+unsafe impl Send for QueuePair<'_> {}
+
+impl QueuePair<'_> {
+    /// The port id.
+    pub fn port_id(&self) -> u16 {
+        self.port
+    }
+
+    /// The queue index (rx and tx).
+    pub fn queue(&self) -> u16 {
+        self.queue
+    }
+
+    /// Whether this pair has an rx queue.
+    pub fn has_rx(&self) -> bool {
+        self.has_rx
+    }
+
+    /// Receive into the free slots of `burst`; how many frames arrived (0 without an rx queue).
+    #[inline]
+    pub fn rx_burst(&mut self, burst: &mut Burst) -> usize {
+        self.rx_burst_max(burst, usize::MAX)
+    }
+
+    /// As [`QueuePair::rx_burst`], at most `max` frames.
+    #[inline]
+    pub fn rx_burst_max(&mut self, burst: &mut Burst, max: usize) -> usize {
+        if !self.has_rx {
+            return 0;
+        }
+        let (id, q) = (self.port, self.queue);
+        let max = u16::try_from(max).unwrap_or(u16::MAX);
+        // SAFETY: as Port::rx_burst (the PMD stores at most n.min(max) mbufs); &mut self and the
+        // one-handle-per-queue rule make this the queue's only user.
+        unsafe { burst.fill_with(|slots, n| dpdk_sys::rte_eth_rx_burst_(id, q, slots, n.min(max))) }
+    }
+
+    /// Transmit from the front of `burst`; unsent mbufs stay in it. How many were sent.
+    #[inline]
+    pub fn tx_burst(&mut self, burst: &mut Burst) -> usize {
+        let (id, q) = (self.port, self.queue);
+        // SAFETY: as Port::tx_burst; this handle is the queue's only user.
+        unsafe { burst.take_with(|pkts, n| dpdk_sys::rte_eth_tx_burst_(id, q, pkts, n)) }
+    }
 }
 
 impl Port {
@@ -182,7 +246,17 @@ impl Port {
     }
 
     fn wrap(eal: &Eal, id: u16, vdev: Option<CString>, rings: Vec<Ring>) -> Port {
-        Port { id, state: State::Idle, vdev, pools: Vec::new(), rings, eal: eal.clone(), _not_sync: PhantomData }
+        Port {
+            id,
+            state: State::Idle,
+            vdev,
+            pools: Vec::new(),
+            rings,
+            eal: eal.clone(),
+            queues: (0, 0),
+            taken: Cell::new(0),
+            _not_sync: PhantomData,
+        }
     }
 
     /// The port id.
@@ -270,7 +344,20 @@ impl Port {
             check("rte_eth_tx_queue_setup", ret)?;
         }
         self.pools.push(pool.clone());
+        self.queues = (conf.rx_queues, conf.tx_queues);
         Ok(())
+    }
+
+    /// Tx queue `q` (and rx queue `q` if configured) for one worker thread; `None` if tx queue `q` is not
+    /// configured or was handed out already. Do not call [`Port::rx_burst`]/[`Port::tx_burst`] on a queue that
+    /// was handed out.
+    pub fn queue_pair(&self, q: u16) -> Option<QueuePair<'_>> {
+        let bit = 1u64.checked_shl(u32::from(q))?;
+        if q >= self.queues.1 || self.taken.get() & bit != 0 {
+            return None;
+        }
+        self.taken.set(self.taken.get() | bit);
+        Some(QueuePair { port: self.id, queue: q, has_rx: q < self.queues.0, _port: PhantomData })
     }
 
     /// Start the port (after [`Port::configure`]).
