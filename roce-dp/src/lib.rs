@@ -7,6 +7,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod config;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
 pub mod engine;
