@@ -280,6 +280,12 @@ impl<'p> Worker<'p> {
         self
     }
 
+    /// Stop and hand back the engine (e.g. to read its memory after the run); the worker's mbufs are freed.
+    pub fn into_engine(mut self) -> Engine {
+        let tiny = crate::engine::EngineConfig { max_qps: 1, max_cqs: 1, max_mrs: 1, ..*self.engine.config() };
+        std::mem::replace(&mut self.engine, Engine::new(tiny))
+    }
+
     /// The current engine time.
     pub fn now(&self) -> Instant {
         self.clock.now()
