@@ -50,6 +50,8 @@ pub(crate) struct Params {
     pub(crate) qps: u32,
     pub(crate) mtu: u32,
     pub(crate) depth: u32,
+    /// Local ACK timeout exponent (4.096 µs * 2^t).
+    pub(crate) qp_timeout: u8,
 }
 
 impl Params {
@@ -83,6 +85,7 @@ impl Params {
             qps: u32::try_from(qps).ok()?,
             mtu: u32::try_from(mtu).ok()?,
             depth: u32::try_from(depth).ok()?,
+            qp_timeout: 12,
         })
     }
 }
@@ -163,7 +166,7 @@ pub(crate) fn connect(e: &mut Engine, l: &Local, r: &Remote, p: &Params, peer: P
     let rts = QpAttr {
         state: Some(QpState::Rts),
         sq_psn: Some(l.psn),
-        timeout: Some(10), // 4.2 ms
+        timeout: Some(p.qp_timeout),
         retry_cnt: Some(7),
         rnr_retry: Some(7),
         max_rd_atomic: Some(16),
@@ -492,7 +495,7 @@ mod tests {
     fn every_op_completes_and_verifies_in_the_simulator() {
         for op in [Op::Send, Op::Write, Op::Read, Op::Atomic] {
             for loss in [0, 20_000] {
-                let p = Params { op, size: 3000, iters: 40, qps: 2, mtu: 1024, depth: 8 };
+                let p = Params { op, size: 3000, iters: 40, qps: 2, mtu: 1024, depth: 8, qp_timeout: 12 };
                 let (req, resp) = run(p, loss);
                 assert_eq!(req.failure, None, "{op:?} loss {loss}");
                 assert_eq!(resp.failure, None, "{op:?} loss {loss}");
@@ -505,7 +508,7 @@ mod tests {
 
     #[test]
     fn oob_lines_round_trip() {
-        let p = Params { op: Op::Read, size: 64, iters: 9, qps: 3, mtu: 4096, depth: 16 };
+        let p = Params { op: Op::Read, size: 64, iters: 9, qps: 3, mtu: 4096, depth: 16, qp_timeout: 12 };
         assert_eq!(Params::from_line(&p.to_line()), Some(p));
         let r = Remote { qpn: 0x11, psn: 0xff_fff0, rkey: 0x1234, va: 1 << 40 };
         assert_eq!(Remote::from_line(&r.to_line()), Some(r));
