@@ -637,10 +637,16 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, clie
     let conf = PortConfig { rx_desc, tx_desc, ..PortConfig::default() };
     let retry = (client && memif).then(|| Duration::from_secs(o.timeout.min(30)));
     configure_and_start(&mut port, &pool, &conf, retry)?;
-    port.wait_link_up(Duration::from_secs(o.timeout.min(10))).ctx(|| format!("{name}: link"))?;
     let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
-    let in_use_before = pool.in_use();
-    Ok(Setup { profile: prof, pool, port, mac, in_use_before, memif })
+    Ok(Setup { profile: prof, pool, port, mac, in_use_before: 0, memif })
+}
+
+/// Wait for the link, then note the mbufs in use (the leak check compares against this after the run).
+fn link_up(s: &mut Setup, o: &Opts) -> Result<(), SetupError> {
+    let name = s.port.name();
+    s.port.wait_link_up(Duration::from_secs(o.timeout.min(10))).ctx(|| format!("{name}: link"))?;
+    s.in_use_before = s.pool.in_use();
+    Ok(())
 }
 
 fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> Result<bool, SetupError> {
@@ -651,28 +657,29 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         Some(m) => check_mtu(m, max_mtu)?,
         None => max_mtu,
     };
-    if client && o.raw.is_none() && (o.op == Op::Atomic && o.size != 8 && o.size != 4096) {
-        return Err(SetupError("--size: atomics are 8 bytes".into()));
-    }
-    let listener = if client {
-        None
-    } else {
-        Some(Oob::listen(o.oob_port).ctx(|| format!("listen on 127.0.0.1:{}", o.oob_port))?)
-    };
-    let mut s = setup_peer(o, prefix, profile, client)?;
-    if let Some(mode) = o.raw {
-        return raw::run(o, &mut s, client, listener, mode, mtu);
-    }
     let deadline = Instant::now() + Duration::from_secs(o.timeout);
+    // The server listens once its port is started (memif: its socket exists), so a connected client can start its
+    // own port at once.
+    let (mut s, mut oob) = if client {
+        let oob = Oob::connect(o.oob_port, deadline).ctx(|| format!("connect to 127.0.0.1:{}", o.oob_port))?;
+        (setup_peer(o, prefix, profile, client)?, oob)
+    } else {
+        let s = setup_peer(o, prefix, profile, client)?;
+        let listener = Oob::listen(o.oob_port).ctx(|| format!("listen on 127.0.0.1:{}", o.oob_port))?;
+        (s, listener.accept(deadline)?)
+    };
+    link_up(&mut s, o)?;
+    if let Some(mode) = o.raw {
+        return raw::run(o, &mut s, client, oob, mode);
+    }
     let my_ip =
         s.profile.ipv4().ok_or_else(|| SetupError("the profile needs net.ipv4 (IPv6 peers: not yet)".into()))?;
     let ecfg = engine_config(s.mac, LocalIp { v4: Some(my_ip), v6: s.profile.ipv6() });
     let mut engine = Engine::new(ecfg);
     // Out of band: the client sends its parameters, address and QPs; the server answers with its own.
-    let (mut oob, p, locals, remotes, peer_ip) = if client {
+    let (p, locals, remotes, peer_ip) = if client {
         let p = params(o, mtu);
         let locals = app::create(&mut engine, &p, 0).map_err(SetupError)?;
-        let mut oob = Oob::connect(o.oob_port, deadline).ctx(|| format!("connect to 127.0.0.1:{}", o.oob_port))?;
         oob.send(&p.to_line())?;
         oob.send(&format!("ADDR {}", std::net::Ipv4Addr::from(my_ip)))?;
         for l in &locals {
@@ -680,9 +687,8 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         }
         let peer_ip = oob.addr(deadline)?;
         let remotes = (0..p.qps).map(|_| oob.remote(deadline)).collect::<Result<Vec<_>, _>>()?;
-        (oob, p, locals, remotes, peer_ip)
+        (p, locals, remotes, peer_ip)
     } else {
-        let mut oob = listener.expect("server").accept(deadline)?;
         let line = oob.line(deadline)?;
         let p = Params::from_line(&line).ok_or_else(|| SetupError(format!("out-of-band: bad HELLO {line:?}")))?;
         check_mtu(p.mtu, max_mtu)?;
@@ -693,7 +699,7 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         for l in &locals {
             oob.send(&Remote::of(l).to_line())?;
         }
-        (oob, p, locals, remotes, peer_ip)
+        (p, locals, remotes, peer_ip)
     };
     let idle = (s.profile.worker.idle.as_str(), s.profile.worker.idle_after, s.profile.worker.sleep_us);
     let seed = o.seed.wrapping_add(u64::from(client));

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use roce_dp::dpdk::Burst;
 
-use crate::oob::{Listener, Oob};
+use crate::oob::Oob;
 use crate::{check, finish_port, print_port_stats, Opts, Setup, SetupError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -18,21 +18,13 @@ pub(crate) enum RawMode {
 
 const ETHERTYPE: [u8; 2] = [0x88, 0xb5];
 
-pub(crate) fn run(
-    o: &Opts,
-    s: &mut Setup,
-    client: bool,
-    listener: Option<Listener>,
-    mode: RawMode,
-    _mtu: u32,
-) -> Result<bool, SetupError> {
+pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: RawMode) -> Result<bool, SetupError> {
     let deadline = Instant::now() + Duration::from_secs(o.timeout);
     let size = o.size.clamp(64, u32::from(s.pool.data_room()) - 128) as u16;
     let label = if client { "raw client" } else { "raw server" };
     let mut ok = true;
     let (mut rx, mut tx) = (Burst::new(), Burst::new());
     if client {
-        let mut oob = Oob::connect(o.oob_port, deadline).map_err(|e| SetupError(format!("connect: {e}")))?;
         oob.send(&format!("RAW {mode:?} {size}"))?;
         let l = oob.line(deadline)?;
         if l != "READY" {
@@ -95,7 +87,6 @@ pub(crate) fn run(
             }
         }
     } else {
-        let mut oob = listener.expect("server").accept(deadline)?;
         let hello = oob.line(deadline)?;
         if !hello.starts_with("RAW ") {
             return Err(SetupError(format!("out-of-band: expected RAW, got {hello:?}")));
