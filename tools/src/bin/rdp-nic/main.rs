@@ -108,6 +108,9 @@ struct Opts {
     /// TCP port on 127.0.0.1 for the out-of-band exchange.
     #[arg(long, global = true, default_value_t = 18515)]
     oob_port: u16,
+    /// Out-of-band exchange over this Unix socket path instead of TCP (processes in different network namespaces).
+    #[arg(long, global = true)]
+    oob_unix: Option<PathBuf>,
     /// Override the profile's memif socket.
     #[arg(long, global = true)]
     socket: Option<String>,
@@ -641,6 +644,13 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, clie
     Ok(Setup { profile: prof, pool, port, mac, in_use_before: 0, memif })
 }
 
+fn oob_name(o: &Opts) -> String {
+    match &o.oob_unix {
+        Some(p) => p.display().to_string(),
+        None => format!("127.0.0.1:{}", o.oob_port),
+    }
+}
+
 /// Wait for the link, then note the mbufs in use (the leak check compares against this after the run).
 fn link_up(s: &mut Setup, o: &Opts) -> Result<(), SetupError> {
     let name = s.port.name();
@@ -661,11 +671,11 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
     // The server listens once its port is started (memif: its socket exists), so a connected client can start its
     // own port at once.
     let (mut s, mut oob) = if client {
-        let oob = Oob::connect(o.oob_port, deadline).ctx(|| format!("connect to 127.0.0.1:{}", o.oob_port))?;
+        let oob = Oob::connect(o.oob_port, o.oob_unix.as_deref(), deadline).ctx(|| oob_name(o))?;
         (setup_peer(o, prefix, profile, client)?, oob)
     } else {
         let s = setup_peer(o, prefix, profile, client)?;
-        let listener = Oob::listen(o.oob_port).ctx(|| format!("listen on 127.0.0.1:{}", o.oob_port))?;
+        let listener = Oob::listen(o.oob_port, o.oob_unix.as_deref()).ctx(|| format!("listen on {}", oob_name(o)))?;
         (s, listener.accept(deadline)?)
     };
     link_up(&mut s, o)?;

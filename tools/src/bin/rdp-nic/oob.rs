@@ -1,19 +1,59 @@
 //! The out-of-band channel between the two rdp-nic processes: text lines over TCP on 127.0.0.1 (never another
-//! address). Carries the workload parameters, addresses and QP attributes before traffic, and the stop handshake
+//! address), or over a Unix socket path (processes in different network namespaces). Carries the workload parameters, addresses and QP attributes before traffic, and the stop handshake
 //! after it (the server stops polling before it says STOPPED; only then may the client stop its memif port).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::app::Remote;
 use crate::SetupError;
 
-pub(crate) struct Listener(TcpListener);
+pub(crate) enum Listener {
+    Tcp(TcpListener),
+    /// A Unix socket path (reachable across network namespaces, unlike 127.0.0.1); removed on drop.
+    Unix(UnixListener, PathBuf),
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
 
 pub(crate) struct Oob {
-    stream: TcpStream,
+    stream: Stream,
     buf: Vec<u8>,
+}
+
+impl Stream {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(b),
+            Stream::Unix(s) => s.read(b),
+        }
+    }
+    fn write_all(&mut self, b: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.write_all(b),
+            Stream::Unix(s) => s.write_all(b),
+        }
+    }
+    fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(on),
+            Stream::Unix(s) => s.set_nonblocking(on),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, p) = self {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 fn loopback(port: u16) -> SocketAddr {
@@ -25,26 +65,35 @@ fn oob_err(what: &str, e: std::io::Error) -> SetupError {
 }
 
 impl Oob {
-    pub(crate) fn listen(port: u16) -> std::io::Result<Listener> {
+    /// Listen on 127.0.0.1:`port`, or on the Unix socket `unix` if given.
+    pub(crate) fn listen(port: u16, unix: Option<&Path>) -> std::io::Result<Listener> {
+        if let Some(path) = unix {
+            let _ = std::fs::remove_file(path);
+            let l = UnixListener::bind(path)?;
+            l.set_nonblocking(true)?;
+            return Ok(Listener::Unix(l, path.to_owned()));
+        }
         let l = TcpListener::bind(loopback(port))?;
         l.set_nonblocking(true)?;
-        Ok(Listener(l))
+        Ok(Listener::Tcp(l))
     }
 
     /// Connect to the server, retrying until `deadline` (it may not listen yet).
-    pub(crate) fn connect(port: u16, deadline: Instant) -> std::io::Result<Oob> {
+    pub(crate) fn connect(port: u16, unix: Option<&Path>, deadline: Instant) -> std::io::Result<Oob> {
         loop {
-            match TcpStream::connect_timeout(&loopback(port), Duration::from_secs(1)) {
-                Ok(s) => return Ok(Oob::new(s)),
+            let r = match unix {
+                Some(p) => UnixStream::connect(p).map(Stream::Unix),
+                None => TcpStream::connect_timeout(&loopback(port), Duration::from_secs(1)).map(|s| {
+                    let _ = s.set_nodelay(true);
+                    Stream::Tcp(s)
+                }),
+            };
+            match r {
+                Ok(s) => return Ok(Oob { stream: s, buf: Vec::new() }),
                 Err(e) if Instant::now() >= deadline => return Err(e),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
         }
-    }
-
-    fn new(stream: TcpStream) -> Oob {
-        let _ = stream.set_nodelay(true);
-        Oob { stream, buf: Vec::new() }
     }
 
     pub(crate) fn send(&mut self, line: &str) -> Result<(), SetupError> {
@@ -111,10 +160,17 @@ impl Oob {
 impl Listener {
     pub(crate) fn accept(self, deadline: Instant) -> Result<Oob, SetupError> {
         loop {
-            match self.0.accept() {
-                Ok((s, _)) => {
+            let r = match &self {
+                Listener::Tcp(l) => l.accept().map(|(s, _)| {
+                    let _ = s.set_nodelay(true);
+                    Stream::Tcp(s)
+                }),
+                Listener::Unix(l, _) => l.accept().map(|(s, _)| Stream::Unix(s)),
+            };
+            match r {
+                Ok(s) => {
                     s.set_nonblocking(false).map_err(|e| oob_err("accept", e))?;
-                    return Ok(Oob::new(s));
+                    return Ok(Oob { stream: s, buf: Vec::new() });
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(10))
