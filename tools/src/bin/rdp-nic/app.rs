@@ -11,7 +11,6 @@
 //! * Atomics: alternating FETCH_ADD (k + 1) and CMP_SWP (v -> v + 1000) on one counter per QP; the requester
 //!   verifies every returned value, the responder the final counter.
 
-use roce_dp::sim::pattern;
 use roce_dp::{
     AccessFlags, CqId, Cqe, Engine, MrKeys, PeerAddr, QpAttr, QpCaps, QpState, SendWr, Sge, WcOpcode, WcStatus,
     WrOpcode,
@@ -52,6 +51,8 @@ pub(crate) struct Params {
     pub(crate) depth: u32,
     /// Local ACK timeout exponent (4.096 µs * 2^t).
     pub(crate) qp_timeout: u8,
+    /// Generate and check message contents (off only for benchmarks: --no-verify).
+    pub(crate) verify: bool,
 }
 
 impl Params {
@@ -69,7 +70,16 @@ impl Params {
 
     /// One line for the out-of-band HELLO.
     pub(crate) fn to_line(self) -> String {
-        format!("HELLO {} {} {} {} {} {}", self.op.name(), self.size, self.iters, self.qps, self.mtu, self.depth)
+        format!(
+            "HELLO {} {} {} {} {} {} {}",
+            self.op.name(),
+            self.size,
+            self.iters,
+            self.qps,
+            self.mtu,
+            self.depth,
+            u8::from(self.verify)
+        )
     }
 
     pub(crate) fn from_line(l: &str) -> Option<Params> {
@@ -77,7 +87,7 @@ impl Params {
         (it.next()? == "HELLO").then_some(())?;
         let op = Op::parse(it.next()?)?;
         let mut n = || it.next()?.parse::<u64>().ok();
-        let (size, iters, qps, mtu, depth) = (n()?, n()?, n()?, n()?, n()?);
+        let (size, iters, qps, mtu, depth, verify) = (n()?, n()?, n()?, n()?, n()?, n()?);
         Some(Params {
             op,
             size: u32::try_from(size).ok()?,
@@ -86,8 +96,39 @@ impl Params {
             mtu: u32::try_from(mtu).ok()?,
             depth: u32::try_from(depth).ok()?,
             qp_timeout: 12,
+            verify: verify != 0,
         })
     }
+}
+
+/// Fill `buf` with the pattern of message `k` on QP `q`: one 64-bit word per 8 bytes, distinct for every (q, k,
+/// word), so a misplaced, stale or partial message never matches.
+pub(crate) fn fill(q: u32, k: u64, buf: &mut [u8]) {
+    let seed = mix(u64::from(q) << 40 ^ k);
+    for (i, c) in buf.chunks_mut(8).enumerate() {
+        let v = seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        c.copy_from_slice(&v.to_le_bytes()[..c.len()]);
+    }
+}
+
+/// The first byte of `buf` that differs from `fill(q, k, ..)`, if any.
+pub(crate) fn verify(q: u32, k: u64, buf: &[u8]) -> Option<usize> {
+    let seed = mix(u64::from(q) << 40 ^ k);
+    for (i, c) in buf.chunks(8).enumerate() {
+        let v = (seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes();
+        if c != &v[..c.len()] {
+            let j = c.iter().zip(v).position(|(a, b)| *a != b).unwrap_or(0);
+            return Some(i * 8 + j);
+        }
+    }
+    None
+}
+
+fn mix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// One local QP: its number, CQ, region and first PSN.
@@ -240,12 +281,10 @@ impl Requester {
                     Op::Read => (WrOpcode::RdmaRead, q.r.va + slot * size),
                     Op::Atomic => (if k % 2 == 0 { WrOpcode::AtomicFetchAdd } else { WrOpcode::AtomicCmpSwp }, q.r.va),
                 };
-                if matches!(self.p.op, Op::Send | Op::Write) {
+                if matches!(self.p.op, Op::Send | Op::Write) && self.p.verify {
                     let mem = e.mr_bytes_mut(q.l.mr.lkey).expect("own MR");
                     let base = (slot * size) as usize;
-                    for (i, b) in mem[base..base + size as usize].iter_mut().enumerate() {
-                        *b = pattern(qi, k, i as u64);
-                    }
+                    fill(qi, k, &mut mem[base..base + size as usize]);
                 }
                 let mut wr = SendWr::new(k, opcode).remote(remote, q.r.rkey);
                 wr.imm = k as u32;
@@ -297,11 +336,9 @@ fn check(p: &Params, e: &Engine, qi: u32, q: &mut ReqQp, c: &Cqe, verified: &mut
     let base = ((k % p.slots()) * size) as usize;
     let mem = e.mr_bytes(q.l.mr.lkey).expect("own MR");
     match p.op {
-        Op::Read => {
-            for i in 0..size {
-                if mem[base + i as usize] != pattern(qi, k % p.slots(), i) {
-                    return Err(format!("QP {:#x} READ {k}: byte {i} differs", q.l.qpn));
-                }
+        Op::Read if p.verify => {
+            if let Some(i) = verify(qi, k % p.slots(), &mem[base..base + size as usize]) {
+                return Err(format!("QP {:#x} READ {k}: byte {i} differs", q.l.qpn));
             }
             *verified += size;
         }
@@ -313,7 +350,7 @@ fn check(p: &Params, e: &Engine, qi: u32, q: &mut ReqQp, c: &Cqe, verified: &mut
             q.counter = next_counter(q.counter, k);
             *verified += 8;
         }
-        Op::Send | Op::Write => {}
+        Op::Read | Op::Send | Op::Write => {}
     }
     q.done += 1;
     Ok(())
@@ -354,9 +391,7 @@ impl Responder {
                 Op::Read => {
                     let mem = e.mr_bytes_mut(l.mr.lkey).expect("own MR");
                     for s in 0..slots {
-                        for i in 0..size {
-                            mem[(s * size + i) as usize] = pattern(qi as u32, s, i);
-                        }
+                        fill(qi as u32, s, &mut mem[(s * size) as usize..((s + 1) * size) as usize]);
                     }
                 }
                 Op::Send | Op::Write => {
@@ -406,18 +441,21 @@ impl Responder {
                                 l.qpn, c.wr_id, c.byte_len, c.imm
                             ));
                         }
+                        if !self.p.verify {
+                            return Ok(());
+                        }
                         let mem = e.mr_bytes(l.mr.lkey).expect("own MR");
                         let base = ((k % slots) * size) as usize;
-                        for i in 0..size {
-                            if mem[base + i as usize] != pattern(qi as u32, k, i) {
-                                return Err(format!("QP {:#x} {} {k}: byte {i} differs", l.qpn, self.p.op.name()));
-                            }
+                        if let Some(i) = verify(qi as u32, k, &mem[base..base + size as usize]) {
+                            return Err(format!("QP {:#x} {} {k}: byte {i} differs", l.qpn, self.p.op.name()));
                         }
                         Ok(())
                     })();
                     match res {
                         Ok(()) => {
-                            self.verified_bytes += size;
+                            if self.p.verify {
+                                self.verified_bytes += size;
+                            }
                             *done += 1;
                             let next = k + slots;
                             if next < self.p.iters {
@@ -495,7 +533,7 @@ mod tests {
     fn every_op_completes_and_verifies_in_the_simulator() {
         for op in [Op::Send, Op::Write, Op::Read, Op::Atomic] {
             for loss in [0, 20_000] {
-                let p = Params { op, size: 3000, iters: 40, qps: 2, mtu: 1024, depth: 8, qp_timeout: 12 };
+                let p = Params { op, size: 3000, iters: 40, qps: 2, mtu: 1024, depth: 8, qp_timeout: 12, verify: true };
                 let (req, resp) = run(p, loss);
                 assert_eq!(req.failure, None, "{op:?} loss {loss}");
                 assert_eq!(resp.failure, None, "{op:?} loss {loss}");
@@ -507,8 +545,22 @@ mod tests {
     }
 
     #[test]
+    fn pattern_detects_every_byte() {
+        let mut b = vec![0u8; 37];
+        fill(1, 2, &mut b);
+        assert_eq!(verify(1, 2, &b), None);
+        assert_eq!(verify(1, 3, &b), Some(0));
+        assert_eq!(verify(2, 2, &b), Some(0));
+        for i in 0..b.len() {
+            b[i] ^= 0x40;
+            assert_eq!(verify(1, 2, &b), Some(i));
+            b[i] ^= 0x40;
+        }
+    }
+
+    #[test]
     fn oob_lines_round_trip() {
-        let p = Params { op: Op::Read, size: 64, iters: 9, qps: 3, mtu: 4096, depth: 16, qp_timeout: 12 };
+        let p = Params { op: Op::Read, size: 64, iters: 9, qps: 3, mtu: 4096, depth: 16, qp_timeout: 12, verify: true };
         assert_eq!(Params::from_line(&p.to_line()), Some(p));
         let r = Remote { qpn: 0x11, psn: 0xff_fff0, rkey: 0x1234, va: 1 << 40 };
         assert_eq!(Remote::from_line(&r.to_line()), Some(r));
