@@ -1,7 +1,8 @@
 # Tier 5: the RoCE engine on the DPDK data path in one process: two soft NICs (rdp-nic ring) on two net_ring ports
 # cross-connected by rte_rings, one worker thread each on its own core, peers resolved with ARP. SEND, WRITE, READ
 # and atomics at path MTU 1024 and 4096 with every byte verified; 1% and 5% loss injected in the data path; the
-# mempool holds as many mbufs after each run as before (rdp-nic's own CHECK lines). Bad input: bad profiles and
+# mempool holds as many mbufs after each run as before (rdp-nic's own CHECK lines); two workers per NIC behind
+# the software dispatcher. Bad input: bad profiles and
 # arguments give one line and exit 2 without touching DPDK.
 TIERS+=(tier5_engine_ring)
 
@@ -56,6 +57,17 @@ tier5_engine_ring() {
             check "ring $op with ${loss}% loss: frames were dropped" \
                 grep -Eq 'loss_injected=[1-9]' "$log"
         done
+    done
+    # Two workers per soft NIC: one rx queue, worker 0 dispatches RoCE frames on the BTH destination QP to the
+    # owner over an SPSC ring; each worker sends on its own tx queue (idle workers sleep: 4 threads, 2 cores).
+    for op in write atomic; do
+        n=$((n + 1))
+        p="${RUN_ID}t5$n" log="$LOG_DIR/tier5-workers-$op.log"
+        track_prefix "$p"
+        nic_run "ring $op, 2 workers per NIC" "$log" "$NIC" ring --op "$op" --workers 2 --mtu 4096 --size 10000 \
+            --iters 200 --qps 4 --depth 16 --inject-loss 1 --file-prefix "$p" --stats
+        check "ring $op, 2 workers per NIC: frames dispatched to worker 1" grep -Eq '^STATS worker a0: .* dispatched=[1-9]' "$log"
+        check "ring $op, 2 workers per NIC: worker 1 sent frames" grep -Eq '^STATS worker a1: .* tx_frames=[1-9]' "$log"
     done
 
     local bad="$LOG_DIR/bad-profile.toml"

@@ -234,13 +234,21 @@ impl Port {
     /// A net_ring port named `name` that receives from `rx` and transmits into `tx` (one queue each way). Two such
     /// ports with the rings swapped are cross-connected: what one sends, the other receives.
     pub fn from_rings(eal: &Eal, name: &str, rx: &Ring, tx: &Ring) -> Result<Port> {
+        Self::from_rings_tx(eal, name, rx, tx, 1)
+    }
+
+    /// As [`Port::from_rings`] with `tx_queues` tx queues that all enqueue into `tx` (which must then be a
+    /// multi-producer ring, [`Ring::new_mp`], when several threads send).
+    pub fn from_rings_tx(eal: &Eal, name: &str, rx: &Ring, tx: &Ring, tx_queues: u16) -> Result<Port> {
         const OP: &str = "rte_eth_from_rings";
         let cname = CString::new(name).map_err(|_| DpdkError::new(OP, libc::EINVAL))?;
         let mut rxr = [rx.as_ptr()];
-        let mut txr = [tx.as_ptr()];
-        // SAFETY: EAL is initialised; the ring arrays hold one valid ring each (counts 1), which the returned Port
+        let mut txr = vec![tx.as_ptr(); usize::from(tx_queues.max(1))];
+        // SAFETY: EAL is initialised; the ring arrays hold valid rings (counts match), which the returned Port
         // keeps alive; the name is NUL-terminated. Returns the port id or -1 with rte_errno.
-        let ret = unsafe { dpdk_sys::rte_eth_from_rings(cname.as_ptr(), rxr.as_mut_ptr(), 1, txr.as_mut_ptr(), 1, 0) };
+        let ret = unsafe {
+            dpdk_sys::rte_eth_from_rings(cname.as_ptr(), rxr.as_mut_ptr(), 1, txr.as_mut_ptr(), txr.len() as u32, 0)
+        };
         let id = u16::try_from(ret).map_err(|_| DpdkError::from_rte_errno(OP))?;
         Ok(Self::wrap(eal, id, None, vec![rx.clone(), tx.clone()]))
     }

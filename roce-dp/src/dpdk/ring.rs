@@ -27,9 +27,18 @@ unsafe impl Sync for RingInner {}
 impl Ring {
     /// Create a ring named `name` (unique in the process) with `count` slots (a power of two; one stays empty).
     pub fn new(eal: &Eal, name: &str, count: u32) -> Result<Ring> {
+        Self::with_flags(eal, name, count, dpdk_sys::RING_F_SP_ENQ | dpdk_sys::RING_F_SC_DEQ)
+    }
+
+    /// As [`Ring::new`], but several threads may enqueue at once (e.g. the tx queues of one net_ring port, each
+    /// owned by its own worker, all feeding the peer's single rx queue); one consumer.
+    pub fn new_mp(eal: &Eal, name: &str, count: u32) -> Result<Ring> {
+        Self::with_flags(eal, name, count, dpdk_sys::RING_F_SC_DEQ)
+    }
+
+    fn with_flags(eal: &Eal, name: &str, count: u32, flags: u32) -> Result<Ring> {
         const OP: &str = "rte_ring_create";
         let cname = CString::new(name).map_err(|_| DpdkError::new(OP, libc::EINVAL))?;
-        let flags = dpdk_sys::RING_F_SP_ENQ | dpdk_sys::RING_F_SC_DEQ;
         // SAFETY: EAL is initialised (eal exists); cname is NUL-terminated and DPDK copies it.
         let ptr = unsafe { dpdk_sys::rte_ring_create(cname.as_ptr(), count, dpdk_sys::SOCKET_ID_ANY, flags) };
         let ptr = NonNull::new(ptr).ok_or_else(|| DpdkError::from_rte_errno(OP))?;

@@ -279,7 +279,9 @@ impl Requester {
                     Op::Send => (WrOpcode::Send, 0),
                     Op::Write => (WrOpcode::RdmaWriteWithImm, q.r.va + slot * size),
                     Op::Read => (WrOpcode::RdmaRead, q.r.va + slot * size),
-                    Op::Atomic => (if k % 2 == 0 { WrOpcode::AtomicFetchAdd } else { WrOpcode::AtomicCmpSwp }, q.r.va),
+                    Op::Atomic => {
+                        (if k.is_multiple_of(2) { WrOpcode::AtomicFetchAdd } else { WrOpcode::AtomicCmpSwp }, q.r.va)
+                    }
                 };
                 if matches!(self.p.op, Op::Send | Op::Write) && self.p.verify {
                     let mem = e.mr_bytes_mut(q.l.mr.lkey).expect("own MR");
@@ -358,7 +360,7 @@ fn check(p: &Params, e: &Engine, qi: u32, q: &mut ReqQp, c: &Cqe, verified: &mut
 
 /// The atomic counter after WR `k` when it held `v` before.
 pub(crate) fn next_counter(v: u64, k: u64) -> u64 {
-    if k % 2 == 0 {
+    if k.is_multiple_of(2) {
         v + k + 1
     } else {
         v + 1000

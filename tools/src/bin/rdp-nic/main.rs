@@ -17,15 +17,15 @@ mod raw;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use roce_dp::config::{Driver, Profile};
 use roce_dp::dpdk::{
-    self, choose_offloads, register_thread, Burst, DpdkError, Eal, EalArgs, Idle, Mempool, Port, PortConfig, Ring,
-    Worker, WorkerConfig,
+    self, choose_offloads, register_thread, Burst, Dispatch, DpdkError, Eal, EalArgs, Idle, Mempool, Port, PortConfig,
+    Ring, Worker, WorkerConfig, QPN_STRIDE,
 };
 use roce_dp::neigh::NeighIp;
 use roce_dp::wire::{IpAddrs, MacAddr};
@@ -121,6 +121,10 @@ struct Opts {
     /// Override the profile's interface (af_packet, af_xdp).
     #[arg(long, global = true)]
     iface: Option<String>,
+    /// Ring mode: workers per soft NIC (one rx queue; worker 0 dispatches RoCE frames to the owner of the
+    /// destination QP over SPSC rings; each worker sends on its own tx queue). Workers back off when idle.
+    #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4))]
+    workers: u32,
     /// Override the profile's IPv4 address.
     #[arg(long, global = true)]
     ipv4: Option<std::net::Ipv4Addr>,
@@ -264,8 +268,10 @@ fn configure_and_start(
     client_retry: Option<Duration>,
 ) -> Result<(), SetupError> {
     let info = port.info()?;
-    let (rx_off, tx_off) = choose_offloads(&info);
-    let conf = PortConfig { rx_offloads: rx_off & 0, tx_offloads: tx_off, ..conf.clone() };
+    // Rx scatter stays off: the pool holds every frame in one segment (a multi-segment frame would still be
+    // linearized by the worker).
+    let (_rx_off, tx_off) = choose_offloads(&info);
+    let conf = PortConfig { tx_offloads: tx_off, ..conf.clone() };
     port.configure(&conf, pool).ctx(|| format!("configure {} ({})", port.name(), info.driver))?;
     let until = Instant::now() + client_retry.unwrap_or_default();
     loop {
@@ -295,6 +301,10 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
     }
     let mtu = check_mtu(o.mtu.unwrap_or(4096), 4096)?;
     let p = params(o, mtu);
+    let nw = o.workers as usize;
+    if o.workers > p.qps {
+        return Err(SetupError(format!("--workers {}: more workers than QPs ({})", o.workers, p.qps)));
+    }
     let mut args = EalArgs::new("rdp-nic", &o.lcore.unwrap_or(0).to_string());
     args.file_prefix = Some(prefix.to_owned());
     args.no_huge_mb = Some(256);
@@ -302,14 +312,17 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
     let eal = init_eal(args, o.verbose)?;
     let frame = mtu + roce_dp::engine::MAX_HEADER_BYTES as u32;
     let room = dpdk::data_room_for(frame.max(2048)).expect("fits");
-    let conf = PortConfig { rx_desc: 512, tx_desc: 512, ..PortConfig::default() };
-    let n = dpdk::pool_size(2, 512, 512, 3, 128, 2048);
+    let conf = PortConfig { rx_desc: 512, tx_desc: 512, tx_queues: o.workers as u16, ..PortConfig::default() };
+    let n = dpdk::pool_size(2, 512, 512, 2 * o.workers + 1, 128, 2048 + 1024 * o.workers);
     let pool = Mempool::new(&eal, "rdpn_pool", n, 128, room).ctx(|| format!("mempool of {n} x {room} B"))?;
-    let ab = Ring::new(&eal, "rdpn_ab", 1024)?;
-    let ba = Ring::new(&eal, "rdpn_ba", 1024)?;
+    // Each port has one rx queue and one tx queue per worker; with several workers their tx queues share the ring
+    // to the peer (multi-producer), and worker 0 dispatches received RoCE frames to the others over SPSC rings.
+    let mk = |name: &str| if nw > 1 { Ring::new_mp(&eal, name, 2048) } else { Ring::new(&eal, name, 2048) };
+    let ab = mk("rdpn_ab")?;
+    let ba = mk("rdpn_ba")?;
     let mut ports = [
-        Port::from_rings(&eal, "net_ring_a", &ba, &ab).ctx(|| "net_ring port a".into())?,
-        Port::from_rings(&eal, "net_ring_b", &ab, &ba).ctx(|| "net_ring port b".into())?,
+        Port::from_rings_tx(&eal, "net_ring_a", &ba, &ab, nw as u16).ctx(|| "net_ring port a".into())?,
+        Port::from_rings_tx(&eal, "net_ring_b", &ab, &ba, nw as u16).ctx(|| "net_ring port b".into())?,
     ];
     for port in &mut ports {
         configure_and_start(port, &pool, &conf, None)?;
@@ -317,68 +330,112 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
     }
     let in_use_before = pool.in_use();
 
-    let mut engines =
-        [0, 1].map(|i| Engine::new(engine_config(RING_MAC[i], LocalIp { v4: Some(RING_IP[i]), v6: None })));
-    let locals = [
-        app::create(&mut engines[0], &p, 0).map_err(SetupError)?,
-        app::create(&mut engines[1], &p, 1).map_err(SetupError)?,
+    // QP q runs on worker q % nw of each node; worker w's engine numbers its QPs from 0x100 + w * QPN_STRIDE.
+    let mut shares = Vec::new();
+    for w in 0..nw {
+        let qps = (p.qps as usize + nw - 1 - w) / nw;
+        shares.push(Params { qps: qps as u32, ..p });
+    }
+    let mut workers: [Vec<Worker>; 2] = [Vec::new(), Vec::new()];
+    let mut locals: [Vec<Vec<Local>>; 2] = [Vec::new(), Vec::new()];
+    for node in 0..2 {
+        let dispatch_rings: Vec<Option<Ring>> = (0..nw)
+            .map(|w| (w > 0).then(|| Ring::new(&eal, &format!("rdpn_d{node}{w}"), 2048)).transpose())
+            .collect::<Result<_, _>>()?;
+        for (w, share) in shares.iter().enumerate() {
+            let ip = LocalIp { v4: Some(RING_IP[node]), v6: None };
+            let cfg = EngineConfig { qpn_base: 0x100 + w as u32 * QPN_STRIDE, ..engine_config(RING_MAC[node], ip) };
+            let mut e = Engine::new(cfg);
+            locals[node].push(app::create(&mut e, share, node as u64).map_err(SetupError)?);
+            let q = ports[node].queue_pair(w as u16).expect("configured tx queue");
+            let seed = o.seed.wrapping_add((node * 16 + w) as u64);
+            let mut wc = worker_config(o, None, seed);
+            if nw > 1 && o.idle.is_none() {
+                // 2 x workers threads on 2 cores: never two busy-pollers on one core.
+                wc.idle = Idle::Sleep { after: 256, us: 20 };
+            }
+            let mut wk = Worker::new(e, q, &pool, mtu, wc)?;
+            if nw > 1 {
+                wk = if w == 0 {
+                    wk.with_dispatch(Dispatch::new(0x100, 0, dispatch_rings.clone()))
+                } else {
+                    wk.with_rx_ring(dispatch_rings[w].clone().expect("ring"))
+                };
+            }
+            workers[node].push(wk);
+        }
+    }
+    let remotes: [Vec<Vec<Remote>>; 2] = [
+        locals[1].iter().map(|v| v.iter().map(Remote::of).collect()).collect(),
+        locals[0].iter().map(|v| v.iter().map(Remote::of).collect()).collect(),
     ];
-    let remotes: [Vec<Remote>; 2] =
-        [locals[1].iter().map(Remote::of).collect(), locals[0].iter().map(Remote::of).collect()];
-    let [ea, eb] = engines;
-    let qa = ports[0].queue_pair(0).expect("queue 0");
-    let qb = ports[1].queue_pair(0).expect("queue 0");
-    let wa = Worker::new(ea, qa, &pool, mtu, worker_config(o, None, o.seed))?;
-    let wb = Worker::new(eb, qb, &pool, mtu, worker_config(o, None, o.seed.wrapping_add(1)))?;
 
-    let done_a = AtomicBool::new(false);
-    let done_b = AtomicBool::new(false);
+    let a_done = AtomicUsize::new(0);
+    let b_done = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
-    let barrier = Barrier::new(2);
+    let barrier = Barrier::new(2 * nw);
     let deadline = Instant::now() + Duration::from_secs(o.timeout);
+    let [wa, wb] = workers;
     let (res_a, res_b) = std::thread::scope(|s| {
-        let a = s.spawn(|| {
-            node(
-                0,
-                wa,
-                &p,
-                &locals[0],
-                &remotes[0],
-                &barrier,
-                deadline,
-                |_| Ok(Requester::new(p, &locals[0], &remotes[0])),
-                |w, r: &mut Requester| {
-                    let busy = r.step(&mut w.engine);
-                    if r.finished() {
-                        done_a.store(true, Ordering::Release);
-                    }
-                    (!done_b.load(Ordering::Acquire) && !stop.load(Ordering::Relaxed), busy)
-                },
-            )
-        });
-        let b = s.spawn(|| {
-            node(
-                1,
-                wb,
-                &p,
-                &locals[1],
-                &remotes[1],
-                &barrier,
-                deadline,
-                |w| Responder::new(p, &locals[1], &mut w.engine),
-                |w, r: &mut Responder| {
-                    let busy = r.step(&mut w.engine);
-                    if r.finished() && done_a.load(Ordering::Acquire) {
-                        done_b.store(true, Ordering::Release);
-                        return (false, busy);
-                    }
-                    (!stop.load(Ordering::Relaxed), busy)
-                },
-            )
-        });
-        (a.join().expect("thread a"), b.join().expect("thread b"))
+        let mut ha = Vec::new();
+        for (w, wk) in wa.into_iter().enumerate() {
+            let (share, l, r) = (&shares[w], &locals[0][w], &remotes[0][w]);
+            let (a_done, b_done, stop, barrier) = (&a_done, &b_done, &stop, &barrier);
+            ha.push(s.spawn(move || {
+                let mut marked = false;
+                node(
+                    (0, w),
+                    wk,
+                    share,
+                    l,
+                    r,
+                    barrier,
+                    deadline,
+                    |_| Ok(Requester::new(*share, l, r)),
+                    |wk, req: &mut Requester| {
+                        let busy = req.step(&mut wk.engine);
+                        if req.finished() && !marked {
+                            marked = true;
+                            a_done.fetch_add(1, Ordering::AcqRel);
+                        }
+                        (b_done.load(Ordering::Acquire) < nw && !stop.load(Ordering::Relaxed), busy)
+                    },
+                )
+            }));
+        }
+        let mut hb = Vec::new();
+        for (w, wk) in wb.into_iter().enumerate() {
+            let (share, l, r) = (&shares[w], &locals[1][w], &remotes[1][w]);
+            let (a_done, b_done, stop, barrier) = (&a_done, &b_done, &stop, &barrier);
+            hb.push(s.spawn(move || {
+                let mut marked = false;
+                node(
+                    (1, w),
+                    wk,
+                    share,
+                    l,
+                    r,
+                    barrier,
+                    deadline,
+                    |wk| Responder::new(*share, l, &mut wk.engine),
+                    |wk, resp: &mut Responder| {
+                        let busy = resp.step(&mut wk.engine);
+                        if resp.finished() && a_done.load(Ordering::Acquire) == nw && !marked {
+                            marked = true;
+                            b_done.fetch_add(1, Ordering::AcqRel);
+                        }
+                        // Worker 0 dispatches for the others: everyone polls until every responder is done.
+                        (b_done.load(Ordering::Acquire) < nw && !stop.load(Ordering::Relaxed), busy)
+                    },
+                )
+            }));
+        }
+        let ra: Vec<_> = ha.into_iter().map(|h| h.join().expect("node a thread")).collect();
+        let rb: Vec<_> = hb.into_iter().map(|h| h.join().expect("node b thread")).collect();
+        (ra, rb)
     });
-    let (res_a, res_b) = (res_a?, res_b?);
+    let res_a = res_a.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let res_b = res_b.into_iter().collect::<Result<Vec<_>, _>>()?;
     // Frames still on the rings (e.g. a last ACK sent after the peer stopped polling) go back to the pool.
     let mut stale = 0;
     for port in &ports {
@@ -389,27 +446,24 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
         }
     }
     let mut ok = true;
-    let (req, wsa): (Requester, _) = res_a;
-    let (mut resp, wsb): (Responder, _) = res_b;
-    ok &= report_requester("node a", &p, &req, &wsa.timing);
-    ok &= check(
-        "node b",
-        resp.failure.is_none(),
-        format!("responder: {}", resp.failure.as_deref().unwrap_or("every message verified")),
-    );
-    if let Some(e) = &wsb.engine {
-        resp.final_check(e);
-        ok &= check(
-            "node b",
-            resp.failure.is_none(),
-            format!("final check: {}", resp.failure.as_deref().unwrap_or("ok")),
-        );
+    let mut sum = ReqSummary::default();
+    for (req, r) in &res_a {
+        sum.add(req, &r.timing);
     }
-    let total = req.verified_bytes + resp.verified_bytes;
+    ok &= report_requester("node a", &p, &sum);
+    let mut verified = sum.verified_bytes;
+    for (w, (resp, r)) in res_b.into_iter().enumerate() {
+        let mut resp = resp;
+        if let Some(e) = &r.engine {
+            resp.final_check(e);
+        }
+        let what = resp.failure.as_deref().unwrap_or("every message verified").to_owned();
+        ok &= check(&format!("node b worker {w}"), resp.failure.is_none(), format!("responder: {what}"));
+        verified += resp.verified_bytes;
+    }
     let want = p.iters * u64::from(p.qps) * p.msg_size();
-    ok &= check("ring", !p.verify || total >= want, format!("{total} bytes verified (verify={})", p.verify));
-    ok &= check("node a", wsa.resolved, "peer resolved with ARP");
-    ok &= check("node b", wsb.resolved, "peer resolved with ARP");
+    ok &= check("ring", !p.verify || verified >= want, format!("{verified} bytes verified (verify={})", p.verify));
+    ok &= check("node a", res_a[0].1.resolved, "peer resolved with ARP");
     let in_use_after = pool.in_use();
     ok &= check(
         "mempool",
@@ -420,21 +474,47 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
         for (i, port) in ports.iter().enumerate() {
             print_port_stats(&format!("port {}", ["a", "b"][i]), port);
         }
-        println!("STATS worker a: {}", wsa.stats.line());
-        println!("STATS worker b: {}", wsb.stats.line());
-        println!("STATS neigh a: {:?}", wsa.neigh);
-        if let Some(e) = &wsa.engine {
-            println!("STATS engine a: {}", engine_line(e));
+        for (w, (_, r)) in res_a.iter().enumerate() {
+            println!("STATS worker a{w}: {}", r.stats.line());
+            println!("STATS neigh a{w}: {:?}", r.neigh);
+            if let Some(e) = &r.engine {
+                println!("STATS engine a{w}: {}", engine_line(e));
+            }
         }
-        if let Some(e) = &wsb.engine {
-            println!("STATS engine b: {}", engine_line(e));
-        }
-        println!("STATS neigh b: {:?}", wsb.neigh);
     }
-    for port in &mut ports {
-        port.stop()?;
-    }
+    // The ports stop and close when they drop (after every worker that borrowed a queue pair).
     Ok(ok)
+}
+
+/// The requesters' results, summed over workers.
+#[derive(Default)]
+struct ReqSummary {
+    completed: u64,
+    verified_bytes: u64,
+    failure: Option<String>,
+    start: Option<Instant>,
+    end: Option<Instant>,
+    peak_msgs_per_s: f64,
+    unfinished: bool,
+}
+
+impl ReqSummary {
+    fn add(&mut self, req: &Requester, t: &Timing) {
+        self.completed += req.completed();
+        self.verified_bytes += req.verified_bytes;
+        if self.failure.is_none() {
+            self.failure.clone_from(&req.failure);
+        }
+        self.start = match (self.start, t.start) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match t.end {
+            Some(e) => self.end = Some(self.end.map_or(e, |x| x.max(e))),
+            None => self.unfinished = true,
+        }
+        self.peak_msgs_per_s += t.peak_msgs_per_s;
+    }
 }
 
 /// What a node thread hands back.
@@ -473,7 +553,7 @@ impl Timing {
 /// One ring-mode node thread: pin, resolve the peer, connect QPs, wait for the other node, run `app`.
 #[allow(clippy::too_many_arguments)]
 fn node<'p, S: NodeState>(
-    i: usize,
+    (i, wi): (usize, usize),
     mut w: Worker<'p>,
     p: &Params,
     locals: &[Local],
@@ -483,9 +563,12 @@ fn node<'p, S: NodeState>(
     init: impl FnOnce(&mut Worker<'p>) -> Result<S, String>,
     mut app: impl FnMut(&mut Worker<'p>, &mut S) -> (bool, bool),
 ) -> Result<(S, NodeResult), SetupError> {
-    register_thread(i).ctx(|| format!("node {i}: pin to core {i} and register with EAL"))?;
+    let core = (i + wi) % 2;
+    register_thread(core).ctx(|| format!("node {i} worker {wi}: pin to core {core} and register with EAL"))?;
     let peer_ip = RING_IP[1 - i];
-    let mac = w.resolve(NeighIp::V4(peer_ip), Duration::from_secs(5));
+    // Worker 0 receives from the port and resolves the peer with ARP; the others (fed by its dispatcher) do not
+    // see ARP and use the peer's known MAC.
+    let mac = if wi == 0 { w.resolve(NeighIp::V4(peer_ip), Duration::from_secs(5)) } else { Some(RING_MAC[1 - i]) };
     let resolved = mac == Some(RING_MAC[1 - i]);
     let peer = PeerAddr { ip: IpAddrs::V4 { src: RING_IP[i], dst: peer_ip }, mac: mac.unwrap_or(RING_MAC[1 - i]) };
     for (l, r) in locals.iter().zip(remotes) {
@@ -494,7 +577,7 @@ fn node<'p, S: NodeState>(
     let init = init(&mut w);
     let _ = w.poll();
     barrier.wait();
-    let mut state = init.map_err(|e| SetupError(format!("node {i}: {e}")))?;
+    let mut state = init.map_err(|e| SetupError(format!("node {i} worker {wi}: {e}")))?;
     let stop = AtomicBool::new(false);
     let mut timing = Timing { start: Some(Instant::now()), ..Timing::default() };
     let mut n = 0u64;
@@ -508,14 +591,14 @@ fn node<'p, S: NodeState>(
             }
         }
         n += 1;
-        if n % 4096 == 0 && Instant::now() > deadline {
+        if n.is_multiple_of(4096) && Instant::now() > deadline {
             timed_out = true;
             return (false, busy);
         }
         (go, busy)
     });
     if timed_out {
-        println!("node {i}: timed out");
+        println!("node {i} worker {wi}: timed out");
     }
     let st = state;
     let stats = w.stats;
@@ -549,22 +632,22 @@ impl NodeState for Responder {
 }
 
 /// The requester's CHECK lines and the perftest-like table.
-fn report_requester(label: &str, p: &Params, req: &Requester, t: &Timing) -> bool {
+fn report_requester(label: &str, p: &Params, r: &ReqSummary) -> bool {
     let total = p.iters * u64::from(p.qps);
     let mut ok = check(
         label,
-        req.failure.is_none(),
-        format!("requester: {}", req.failure.as_deref().unwrap_or("every completion OK")),
+        r.failure.is_none(),
+        format!("requester: {}", r.failure.as_deref().unwrap_or("every completion OK")),
     );
-    ok &= check(label, req.completed() == total, format!("{}/{total} WRs completed", req.completed()));
-    let secs = match (t.start, t.end) {
-        (Some(s), Some(e)) => e.duration_since(s).as_secs_f64().max(1e-9),
+    ok &= check(label, r.completed == total, format!("{}/{total} WRs completed", r.completed));
+    let secs = match (r.start, r.end) {
+        (Some(s), Some(e)) if !r.unfinished => e.duration_since(s).as_secs_f64().max(1e-9),
         _ => 0.0,
     };
     let size = p.msg_size() as f64;
-    let avg = if secs > 0.0 { req.completed() as f64 * size / secs / 1048576.0 } else { 0.0 };
-    let peak = (t.peak_msgs_per_s * size / 1048576.0).max(avg);
-    let mpps = if secs > 0.0 { req.completed() as f64 / secs / 1e6 } else { 0.0 };
+    let avg = if secs > 0.0 { r.completed as f64 * size / secs / 1048576.0 } else { 0.0 };
+    let peak = (r.peak_msgs_per_s * size / 1048576.0).max(avg);
+    let mpps = if secs > 0.0 { r.completed as f64 / secs / 1e6 } else { 0.0 };
     println!(" #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]");
     println!(" {:<10} {:<14} {:<19.2} {:<21.2} {:.6}", p.msg_size(), total, peak, avg, mpps);
     println!(
@@ -789,14 +872,16 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
                     return (false, busy);
                 }
             }
-            if n % 4096 == 0 && Instant::now() > deadline {
+            if n.is_multiple_of(4096) && Instant::now() > deadline {
                 timed_out = true;
                 return (false, busy);
             }
             (true, busy)
         });
         ok &= check(label, !timed_out, format!("finished within {} s", o.timeout));
-        ok &= report_requester(label, &p, &req, &t);
+        let mut sum = ReqSummary::default();
+        sum.add(&req, &t);
+        ok &= report_requester(label, &p, &sum);
     } else {
         let mut resp = Responder::new(p, &locals, &mut w.engine).map_err(SetupError)?;
         oob.send("READY")?;
@@ -805,7 +890,7 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         w.run(&stop, |w| {
             let busy = resp.step(&mut w.engine);
             n += 1;
-            if peer_done.is_none() && (resp.finished() || n % 1024 == 0) {
+            if peer_done.is_none() && (resp.finished() || n.is_multiple_of(1024)) {
                 if let Ok(Some(l)) = oob.try_line() {
                     peer_done = Some(l);
                 }
@@ -815,7 +900,7 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
             if peer_done.is_some() {
                 return (false, busy);
             }
-            if n % 4096 == 0 && Instant::now() > deadline {
+            if n.is_multiple_of(4096) && Instant::now() > deadline {
                 timed_out = true;
                 return (false, busy);
             }

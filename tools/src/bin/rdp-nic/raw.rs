@@ -39,7 +39,7 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
                 let mut n = 0u64;
                 loop {
                     n += 1;
-                    if n % 256 == 0 && Instant::now() >= end {
+                    if n.is_multiple_of(256) && Instant::now() >= end {
                         break;
                     }
                     fill(&mut tx, s, size, &mut seq);
@@ -107,7 +107,7 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
             } else {
                 rx.clear();
             }
-            if n % 1024 == 0 || (got == 0 && done.is_some()) {
+            if n.is_multiple_of(1024) || (got == 0 && done.is_some()) {
                 if done.is_none() {
                     if let Some(l) = oob.try_line()? {
                         let want = l.strip_prefix("DONE ").and_then(|v| v.parse().ok()).unwrap_or(0);
