@@ -41,7 +41,7 @@ tier6_engine_memif() {
     for loss in 1 5; do
         n=$((n + 1))
         memif_pair "write-loss$loss" "$n" --op write --mtu 4096 --size 9000 --iters 200 --qps 2 --depth 16 \
-            --inject-loss "$loss" --seed "$n"
+            --inject-loss "$loss" --seed "$n" --qp-timeout 13
         check "write with ${loss}% loss: frames were dropped" \
             grep -Eq 'loss_injected=[1-9]' "$LOG_DIR/tier6-write-loss$loss-server.log"
     done

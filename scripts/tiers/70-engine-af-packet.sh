@@ -56,7 +56,7 @@ tier7_engine_af_packet() {
     for loss in 1 5; do
         n=$((n + 1))
         afp_pair "write-loss$loss" "$n" --op write --mtu 4096 --size 9000 --iters 100 --qps 2 --depth 16 \
-            --inject-loss "$loss" --seed "$n"
+            --inject-loss "$loss" --seed "$n" --qp-timeout 13
     done
     cleanup_all
     check "namespaces removed" bash -c "! ip netns list | grep -q '^$RUN_ID'"
