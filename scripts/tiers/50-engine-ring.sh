@@ -1,9 +1,9 @@
 # Tier 5: the RoCE engine on the DPDK data path in one process: two soft NICs (rdp-nic ring) on two net_ring ports
 # cross-connected by rte_rings, one worker thread each on its own core, peers resolved with ARP. SEND, WRITE, READ
-# and atomics at path MTU 1024 and 4096 with every byte verified; 1% and 5% loss injected in the data path; the
-# mempool holds as many mbufs after each run as before (rdp-nic's own CHECK lines); two workers per NIC behind
-# the software dispatcher. Bad input: bad profiles and
-# arguments give one line and exit 2 without touching DPDK.
+# and atomics at path MTU 1024 and 4096 with every byte verified; 1% and 5% loss injected in the data path; RoCE over
+# IPv6 with neighbour discovery; two workers per NIC behind the software dispatcher; the mempool holds as many mbufs
+# after each run as before (rdp-nic's own CHECK lines). Bad input: bad profiles and arguments give one line and
+# exit 2 without touching DPDK.
 TIERS+=(tier5_engine_ring)
 
 NIC="${NIC:-$ROOT/target/release/rdp-nic}"
@@ -58,6 +58,16 @@ tier5_engine_ring() {
                 grep -Eq 'loss_injected=[1-9]' "$log"
         done
     done
+    # RoCE over IPv6, the peer resolved with neighbour discovery (NS to the solicited-node address, NA back).
+    for op in write read; do
+        n=$((n + 1))
+        p="${RUN_ID}t5$n" log="$LOG_DIR/tier5-ipv6-$op.log"
+        track_prefix "$p"
+        nic_run "ring $op over IPv6" "$log" "$NIC" ring --ipv6 --op "$op" --mtu 1024 --size 10000 --iters 200 \
+            --qps 2 --depth 16 --inject-loss 1 --file-prefix "$p" --stats
+        check "ring $op over IPv6: an NS answered by an NA" grep -Eq '^STATS neigh a0: .*nd_adverts: 1, nd_solicits: 1' "$log"
+    done
+
     # Two workers per soft NIC: one rx queue, worker 0 dispatches RoCE frames on the BTH destination QP to the
     # owner over an SPSC ring; each worker sends on its own tx queue (idle workers sleep: 4 threads, 2 cores).
     for op in write atomic; do

@@ -125,6 +125,9 @@ struct Opts {
     /// destination QP over SPSC rings; each worker sends on its own tx queue). Workers back off when idle.
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4))]
     workers: u32,
+    /// Ring mode: RoCE over IPv6 (fd00::1, fd00::2), peers resolved with neighbour discovery.
+    #[arg(long, global = true)]
+    ipv6: bool,
     /// Override the profile's IPv4 address.
     #[arg(long, global = true)]
     ipv4: Option<std::net::Ipv4Addr>,
@@ -290,6 +293,8 @@ fn configure_and_start(
 
 const RING_MAC: [MacAddr; 2] = [MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2])];
 const RING_IP: [[u8; 4]; 2] = [[10, 0, 0, 1], [10, 0, 0, 2]];
+const RING_IP6: [[u8; 16]; 2] =
+    [[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]];
 
 fn engine_config(mac: MacAddr, ip: LocalIp) -> EngineConfig {
     EngineConfig { local_mac: mac, local_ip: ip, qpn_base: 0x100, ..EngineConfig::default() }
@@ -343,7 +348,11 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
             .map(|w| (w > 0).then(|| Ring::new(&eal, &format!("rdpn_d{node}{w}"), 2048)).transpose())
             .collect::<Result<_, _>>()?;
         for (w, share) in shares.iter().enumerate() {
-            let ip = LocalIp { v4: Some(RING_IP[node]), v6: None };
+            let ip = if o.ipv6 {
+                LocalIp { v4: None, v6: Some(RING_IP6[node]) }
+            } else {
+                LocalIp { v4: Some(RING_IP[node]), v6: None }
+            };
             let cfg = EngineConfig { qpn_base: 0x100 + w as u32 * QPN_STRIDE, ..engine_config(RING_MAC[node], ip) };
             let mut e = Engine::new(cfg);
             locals[node].push(app::create(&mut e, share, node as u64).map_err(SetupError)?);
@@ -370,6 +379,7 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
         locals[0].iter().map(|v| v.iter().map(Remote::of).collect()).collect(),
     ];
 
+    let v6 = o.ipv6;
     let a_done = AtomicUsize::new(0);
     let b_done = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
@@ -384,7 +394,7 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
             ha.push(s.spawn(move || {
                 let mut marked = false;
                 node(
-                    (0, w),
+                    (0, w, v6),
                     wk,
                     share,
                     l,
@@ -410,7 +420,7 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
             hb.push(s.spawn(move || {
                 let mut marked = false;
                 node(
-                    (1, w),
+                    (1, w, v6),
                     wk,
                     share,
                     l,
@@ -463,7 +473,8 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
     }
     let want = p.iters * u64::from(p.qps) * p.msg_size();
     ok &= check("ring", !p.verify || verified >= want, format!("{verified} bytes verified (verify={})", p.verify));
-    ok &= check("node a", res_a[0].1.resolved, "peer resolved with ARP");
+    let how = if o.ipv6 { "IPv6 neighbour discovery" } else { "ARP" };
+    ok &= check("node a", res_a[0].1.resolved, format!("peer resolved with {how}"));
     let in_use_after = pool.in_use();
     ok &= check(
         "mempool",
@@ -559,7 +570,7 @@ impl Timing {
 /// One ring-mode node thread: pin, resolve the peer, connect QPs, wait for the other node, run `app`.
 #[allow(clippy::too_many_arguments)]
 fn node<'p, S: NodeState>(
-    (i, wi): (usize, usize),
+    (i, wi, v6): (usize, usize, bool),
     mut w: Worker<'p>,
     p: &Params,
     locals: &[Local],
@@ -571,12 +582,16 @@ fn node<'p, S: NodeState>(
 ) -> Result<(S, NodeResult), SetupError> {
     let core = (i + wi) % 2;
     register_thread(core).ctx(|| format!("node {i} worker {wi}: pin to core {core} and register with EAL"))?;
-    let peer_ip = RING_IP[1 - i];
-    // Worker 0 receives from the port and resolves the peer with ARP; the others (fed by its dispatcher) do not
-    // see ARP and use the peer's known MAC.
-    let mac = if wi == 0 { w.resolve(NeighIp::V4(peer_ip), Duration::from_secs(5)) } else { Some(RING_MAC[1 - i]) };
+    let (peer_ip, ip) = if v6 {
+        (NeighIp::V6(RING_IP6[1 - i]), IpAddrs::V6 { src: RING_IP6[i], dst: RING_IP6[1 - i] })
+    } else {
+        (NeighIp::V4(RING_IP[1 - i]), IpAddrs::V4 { src: RING_IP[i], dst: RING_IP[1 - i] })
+    };
+    // Worker 0 receives from the port and resolves the peer (ARP, or IPv6 neighbour discovery); the others (fed by
+    // its dispatcher) do not see those frames and use the peer's known MAC.
+    let mac = if wi == 0 { w.resolve(peer_ip, Duration::from_secs(5)) } else { Some(RING_MAC[1 - i]) };
     let resolved = mac == Some(RING_MAC[1 - i]);
-    let peer = PeerAddr { ip: IpAddrs::V4 { src: RING_IP[i], dst: peer_ip }, mac: mac.unwrap_or(RING_MAC[1 - i]) };
+    let peer = PeerAddr { ip, mac: mac.unwrap_or(RING_MAC[1 - i]) };
     for (l, r) in locals.iter().zip(remotes) {
         app::connect(&mut w.engine, l, r, p, peer).map_err(SetupError)?;
     }
