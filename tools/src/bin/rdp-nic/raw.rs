@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use roce_dp::dpdk::Burst;
 
 use crate::oob::Oob;
-use crate::{check, finish_port, print_port_stats, Opts, Setup, SetupError};
+use crate::{check, finish_port, leak_check, print_port_stats, Opts, Setup, SetupError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum RawMode {
@@ -129,11 +129,11 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
     }
     drop((rx, tx));
     let after = s.pool.in_use();
-    ok &= check(label, after == s.in_use_before, format!("mempool: {} in use before, {after} after", s.in_use_before));
     if o.stats {
         print_port_stats(label, &s.port);
     }
     finish_port(s, client, o)?;
+    ok &= leak_check(label, s, after);
     Ok(ok)
 }
 
