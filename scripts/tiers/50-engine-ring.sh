@@ -78,6 +78,8 @@ tier5_engine_ring() {
             --iters 200 --qps 4 --depth 16 --inject-loss 1 --file-prefix "$p" --stats
         check "ring $op, 2 workers per NIC: frames dispatched to worker 1" grep -Eq '^STATS worker a0: .* dispatched=[1-9]' "$log"
         check "ring $op, 2 workers per NIC: worker 1 sent frames" grep -Eq '^STATS worker a1: .* tx_frames=[1-9]' "$log"
+        check "ring $op, 2 workers per NIC: rte_flow refused by net_ring, software dispatcher used" \
+            grep -Eq '^STEERING port a: rte_flow unavailable \(rte_flow_validate failed: .*\); software dispatcher' "$log"
     done
 
     local bad="$LOG_DIR/bad-profile.toml"

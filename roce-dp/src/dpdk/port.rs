@@ -521,6 +521,77 @@ impl Drop for Port {
     }
 }
 
+/// An rte_flow rule on a port; destroyed on drop (before the port closes: it borrows the port).
+pub struct FlowRule<'p> {
+    port: u16,
+    flow: std::ptr::NonNull<dpdk_sys::rte_flow>,
+    _port: PhantomData<&'p Port>,
+}
+
+impl Drop for FlowRule<'_> {
+    fn drop(&mut self) {
+        let mut err = dpdk_sys::rte_flow_error::default();
+        // SAFETY: the flow was created on this port, which outlives the rule (borrow); destroyed once.
+        unsafe { dpdk_sys::rte_flow_destroy(self.port, self.flow.as_ptr(), &mut err) };
+    }
+}
+
+impl Port {
+    /// Steer RoCEv2 (IPv4, UDP destination port 4791) to `queues` with RSS over the UDP source port (the RoCE
+    /// flow entropy): an `rte_flow` rule of pattern ETH / IPV4 / UDP dst 4791, action RSS. Fails with the
+    /// driver's error where rte_flow is not supported (the vdevs here: net_ring, memif and af_packet report
+    /// ENOSYS/ENOTSUP), in which case a software dispatcher must steer instead.
+    pub fn steer_roce(&self, queues: &[u16]) -> Result<FlowRule<'_>> {
+        use dpdk_sys as d;
+        let mut attr = d::rte_flow_attr::default();
+        attr.set_ingress(1);
+        let udp_spec = d::rte_flow_item_udp { hdr: d::rte_udp_hdr { dst_port: 4791u16.to_be(), ..Default::default() } };
+        let udp_mask = d::rte_flow_item_udp { hdr: d::rte_udp_hdr { dst_port: 0xffff, ..Default::default() } };
+        let item = |t, spec: *const std::ffi::c_void, mask: *const std::ffi::c_void| d::rte_flow_item {
+            type_: t,
+            spec,
+            last: std::ptr::null(),
+            mask,
+        };
+        let null = std::ptr::null();
+        let pattern = [
+            item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_ETH, null, null),
+            item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_IPV4, null, null),
+            item(
+                d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_UDP,
+                (&udp_spec as *const d::rte_flow_item_udp).cast(),
+                (&udp_mask as *const d::rte_flow_item_udp).cast(),
+            ),
+            item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_END, null, null),
+        ];
+        let rss = d::rte_flow_action_rss {
+            func: d::rte_eth_hash_function_RTE_ETH_HASH_FUNCTION_DEFAULT,
+            level: 0,
+            types: u64::from(d::RTE_ETH_RSS_NONFRAG_IPV4_UDP),
+            key_len: 0,
+            queue_num: queues.len() as u32,
+            key: std::ptr::null(),
+            queue: queues.as_ptr(),
+        };
+        let actions = [
+            d::rte_flow_action {
+                type_: d::rte_flow_action_type_RTE_FLOW_ACTION_TYPE_RSS,
+                conf: (&rss as *const d::rte_flow_action_rss).cast(),
+            },
+            d::rte_flow_action { type_: d::rte_flow_action_type_RTE_FLOW_ACTION_TYPE_END, conf: std::ptr::null() },
+        ];
+        let mut err = d::rte_flow_error::default();
+        // SAFETY: the port id is valid; attr, the END-terminated pattern and action arrays and everything they
+        // point to (specs, masks, the RSS conf and `queues`) live until the call returns; DPDK copies what it keeps.
+        let ret = unsafe { d::rte_flow_validate(self.id, &attr, pattern.as_ptr(), actions.as_ptr(), &mut err) };
+        check("rte_flow_validate", ret)?;
+        // SAFETY: as above.
+        let flow = unsafe { d::rte_flow_create(self.id, &attr, pattern.as_ptr(), actions.as_ptr(), &mut err) };
+        let flow = std::ptr::NonNull::new(flow).ok_or_else(|| DpdkError::from_rte_errno("rte_flow_create"))?;
+        Ok(FlowRule { port: self.id, flow, _port: PhantomData })
+    }
+}
+
 /// Set the calling thread's C `errno`.
 fn set_errno(value: i32) {
     // SAFETY: __errno_location returns this thread's errno slot, always valid.

@@ -19,8 +19,12 @@
 //! Steering: with several workers on a port that has one rx queue (all vdevs here: memif, af_packet, net_ring
 //! have no rte_flow/RSS on UDP port 4791), worker 0 receives everything and forwards RoCE frames to the worker
 //! that owns the destination QP over an SPSC rte_ring; each worker sends on its own tx queue. Worker `w`'s engine
-//! numbers its QPs from `qpn_base + w * QPN_STRIDE`, so the owner is a division. An rte_flow rule (UDP dst 4791 +
-//! RSS over queues) for mlx5/ice is not implemented (TODO(rte_flow): no hardware here to test it on).
+//! numbers its QPs from `qpn_base + w * QPN_STRIDE`, so the owner is a division. [`Port::steer_roce`] installs the
+//! hardware alternative (rte_flow: UDP dst 4791, RSS over the workers' rx queues); the vdevs here refuse it
+//! (`rte_flow_validate`: ENOSYS). TODO(rte_flow): on mlx5/ice, give each worker its own rx queue when that rule is
+//! accepted (untested: no such NIC here).
+//!
+//! [`Port::steer_roce`]: super::Port::steer_roce
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -334,6 +334,22 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
         port.wait_link_up(Duration::from_secs(5))?;
     }
     let in_use_before = pool.in_use();
+    if nw > 1 {
+        // Steering: an rte_flow rule (UDP dst 4791 + RSS) where the PMD supports it; net_ring does not, so worker 0
+        // dispatches in software.
+        let queues: Vec<u16> = (0..nw as u16).collect();
+        for (i, port) in ports.iter().enumerate() {
+            match port.steer_roce(&queues) {
+                Ok(_rule) => {
+                    println!("STEERING port {}: rte_flow rule accepted (not used: ring mode dispatches)", ["a", "b"][i])
+                }
+                Err(e) => println!(
+                    "STEERING port {}: rte_flow unavailable ({e}); software dispatcher on BTH dest QP",
+                    ["a", "b"][i]
+                ),
+            }
+        }
+    }
 
     // QP q runs on worker q % nw of each node; worker w's engine numbers its QPs from 0x100 + w * QPN_STRIDE.
     let mut shares = Vec::new();
