@@ -35,6 +35,8 @@ const FUNCTIONS: &[&str] = &[
     "rte_mempool_in_use_count",
     "rte_ring_create",
     "rte_ring_free",
+    "rte_thread_register",
+    "rte_thread_unregister",
     "rte_vdev_init",
     "rte_vdev_uninit",
     "rte_eth_from_rings",
@@ -58,6 +60,9 @@ const FUNCTIONS: &[&str] = &[
     "rte_eth_dev_get_mtu",
     "rte_eth_macaddr_get",
     "rte_eth_promiscuous_enable",
+    "rte_flow_validate",
+    "rte_flow_create",
+    "rte_flow_destroy",
 ];
 
 /// Types the project names (their dependencies come in automatically).
@@ -70,11 +75,18 @@ const TYPES: &[&str] = &[
     "rte_eth_link",
     "rte_eth_stats",
     "rte_ether_addr",
+    "rte_flow_attr",
+    "rte_flow_item",
+    "rte_flow_action",
+    "rte_flow_item_udp",
+    "rte_flow_action_rss",
+    "rte_flow_error",
 ];
 
 /// Constants, by pattern. Some lack the RTE_ prefix (SOCKET_ID_ANY, LCORE_ID_ANY, RING_F_*).
 const VARS: &[&str] = &[
     "RTE_ETH_RX_OFFLOAD_.*",
+    "RTE_ETH_RSS_.*",
     "RTE_ETH_TX_OFFLOAD_.*",
     "RTE_ETH_LINK_.*",
     "RTE_ETH_SPEED_NUM_.*",

@@ -95,3 +95,18 @@ void rte_errno_set_(int value)
 {
 	rte_errno = value;
 }
+
+unsigned int rte_ring_enqueue_burst_(struct rte_ring *r, void *const *obj_table, unsigned int n)
+{
+	return rte_ring_enqueue_burst(r, obj_table, n, NULL);
+}
+
+unsigned int rte_ring_dequeue_burst_(struct rte_ring *r, void **obj_table, unsigned int n)
+{
+	return rte_ring_dequeue_burst(r, obj_table, n, NULL);
+}
+
+unsigned int rte_ring_count_(const struct rte_ring *r)
+{
+	return rte_ring_count(r);
+}

@@ -21,6 +21,7 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
+#include <rte_ring.h>
 
 /** Receive up to nb_pkts packets from queue queue_id of port port_id into rx_pkts; returns how many were received. */
 uint16_t rte_eth_rx_burst_(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **rx_pkts, uint16_t nb_pkts);
@@ -79,5 +80,14 @@ int rte_errno_(void);
 
 /** Set the calling thread's rte_errno (e.g. to 0 before a call that may fail without setting it). */
 void rte_errno_set_(int value);
+
+/** Enqueue up to n object pointers onto ring r; returns how many were enqueued (the caller keeps the rest). */
+unsigned int rte_ring_enqueue_burst_(struct rte_ring *r, void *const *obj_table, unsigned int n);
+
+/** Dequeue up to n object pointers from ring r into obj_table; returns how many were dequeued. */
+unsigned int rte_ring_dequeue_burst_(struct rte_ring *r, void **obj_table, unsigned int n);
+
+/** Entries currently in ring r. */
+unsigned int rte_ring_count_(const struct rte_ring *r);
 
 #endif /* ROCE_DP_DPDK_SHIM_H */

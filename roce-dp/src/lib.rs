@@ -8,12 +8,14 @@
 #![deny(unsafe_code)]
 
 pub mod cc;
+pub mod config;
 pub mod copy;
 pub mod ctrl;
 #[cfg(feature = "dpdk")]
 pub mod dpdk;
 pub mod engine;
 pub mod mr;
+pub mod neigh;
 pub mod qp;
 pub mod sim;
 pub mod stats;

@@ -133,6 +133,22 @@ impl Mbuf {
         unsafe { dpdk_sys::rte_pktmbuf_trim_(self.0.as_ptr(), n) == 0 }
     }
 
+    /// Copy the data of every segment, in order, into `out` (cleared first): a multi-segment frame made contiguous.
+    pub fn copy_segments(&self, out: &mut Vec<u8>) {
+        out.clear();
+        let mut seg: *const dpdk_sys::rte_mbuf = self.0.as_ptr();
+        while !seg.is_null() {
+            // SAFETY: seg is this mbuf or a segment chained from it (owned together with it, valid while self is);
+            // its data_len bytes at buf_addr + data_off lie inside its buffer.
+            unsafe {
+                let m = &*seg;
+                let p = m.buf_addr.cast::<u8>().add(usize::from(m.data_off));
+                out.extend_from_slice(std::slice::from_raw_parts(p, usize::from(m.data_len)));
+                seg = m.next;
+            }
+        }
+    }
+
     /// The reference count (1 unless the mbuf was cloned by DPDK code).
     pub fn refcnt(&self) -> u16 {
         // SAFETY: self owns a valid mbuf.
@@ -212,6 +228,35 @@ impl Burst {
     pub fn drain(&mut self) -> Drain<'_> {
         let n = std::mem::replace(&mut self.len, 0);
         Drain { pkts: &self.pkts[..n], pos: 0 }
+    }
+
+    /// Take the last mbuf out.
+    pub fn pop(&mut self) -> Option<Mbuf> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        // SAFETY: pkts[len] (the old last entry) is a valid owned mbuf (invariant); len no longer covers it, so it
+        // is handed out exactly once.
+        Some(unsafe { Mbuf::from_raw(NonNull::new_unchecked(self.pkts[self.len])) })
+    }
+
+    /// Fill the free slots with new mbufs from `pool` in one bulk allocation (all or nothing); how many were added.
+    pub fn alloc_bulk(&mut self, pool: &Mempool) -> usize {
+        let mp = pool.as_ptr();
+        // SAFETY: rte_pktmbuf_alloc_bulk either stores exactly n valid, freshly allocated mbufs into the n slots
+        // and returns 0, or stores none and returns an error; fill_with's contract holds either way.
+        unsafe {
+            self.fill_with(
+                |slots, n| {
+                    if n > 0 && dpdk_sys::rte_pktmbuf_alloc_bulk_(mp, slots, u32::from(n)) == 0 {
+                        n
+                    } else {
+                        0
+                    }
+                },
+            )
+        }
     }
 
     /// Free every held mbuf.

@@ -22,13 +22,17 @@ mod mbuf;
 mod mempool;
 mod port;
 mod ring;
+mod worker;
 
 pub use eal::{captured_log, Eal, EalArgs};
 pub use error::{DpdkError, Result};
 pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for, pool_size, Mempool};
-pub use port::{offload_names, Link, Port, PortConfig, PortInfo, PortStats};
+pub use port::{offload_names, FlowRule, Link, Port, PortConfig, PortInfo, PortStats, QueuePair};
 pub use ring::Ring;
+pub use worker::{
+    choose_offloads, register_thread, Clock, Dispatch, Idle, Worker, WorkerConfig, WorkerStats, QPN_STRIDE,
+};
 
 /// The DPDK version the bindings were built against (`pkg-config --modversion libdpdk`).
 pub const DPDK_VERSION: &str = dpdk_sys::DPDK_VERSION;
@@ -43,8 +47,12 @@ pub fn lcore_id() -> Option<u32> {
 /// The current TSC value (not serialising).
 #[inline]
 pub fn tsc() -> u64 {
-    // SAFETY: rdtsc has no preconditions.
-    unsafe { dpdk_sys::rte_get_tsc_cycles_() }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: rdtsc has no preconditions; inlined here instead of a call into the C shim (it runs once per poll).
+    return unsafe { std::arch::x86_64::_rdtsc() };
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: reads the cycle counter; no preconditions.
+    return unsafe { dpdk_sys::rte_get_tsc_cycles_() };
 }
 
 /// TSC ticks per second as EAL measured them (0 before [`Eal::init`]).

@@ -112,7 +112,71 @@ pub struct Port {
     /// Rings behind a net_ring port; they must outlive the port.
     rings: Vec<Ring>,
     eal: Eal,
+    /// Queues configured (rx, tx).
+    queues: (u16, u16),
+    /// Queue pairs handed out by [`Port::queue_pair`] (bit q).
+    taken: Cell<u64>,
     _not_sync: PhantomData<Cell<()>>,
+}
+
+/// Rx queue `q` and tx queue `q` of a started port, owned by one thread (a worker): DPDK allows bursts on
+/// different queues of one port from different threads at once, never on the same queue. Borrows the port, so the
+/// port outlives it; [`Port::queue_pair`] hands each pair out once.
+pub struct QueuePair<'p> {
+    port: u16,
+    queue: u16,
+    /// Whether rx queue `queue` exists (a port with fewer rx than tx queues: workers past the rx queues get their
+    /// frames from a software dispatcher instead).
+    has_rx: bool,
+    _port: PhantomData<&'p ()>,
+}
+
+// SAFETY: a QueuePair is the only handle on its queue pair (Port::queue_pair hands each out once), and ethdev
+// rx/tx bursts on distinct queues are thread-safe; the borrowed port outlives it.
+unsafe impl Send for QueuePair<'_> {}
+
+impl QueuePair<'_> {
+    /// The port id.
+    pub fn port_id(&self) -> u16 {
+        self.port
+    }
+
+    /// The queue index (rx and tx).
+    pub fn queue(&self) -> u16 {
+        self.queue
+    }
+
+    /// Whether this pair has an rx queue.
+    pub fn has_rx(&self) -> bool {
+        self.has_rx
+    }
+
+    /// Receive into the free slots of `burst`; how many frames arrived (0 without an rx queue).
+    #[inline]
+    pub fn rx_burst(&mut self, burst: &mut Burst) -> usize {
+        self.rx_burst_max(burst, usize::MAX)
+    }
+
+    /// As [`QueuePair::rx_burst`], at most `max` frames.
+    #[inline]
+    pub fn rx_burst_max(&mut self, burst: &mut Burst, max: usize) -> usize {
+        if !self.has_rx {
+            return 0;
+        }
+        let (id, q) = (self.port, self.queue);
+        let max = u16::try_from(max).unwrap_or(u16::MAX);
+        // SAFETY: as Port::rx_burst (the PMD stores at most n.min(max) mbufs); &mut self and the
+        // one-handle-per-queue rule make this the queue's only user.
+        unsafe { burst.fill_with(|slots, n| dpdk_sys::rte_eth_rx_burst_(id, q, slots, n.min(max))) }
+    }
+
+    /// Transmit from the front of `burst`; unsent mbufs stay in it. How many were sent.
+    #[inline]
+    pub fn tx_burst(&mut self, burst: &mut Burst) -> usize {
+        let (id, q) = (self.port, self.queue);
+        // SAFETY: as Port::tx_burst; this handle is the queue's only user.
+        unsafe { burst.take_with(|pkts, n| dpdk_sys::rte_eth_tx_burst_(id, q, pkts, n)) }
+    }
 }
 
 impl Port {
@@ -185,8 +249,25 @@ impl Port {
         Ok(Self::wrap(eal, id, None, rx.iter().chain(tx).cloned().collect()))
     }
 
+    /// A net_ring port with one rx queue (from `rx`) and `tx_queues` tx queues that all enqueue into `tx`, which
+    /// must then be a multi-producer ring ([`Ring::new_mp`]) when several threads send.
+    pub fn from_rings_tx(eal: &Eal, name: &str, rx: &Ring, tx: &Ring, tx_queues: u16) -> Result<Port> {
+        let txs = vec![tx.clone(); usize::from(tx_queues.max(1))];
+        Self::from_rings(eal, name, std::slice::from_ref(rx), &txs)
+    }
+
     fn wrap(eal: &Eal, id: u16, vdev: Option<CString>, rings: Vec<Ring>) -> Port {
-        Port { id, state: State::Idle, vdev, pools: Vec::new(), rings, eal: eal.clone(), _not_sync: PhantomData }
+        Port {
+            id,
+            state: State::Idle,
+            vdev,
+            pools: Vec::new(),
+            rings,
+            eal: eal.clone(),
+            queues: (0, 0),
+            taken: Cell::new(0),
+            _not_sync: PhantomData,
+        }
     }
 
     /// The port id.
@@ -274,7 +355,20 @@ impl Port {
             check("rte_eth_tx_queue_setup", ret)?;
         }
         self.pools.push(pool.clone());
+        self.queues = (conf.rx_queues, conf.tx_queues);
         Ok(())
+    }
+
+    /// Tx queue `q` (and rx queue `q` if configured) for one worker thread; `None` if tx queue `q` is not
+    /// configured or was handed out already. Do not call [`Port::rx_burst`]/[`Port::tx_burst`] on a queue that
+    /// was handed out.
+    pub fn queue_pair(&self, q: u16) -> Option<QueuePair<'_>> {
+        let bit = 1u64.checked_shl(u32::from(q))?;
+        if q >= self.queues.1 || self.taken.get() & bit != 0 {
+            return None;
+        }
+        self.taken.set(self.taken.get() | bit);
+        Some(QueuePair { port: self.id, queue: q, has_rx: q < self.queues.0, _port: PhantomData })
     }
 
     /// Start the port (after [`Port::configure`]).
@@ -427,6 +521,77 @@ impl Drop for Port {
         // Pools and rings (and the EAL handle) drop after the port is closed.
         self.rings.clear();
         self.pools.clear();
+    }
+}
+
+/// An rte_flow rule on a port; destroyed on drop (before the port closes: it borrows the port).
+pub struct FlowRule<'p> {
+    port: u16,
+    flow: std::ptr::NonNull<dpdk_sys::rte_flow>,
+    _port: PhantomData<&'p Port>,
+}
+
+impl Drop for FlowRule<'_> {
+    fn drop(&mut self) {
+        let mut err = dpdk_sys::rte_flow_error::default();
+        // SAFETY: the flow was created on this port, which outlives the rule (borrow); destroyed once.
+        unsafe { dpdk_sys::rte_flow_destroy(self.port, self.flow.as_ptr(), &mut err) };
+    }
+}
+
+impl Port {
+    /// Steer RoCEv2 (IPv4, UDP destination port 4791) to `queues` with RSS over the UDP source port (the RoCE
+    /// flow entropy): an `rte_flow` rule of pattern ETH / IPV4 / UDP dst 4791, action RSS. Fails with the
+    /// driver's error where rte_flow is not supported (the vdevs here: net_ring, memif and af_packet report
+    /// ENOSYS/ENOTSUP), in which case a software dispatcher must steer instead.
+    pub fn steer_roce(&self, queues: &[u16]) -> Result<FlowRule<'_>> {
+        use dpdk_sys as d;
+        let mut attr = d::rte_flow_attr::default();
+        attr.set_ingress(1);
+        let udp_spec = d::rte_flow_item_udp { hdr: d::rte_udp_hdr { dst_port: 4791u16.to_be(), ..Default::default() } };
+        let udp_mask = d::rte_flow_item_udp { hdr: d::rte_udp_hdr { dst_port: 0xffff, ..Default::default() } };
+        let item = |t, spec: *const std::ffi::c_void, mask: *const std::ffi::c_void| d::rte_flow_item {
+            type_: t,
+            spec,
+            last: std::ptr::null(),
+            mask,
+        };
+        let null = std::ptr::null();
+        let pattern = [
+            item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_ETH, null, null),
+            item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_IPV4, null, null),
+            item(
+                d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_UDP,
+                (&udp_spec as *const d::rte_flow_item_udp).cast(),
+                (&udp_mask as *const d::rte_flow_item_udp).cast(),
+            ),
+            item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_END, null, null),
+        ];
+        let rss = d::rte_flow_action_rss {
+            func: d::rte_eth_hash_function_RTE_ETH_HASH_FUNCTION_DEFAULT,
+            level: 0,
+            types: u64::from(d::RTE_ETH_RSS_NONFRAG_IPV4_UDP),
+            key_len: 0,
+            queue_num: queues.len() as u32,
+            key: std::ptr::null(),
+            queue: queues.as_ptr(),
+        };
+        let actions = [
+            d::rte_flow_action {
+                type_: d::rte_flow_action_type_RTE_FLOW_ACTION_TYPE_RSS,
+                conf: (&rss as *const d::rte_flow_action_rss).cast(),
+            },
+            d::rte_flow_action { type_: d::rte_flow_action_type_RTE_FLOW_ACTION_TYPE_END, conf: std::ptr::null() },
+        ];
+        let mut err = d::rte_flow_error::default();
+        // SAFETY: the port id is valid; attr, the END-terminated pattern and action arrays and everything they
+        // point to (specs, masks, the RSS conf and `queues`) live until the call returns; DPDK copies what it keeps.
+        let ret = unsafe { d::rte_flow_validate(self.id, &attr, pattern.as_ptr(), actions.as_ptr(), &mut err) };
+        check("rte_flow_validate", ret)?;
+        // SAFETY: as above.
+        let flow = unsafe { d::rte_flow_create(self.id, &attr, pattern.as_ptr(), actions.as_ptr(), &mut err) };
+        let flow = std::ptr::NonNull::new(flow).ok_or_else(|| DpdkError::from_rte_errno("rte_flow_create"))?;
+        Ok(FlowRule { port: self.id, flow, _port: PhantomData })
     }
 }
 

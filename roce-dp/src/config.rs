@@ -1,0 +1,518 @@
+//! Port profiles (`conf/*.toml`): which DPDK port a soft NIC runs on, its addresses, path MTU, EAL and worker
+//! settings. Parsed with serde + toml and validated; every error is one line naming the file, the key and the
+//! problem.
+//!
+//! ```toml
+//! [port]
+//! driver = "af_packet"        # memif | af_packet | af_xdp | net_ring | mlx5 | ice
+//! iface = "veth0"
+//! framesz = 8192              # af_packet: 4 KiB frames need framesz = blocksz = 8192 (and veth MTU 9000)
+//! blocksz = 8192
+//! [net]
+//! ipv4 = "10.0.0.1"
+//! mtu = 4096                  # RoCE path MTU: 256, 512, 1024, 2048 or 4096
+//! neighbours = [{ ip = "10.0.0.2", mac = "02:00:00:00:00:02" }]
+//! [eal]
+//! lcores = "0"
+//! [worker]
+//! idle = "busy"
+//! ```
+//! Mempool and mbuf sizes are derived from the path MTU (and af_packet's frame size) unless given.
+
+use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::engine::MAX_HEADER_BYTES;
+use crate::qp::PATH_MTUS;
+use crate::wire::MacAddr;
+
+/// The largest frame DPDK 22.11's af_xdp PMD receives: 2048-byte umem frames minus XDP's 256-byte headroom
+/// (measured: 2 KiB RoCE frames are dropped and counted in imissed).
+pub const AF_XDP_MAX_FRAME: u32 = 2048 - 256;
+
+/// DPDK's default mbuf headroom (RTE_PKTMBUF_HEADROOM in Debian's build).
+pub const MBUF_HEADROOM: u32 = 128;
+
+/// A whole profile.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// The port.
+    pub port: PortSection,
+    /// Addresses and MTU.
+    pub net: NetSection,
+    /// EAL options.
+    #[serde(default)]
+    pub eal: EalSection,
+    /// Worker options.
+    #[serde(default)]
+    pub worker: WorkerSection,
+    /// Mempool sizing (derived when absent).
+    #[serde(default)]
+    pub mempool: MempoolSection,
+}
+
+/// The DPDK driver of the port.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Driver {
+    /// net_memif (shared-memory packet interface between two processes).
+    Memif,
+    /// net_af_packet on a kernel interface.
+    AfPacket,
+    /// net_af_xdp on a kernel interface (veth: MTU <= 3542).
+    AfXdp,
+    /// Two net_ring ports cross-connected in one process (tests).
+    NetRing,
+    /// NVIDIA ConnectX (mlx5 PMD, bifurcated: stays on its kernel driver).
+    Mlx5,
+    /// Intel E810 (ice PMD on vfio-pci).
+    Ice,
+}
+
+/// `[port]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PortSection {
+    /// The driver.
+    pub driver: Driver,
+    /// memif: `server` or `client`.
+    pub role: Option<String>,
+    /// memif: the control socket path.
+    pub socket: Option<String>,
+    /// memif: zero-copy on the client (needs `--single-file-segments`).
+    #[serde(default)]
+    pub zero_copy: bool,
+    /// af_packet / af_xdp: the kernel interface.
+    pub iface: Option<String>,
+    /// af_packet: frame size (>= the largest frame + 64; 8192 for 4 KiB MTU).
+    pub framesz: Option<u32>,
+    /// af_packet: block size (a multiple of framesz).
+    pub blocksz: Option<u32>,
+    /// af_packet: frames in the ring.
+    pub framecnt: Option<u32>,
+    /// mlx5 / ice: PCI address `DDDD:BB:DD.F`.
+    pub pci: Option<String>,
+    /// mlx5 / ice: extra devargs after the PCI address (e.g. `txq_inline_max=256`).
+    pub devargs: Option<String>,
+    /// Rx/tx descriptors per queue.
+    pub rx_desc: Option<u16>,
+    /// Tx descriptors per queue.
+    pub tx_desc: Option<u16>,
+}
+
+/// A static neighbour.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Neighbour {
+    /// IPv4 or IPv6 address.
+    pub ip: String,
+    /// MAC `aa:bb:cc:dd:ee:ff`.
+    pub mac: String,
+}
+
+/// `[net]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetSection {
+    /// The port's MAC (default: what the driver reports).
+    pub mac: Option<String>,
+    /// The port's IPv4 address.
+    pub ipv4: Option<String>,
+    /// The port's IPv6 address.
+    pub ipv6: Option<String>,
+    /// RoCE path MTU.
+    pub mtu: u32,
+    /// Static neighbours (no ARP/ND needed for them).
+    #[serde(default)]
+    pub neighbours: Vec<Neighbour>,
+}
+
+/// `[eal]`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct EalSection {
+    /// `-l`: the first is the main lcore.
+    pub lcores: Option<String>,
+    /// `--no-huge -m MiB` (default 512 unless `hugepages`).
+    pub no_huge_mb: Option<u32>,
+    /// Use hugepages (`--in-memory`).
+    #[serde(default)]
+    pub hugepages: bool,
+    /// Extra EAL arguments.
+    #[serde(default)]
+    pub extra: Vec<String>,
+}
+
+/// `[worker]`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSection {
+    /// Workers on the port (each on its own lcore; >1 uses the software dispatcher on vdevs).
+    #[serde(default = "one")]
+    pub workers: u32,
+    /// Burst size (1..=32).
+    #[serde(default = "burst")]
+    pub burst: u32,
+    /// `busy`, `pause`, `yield` or `sleep`.
+    #[serde(default = "busy")]
+    pub idle: String,
+    /// Empty polls before backing off.
+    #[serde(default = "idle_after")]
+    pub idle_after: u32,
+    /// Sleep length for `idle = "sleep"` (µs).
+    #[serde(default = "sleep_us")]
+    pub sleep_us: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+fn burst() -> u32 {
+    32
+}
+fn busy() -> String {
+    "busy".into()
+}
+fn idle_after() -> u32 {
+    1000
+}
+fn sleep_us() -> u32 {
+    50
+}
+
+impl Default for WorkerSection {
+    fn default() -> Self {
+        Self { workers: 1, burst: 32, idle: busy(), idle_after: idle_after(), sleep_us: sleep_us() }
+    }
+}
+
+/// `[mempool]`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MempoolSection {
+    /// Mbufs in the pool (default: derived from queues and descriptors).
+    pub mbufs: Option<u32>,
+    /// Data room per mbuf, headroom included (default: derived from the MTU).
+    pub data_room: Option<u32>,
+}
+
+/// A profile error: `file: key: problem` on one line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Parse a MAC `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Option<MacAddr> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut m {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(MacAddr(m))
+}
+
+fn valid_pci(s: &str) -> bool {
+    // DDDD:BB:DD.F
+    let b = s.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && s.char_indices().all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
+        && (b'0'..=b'7').contains(&b[11])
+}
+
+impl Profile {
+    /// Read and validate `path`.
+    pub fn load(path: &Path) -> Result<Profile, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{name}: cannot read: {e}")))?;
+        Self::parse(&name, &text)
+    }
+
+    /// Parse and validate `text`; `name` prefixes errors.
+    pub fn parse(name: &str, text: &str) -> Result<Profile, ConfigError> {
+        let p: Profile = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            let msg = e.message().lines().next().unwrap_or("syntax error").trim().to_owned();
+            match line {
+                Some(l) => ConfigError(format!("{name}: line {l}: {msg}")),
+                None => ConfigError(format!("{name}: {msg}")),
+            }
+        })?;
+        p.validate().map_err(|(key, why)| ConfigError(format!("{name}: {key}: {why}")))?;
+        Ok(p)
+    }
+
+    /// Check everything serde cannot; `(key, problem)`.
+    fn validate(&self) -> Result<(), (&'static str, String)> {
+        let port = &self.port;
+        let need = |v: &Option<String>, key: &'static str, what: &str| match v {
+            Some(s) if !s.is_empty() => Ok(()),
+            _ => Err((key, format!("missing ({what})"))),
+        };
+        match port.driver {
+            Driver::Memif => {
+                need(&port.role, "port.role", "memif needs role = \"server\" or \"client\"")?;
+                if !matches!(port.role.as_deref(), Some("server" | "client")) {
+                    return Err(("port.role", "must be \"server\" or \"client\"".into()));
+                }
+                need(&port.socket, "port.socket", "memif needs the control socket path")?;
+            }
+            Driver::AfPacket | Driver::AfXdp => need(&port.iface, "port.iface", "the kernel interface to attach to")?,
+            Driver::Mlx5 | Driver::Ice => {
+                need(&port.pci, "port.pci", "the NIC's PCI address, DDDD:BB:DD.F")?;
+                if !port.pci.as_deref().is_some_and(valid_pci) {
+                    return Err((
+                        "port.pci",
+                        format!("{:?} is not a PCI address DDDD:BB:DD.F", port.pci.as_deref().unwrap_or("")),
+                    ));
+                }
+            }
+            Driver::NetRing => {}
+        }
+        if port.driver != Driver::Memif && (port.role.is_some() || port.socket.is_some() || port.zero_copy) {
+            return Err(("port.role", "role/socket/zero_copy are memif keys".into()));
+        }
+        let n = &self.net;
+        if !PATH_MTUS.contains(&n.mtu) {
+            return Err(("net.mtu", format!("{} is not a RoCE path MTU (256, 512, 1024, 2048, 4096)", n.mtu)));
+        }
+        if let Some(m) = &n.mac {
+            if parse_mac(m).is_none() {
+                return Err(("net.mac", format!("{m:?} is not a MAC aa:bb:cc:dd:ee:ff")));
+            }
+        }
+        if let Some(a) = &n.ipv4 {
+            a.parse::<Ipv4Addr>().map_err(|_| ("net.ipv4", format!("{a:?} is not an IPv4 address")))?;
+        }
+        if let Some(a) = &n.ipv6 {
+            a.parse::<Ipv6Addr>().map_err(|_| ("net.ipv6", format!("{a:?} is not an IPv6 address")))?;
+        }
+        if n.ipv4.is_none() && n.ipv6.is_none() {
+            return Err(("net.ipv4", "missing (the port needs an IPv4 or IPv6 address)".into()));
+        }
+        for nb in &n.neighbours {
+            if nb.ip.parse::<std::net::IpAddr>().is_err() {
+                return Err(("net.neighbours.ip", format!("{:?} is not an IP address", nb.ip)));
+            }
+            if parse_mac(&nb.mac).is_none() {
+                return Err(("net.neighbours.mac", format!("{:?} is not a MAC aa:bb:cc:dd:ee:ff", nb.mac)));
+            }
+        }
+        let frame = self.max_frame();
+        if port.driver == Driver::AfPacket {
+            let fs = port.framesz.unwrap_or(2048);
+            let bs = port.blocksz.unwrap_or(4096);
+            if fs < frame + 64 {
+                return Err((
+                    "port.framesz",
+                    format!("{fs} is too small for {frame}-byte frames (MTU {}): use framesz = blocksz = 8192", n.mtu),
+                ));
+            }
+            if bs < fs || !bs.is_multiple_of(fs) {
+                return Err(("port.blocksz", format!("{bs} must be a multiple of framesz ({fs})")));
+            }
+        } else if port.framesz.is_some() || port.blocksz.is_some() || port.framecnt.is_some() {
+            return Err(("port.framesz", "framesz/blocksz/framecnt are af_packet keys".into()));
+        }
+        if port.driver == Driver::AfXdp && frame > AF_XDP_MAX_FRAME {
+            return Err((
+                "net.mtu",
+                format!(
+                    "{} needs {frame}-byte frames; DPDK 22.11's af_xdp has 2 KiB umem frames (at most {AF_XDP_MAX_FRAME} B): use 1024",
+                    n.mtu
+                ),
+            ));
+        }
+        if let Some(room) = self.mempool.data_room {
+            let need = self.data_room();
+            if room < need {
+                return Err((
+                    "mempool.data_room",
+                    format!("{room} is too small: the frame needs {need} (headroom {MBUF_HEADROOM} included)"),
+                ));
+            }
+            if room > 65535 {
+                return Err(("mempool.data_room", format!("{room} exceeds 65535")));
+            }
+        }
+        let w = &self.worker;
+        if !(1..=32).contains(&w.burst) {
+            return Err(("worker.burst", format!("{} is not in 1..=32", w.burst)));
+        }
+        if !(1..=16).contains(&w.workers) {
+            return Err(("worker.workers", format!("{} is not in 1..=16", w.workers)));
+        }
+        if !matches!(w.idle.as_str(), "busy" | "pause" | "yield" | "sleep") {
+            return Err(("worker.idle", format!("{:?} is not busy, pause, yield or sleep", w.idle)));
+        }
+        if self.eal.hugepages && self.eal.no_huge_mb.is_some() {
+            return Err(("eal.no_huge_mb", "cannot be combined with hugepages = true".into()));
+        }
+        Ok(())
+    }
+
+    /// The largest frame: path MTU plus the most header bytes the engine writes.
+    pub fn max_frame(&self) -> u32 {
+        self.net.mtu + MAX_HEADER_BYTES as u32
+    }
+
+    /// The minimum mbuf data room (headroom included) for this port: one frame per mbuf; af_packet copies each
+    /// frame into an mbuf of framesz - 32 bytes.
+    pub fn data_room(&self) -> u32 {
+        let mut payload = self.max_frame().max(2048);
+        if self.port.driver == Driver::AfPacket {
+            payload = payload.max(self.port.framesz.unwrap_or(2048) - 32);
+        }
+        payload + MBUF_HEADROOM
+    }
+
+    /// The data room to create the pool with (configured or derived).
+    pub fn pool_data_room(&self) -> u16 {
+        self.mempool.data_room.unwrap_or_else(|| self.data_room()).min(65535) as u16
+    }
+
+    /// The vdev `(name, args)` for vdev drivers, with the socket/iface given (overrides allowed by callers).
+    pub fn vdev(&self) -> Option<(String, String)> {
+        let p = &self.port;
+        let frame = self.max_frame();
+        Some(match p.driver {
+            Driver::Memif => {
+                // One memif buffer per frame: 22.11's copy mode mangles frames chained over several buffers.
+                let bsize = frame.max(2048).next_power_of_two();
+                let mut a = format!("role={},socket={},bsize={bsize}", p.role.as_deref()?, p.socket.as_deref()?);
+                if p.zero_copy {
+                    a.push_str(",zero-copy=yes");
+                }
+                ("net_memif0".into(), a)
+            }
+            Driver::AfPacket => (
+                "net_af_packet0".into(),
+                format!(
+                    "iface={},framesz={},blocksz={},framecnt={},qpairs=1",
+                    p.iface.as_deref()?,
+                    p.framesz.unwrap_or(2048),
+                    p.blocksz.unwrap_or(4096),
+                    p.framecnt.unwrap_or(512)
+                ),
+            ),
+            Driver::AfXdp => {
+                ("net_af_xdp0".into(), format!("iface={},start_queue=0,queue_count=1", p.iface.as_deref()?))
+            }
+            Driver::NetRing | Driver::Mlx5 | Driver::Ice => return None,
+        })
+    }
+
+    /// The EAL `-a` allow-list entry for PCI drivers (`pci[,devargs]`).
+    pub fn pci_allow(&self) -> Option<String> {
+        let pci = self.port.pci.as_deref()?;
+        Some(match self.port.devargs.as_deref() {
+            Some(d) if !d.is_empty() => format!("{pci},{d}"),
+            _ => pci.to_owned(),
+        })
+    }
+
+    /// The configured IPv4 address.
+    pub fn ipv4(&self) -> Option<[u8; 4]> {
+        self.net.ipv4.as_deref()?.parse::<Ipv4Addr>().ok().map(|a| a.octets())
+    }
+
+    /// The configured IPv6 address.
+    pub fn ipv6(&self) -> Option<[u8; 16]> {
+        self.net.ipv6.as_deref()?.parse::<Ipv6Addr>().ok().map(|a| a.octets())
+    }
+
+    /// The configured MAC.
+    pub fn mac(&self) -> Option<MacAddr> {
+        parse_mac(self.net.mac.as_deref()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n";
+
+    fn err(text: &str) -> String {
+        Profile::parse("t.toml", text).unwrap_err().0
+    }
+
+    #[test]
+    fn every_profile_in_conf_loads_and_validates() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).expect("conf/ exists") {
+            let path = e.unwrap().path();
+            // conf/dcqcn.toml is the congestion-control parameter file, not a port profile (tools/tests/dcqcn.rs
+            // checks it).
+            if path.extension().is_some_and(|x| x == "toml") && !path.ends_with("dcqcn.toml") {
+                let p = Profile::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                assert!(p.data_room() >= p.max_frame() + MBUF_HEADROOM, "{}", path.display());
+                n += 1;
+            }
+        }
+        assert!(n >= 7, "expected the 7 profiles, found {n}");
+    }
+
+    #[test]
+    fn errors_are_one_line_naming_file_and_key() {
+        let e = err(&format!("{BASE}bogus = 1\n"));
+        assert!(e.starts_with("t.toml: line 6: unknown field `bogus`"), "{e}");
+        assert!(!e.contains('\n'));
+        let e = err("[port]\ndriver = \"af_packet\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n");
+        assert_eq!(e, "t.toml: port.iface: missing (the kernel interface to attach to)");
+        let e = err(&BASE.replace("1024", "9000"));
+        assert!(e.starts_with("t.toml: net.mtu: 9000 is not a RoCE path MTU"), "{e}");
+        let e = err(&BASE.replace("net_ring", "tap"));
+        assert!(e.starts_with("t.toml: line 2: unknown variant `tap`"), "{e}");
+        let e = err(&format!("{BASE}[mempool]\ndata_room = 1024\n"));
+        assert!(e.starts_with("t.toml: mempool.data_room: 1024 is too small"), "{e}");
+        let e = err("[port]\ndriver = \"mlx5\"\npci = \"3b:00.0\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 4096\n");
+        assert!(e.starts_with("t.toml: port.pci: \"3b:00.0\" is not a PCI address"), "{e}");
+        let e = err(&BASE.replace("10.0.0.1", "10.0.0"));
+        assert_eq!(e, "t.toml: net.ipv4: \"10.0.0\" is not an IPv4 address");
+        let e = err("[port]\ndriver = \"af_packet\"\niface = \"v0\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 4096\n");
+        assert!(e.starts_with("t.toml: port.framesz: 2048 is too small for 4210-byte frames"), "{e}");
+        let e = err("[port]\ndriver = \"memif\"\nrole = \"server\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n");
+        assert!(e.starts_with("t.toml: port.socket: missing"), "{e}");
+    }
+
+    #[test]
+    fn sizes_follow_the_mtu() {
+        let p = Profile::parse("t", &BASE.replace("1024", "4096")).unwrap();
+        assert_eq!(p.max_frame(), 4096 + MAX_HEADER_BYTES as u32);
+        assert_eq!(p.data_room(), p.max_frame() + 128);
+        let a = Profile::parse(
+            "t",
+            "[port]\ndriver = \"af_packet\"\niface = \"v0\"\nframesz = 8192\nblocksz = 8192\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 4096\n",
+        )
+        .unwrap();
+        assert_eq!(a.data_room(), 8160 + 128);
+        assert!(a.vdev().unwrap().1.contains("framesz=8192,blocksz=8192"));
+    }
+
+    #[test]
+    fn mac_parsing() {
+        assert_eq!(parse_mac("02:00:00:00:00:0a"), Some(MacAddr([2, 0, 0, 0, 0, 10])));
+        assert_eq!(parse_mac("02:00:00:00:00"), None);
+        assert_eq!(parse_mac("02:00:00:00:00:0a:01"), None);
+        assert!(valid_pci("0000:3b:00.1") && !valid_pci("0000:3b:00.8"));
+    }
+}

@@ -1,0 +1,571 @@
+//! The poll-mode data path: a [`Worker`] joins one sans-IO [`Engine`] to one port queue pair.
+//!
+//! Each [`Worker::poll`] does a bounded amount of work:
+//! 1. **rx**: one burst (from the port's rx queue, or from the worker's SPSC ring when a software [`Dispatch`]er
+//!    steers frames to it); each RoCE frame goes to `Engine::handle_rx` straight from the mbuf's data (no copy;
+//!    a multi-segment mbuf is first made contiguous in one reusable scratch buffer, counted), frames for QPs of
+//!    another worker go to that worker's ring, ARP and IPv6 ND go to the port's [`Neighbours`], everything else is
+//!    counted and dropped;
+//! 2. **timers**: `handle_timeout` when the engine's earliest deadline has passed;
+//! 3. **tx**: mbufs come from a stash refilled with one bulk allocation; the engine writes each frame straight into
+//!    an mbuf's data room (headers and payload in one pass, payload copied once from the registered region, ICRC
+//!    computed once), the mbuf is trimmed to the frame length, and one tx burst sends up to [`BURST`] frames.
+//!    Frames the PMD does not take stay queued and go first next time (memif applies back-pressure; dropping them
+//!    would cost a go-back-N retransmission); they are freed and counted only when the worker is dropped.
+//!
+//! Time is the TSC converted to nanoseconds ([`Clock`]). [`Worker::run`] loops until an `AtomicBool` stop flag is
+//! set, calling the application between polls, with an optional idle back-off for shared cores ([`Idle`]).
+//!
+//! Steering: with several workers on a port that has one rx queue (all vdevs here: memif, af_packet, net_ring
+//! have no rte_flow/RSS on UDP port 4791), worker 0 receives everything and forwards RoCE frames to the worker
+//! that owns the destination QP over an SPSC rte_ring; each worker sends on its own tx queue. Worker `w`'s engine
+//! numbers its QPs from `qpn_base + w * QPN_STRIDE`, so the owner is a division. [`Port::steer_roce`] installs the
+//! hardware alternative (rte_flow: UDP dst 4791, RSS over the workers' rx queues); the vdevs here refuse it
+//! (`rte_flow_validate`: ENOSYS). TODO(rte_flow): on mlx5/ice, give each worker its own rx queue when that rule is
+//! accepted (untested: no such NIC here).
+//!
+//! [`Port::steer_roce`]: super::Port::steer_roce
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::engine::{Engine, RxMeta, MAX_HEADER_BYTES};
+use crate::neigh::{classify, FrameKind, NeighIp, Neighbours, ND_FRAME_LEN};
+use crate::sim::SimRng;
+use crate::time::Instant;
+
+use super::error::{DpdkError, Result};
+use super::mbuf::{Burst, Mbuf, BURST};
+use super::mempool::Mempool;
+use super::port::{PortInfo, QueuePair};
+use super::ring::Ring;
+
+/// QPN distance between the engines of two workers on one port (worker `w` starts at `base + w * QPN_STRIDE`).
+pub const QPN_STRIDE: u32 = 0x1_0000;
+
+/// TSC → nanoseconds since the clock was made (fixed-point: one multiply and a shift per reading).
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    t0: u64,
+    /// Nanoseconds per tick, << 32.
+    mult: u128,
+}
+
+impl Clock {
+    /// A clock starting now; `hz` is the TSC frequency ([`super::tsc_hz`]).
+    pub fn new(hz: u64) -> Self {
+        Self { t0: super::tsc(), mult: (1_000_000_000u128 << 32) / u128::from(hz.max(1)) }
+    }
+
+    /// The engine's time: nanoseconds since [`Clock::new`].
+    #[inline]
+    pub fn now(&self) -> Instant {
+        Instant(self.ns(super::tsc()))
+    }
+
+    fn ns(&self, tsc: u64) -> u64 {
+        ((u128::from(tsc.wrapping_sub(self.t0)) * self.mult) >> 32) as u64
+    }
+}
+
+/// What a worker does after polls that found nothing to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Idle {
+    /// Busy-poll (a dedicated core).
+    Busy,
+    /// After `after` empty polls in a row, a CPU pause per poll.
+    Pause {
+        /// Empty polls before backing off.
+        after: u32,
+    },
+    /// After `after` empty polls, yield the CPU to the scheduler.
+    Yield {
+        /// Empty polls before backing off.
+        after: u32,
+    },
+    /// After `after` empty polls, sleep `us` microseconds (shared cores, tests).
+    Sleep {
+        /// Empty polls before backing off.
+        after: u32,
+        /// Sleep length.
+        us: u32,
+    },
+}
+
+/// Worker settings.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerConfig {
+    /// Frames per rx burst and per tx burst (1..=[`BURST`]).
+    pub burst: usize,
+    /// Idle behaviour of [`Worker::run`].
+    pub idle: Idle,
+    /// Test-only: drop this many received RoCE frames per million before the engine sees them.
+    pub loss_ppm: u32,
+    /// Seed of the loss generator.
+    pub loss_seed: u64,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self { burst: BURST, idle: Idle::Busy, loss_ppm: 0, loss_seed: 1 }
+    }
+}
+
+/// Per-worker counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Calls to [`Worker::poll`].
+    pub polls: u64,
+    /// Rx bursts that returned frames.
+    pub rx_bursts: u64,
+    /// Rx bursts that returned nothing.
+    pub rx_empty_polls: u64,
+    /// Frames received.
+    pub rx_frames: u64,
+    /// RoCE frames handed to the engine.
+    pub rx_roce: u64,
+    /// Multi-segment frames copied into the scratch buffer first.
+    pub rx_linearized: u64,
+    /// Frames that were neither RoCE, ARP nor ND (dropped).
+    pub rx_other: u64,
+    /// RoCE frames for a QP no worker owns (handed to this engine, which counts and drops them).
+    pub steering_misses: u64,
+    /// RoCE frames forwarded to another worker's ring.
+    pub dispatched: u64,
+    /// Frames dropped because another worker's ring was full.
+    pub dispatch_drops: u64,
+    /// RoCE frames dropped by the test-only loss hook.
+    pub loss_injected: u64,
+    /// ARP/ND frames received and handled.
+    pub rx_neigh: u64,
+    /// ARP/ND frames sent (replies and resolutions).
+    pub tx_neigh: u64,
+    /// Tx bursts that sent at least one frame.
+    pub tx_bursts: u64,
+    /// Frames sent.
+    pub tx_frames: u64,
+    /// Tx bursts where the PMD took fewer frames than offered (the rest retried next poll).
+    pub tx_partial: u64,
+    /// Frames freed unsent when the worker stopped.
+    pub tx_dropped: u64,
+    /// Bulk mbuf allocations that failed (the pool was empty).
+    pub mbuf_alloc_failures: u64,
+    /// `handle_timeout` calls.
+    pub timer_runs: u64,
+}
+
+impl WorkerStats {
+    /// `name=value` pairs on one line.
+    pub fn line(&self) -> String {
+        format!(
+            "polls={} rx_bursts={} rx_empty_polls={} rx_frames={} rx_roce={} rx_linearized={} rx_other={} \
+             steering_misses={} dispatched={} dispatch_drops={} loss_injected={} rx_neigh={} tx_neigh={} \
+             tx_bursts={} tx_frames={} tx_partial={} tx_dropped={} mbuf_alloc_failures={} timer_runs={}",
+            self.polls,
+            self.rx_bursts,
+            self.rx_empty_polls,
+            self.rx_frames,
+            self.rx_roce,
+            self.rx_linearized,
+            self.rx_other,
+            self.steering_misses,
+            self.dispatched,
+            self.dispatch_drops,
+            self.loss_injected,
+            self.rx_neigh,
+            self.tx_neigh,
+            self.tx_bursts,
+            self.tx_frames,
+            self.tx_partial,
+            self.tx_dropped,
+            self.mbuf_alloc_failures,
+            self.timer_runs,
+        )
+    }
+}
+
+/// The software dispatcher of the worker that owns a port's only rx queue: RoCE frames whose BTH destination QP
+/// belongs to another worker go to that worker's SPSC ring.
+pub struct Dispatch {
+    base: u32,
+    me: usize,
+    /// Ring to worker `w` (None for this worker).
+    rings: Vec<Option<Ring>>,
+    out: Vec<Burst>,
+}
+
+impl Dispatch {
+    /// A dispatcher in worker `me` for workers whose engines start at `base + w * QPN_STRIDE`; `rings[w]` carries
+    /// frames to worker `w` (`rings[me]` is ignored).
+    pub fn new(base: u32, me: usize, rings: Vec<Option<Ring>>) -> Self {
+        let out = rings.iter().map(|_| Burst::new()).collect();
+        Self { base, me, rings, out }
+    }
+
+    /// The worker owning `qpn`, if any.
+    pub fn owner(&self, qpn: u32) -> Option<usize> {
+        let w = (qpn.checked_sub(self.base)? / QPN_STRIDE) as usize;
+        (w < self.rings.len()).then_some(w)
+    }
+}
+
+/// One poll-mode worker: an engine, a port queue pair, a mempool, and (on the worker that receives from the port)
+/// the port's neighbour table.
+pub struct Worker<'p> {
+    /// The engine (the application posts work requests and polls completions through it between polls).
+    pub engine: Engine,
+    /// The port's neighbour table and ARP/ND responder (used by the worker that receives from the port).
+    pub neigh: Neighbours,
+    /// Counters.
+    pub stats: WorkerStats,
+    q: QueuePair<'p>,
+    /// Frames steered to this worker by another worker's dispatcher.
+    rx_ring: Option<Ring>,
+    dispatch: Option<Dispatch>,
+    pool: Mempool,
+    cfg: WorkerConfig,
+    clock: Clock,
+    rx: Burst,
+    tx: Burst,
+    /// Empty mbufs for the next frames (refilled in bulk).
+    stash: Burst,
+    scratch: Vec<u8>,
+    /// Bytes appended to an mbuf for `poll_transmit`: the largest path MTU plus headers.
+    frame_room: u16,
+    rng: SimRng,
+    empty_streak: u32,
+}
+
+impl<'p> Worker<'p> {
+    /// A worker running `engine` on queue pair `q` with mbufs from `pool`, whose frames are at most
+    /// `max_mtu + MAX_HEADER_BYTES` bytes (the pool's data room must hold them: `EINVAL` otherwise).
+    pub fn new(engine: Engine, q: QueuePair<'p>, pool: &Mempool, max_mtu: u32, cfg: WorkerConfig) -> Result<Self> {
+        let room = max_mtu as usize + MAX_HEADER_BYTES;
+        let avail = usize::from(pool.data_room()).saturating_sub(dpdk_sys::RTE_PKTMBUF_HEADROOM as usize);
+        if room > avail || room > usize::from(u16::MAX) {
+            return Err(DpdkError::new("worker: mbuf data room too small for the path MTU", libc::EINVAL));
+        }
+        let c = engine.config();
+        let neigh = Neighbours::new(c.local_mac, c.local_ip.v4, c.local_ip.v6);
+        Ok(Self {
+            engine,
+            neigh,
+            stats: WorkerStats::default(),
+            q,
+            rx_ring: None,
+            dispatch: None,
+            pool: pool.clone(),
+            cfg: WorkerConfig { burst: cfg.burst.clamp(1, BURST), ..cfg },
+            clock: Clock::new(super::tsc_hz()),
+            rx: Burst::new(),
+            tx: Burst::new(),
+            stash: Burst::new(),
+            scratch: Vec::with_capacity(room),
+            frame_room: room as u16,
+            rng: SimRng::new(cfg.loss_seed),
+            empty_streak: 0,
+        })
+    }
+
+    /// Receive from `ring` (filled by another worker's [`Dispatch`]) instead of the port's rx queue.
+    pub fn with_rx_ring(mut self, ring: Ring) -> Self {
+        self.rx_ring = Some(ring);
+        self
+    }
+
+    /// Forward RoCE frames for other workers' QPs through `d`.
+    pub fn with_dispatch(mut self, d: Dispatch) -> Self {
+        self.dispatch = Some(d);
+        self
+    }
+
+    /// Use `clock` (e.g. one shared by several workers so their times agree).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Stop and hand back the engine (e.g. to read its memory after the run); the worker's mbufs are freed.
+    pub fn into_engine(mut self) -> Engine {
+        let tiny = crate::engine::EngineConfig { max_qps: 1, max_cqs: 1, max_mrs: 1, ..*self.engine.config() };
+        std::mem::replace(&mut self.engine, Engine::new(tiny))
+    }
+
+    /// The current engine time.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// The queue pair.
+    pub fn queue(&self) -> &QueuePair<'p> {
+        &self.q
+    }
+
+    /// One bounded iteration: one rx burst, due timers, up to one tx burst. Returns the number of frames moved
+    /// (0: nothing to do).
+    pub fn poll(&mut self) -> usize {
+        self.stats.polls += 1;
+        let now = self.clock.now();
+        let got = self.poll_rx(now);
+        if let Some(t) = self.engine.poll_timeout() {
+            if t <= now {
+                self.engine.handle_timeout(now);
+                self.stats.timer_runs += 1;
+            }
+        }
+        got + self.poll_tx(now)
+    }
+
+    fn poll_rx(&mut self, now: Instant) -> usize {
+        let got = match &self.rx_ring {
+            Some(r) => r.dequeue_burst(&mut self.rx),
+            None => self.q.rx_burst_max(&mut self.rx, self.cfg.burst),
+        };
+        if got == 0 {
+            self.stats.rx_empty_polls += 1;
+            return 0;
+        }
+        self.stats.rx_bursts += 1;
+        self.stats.rx_frames += got as u64;
+        let meta = RxMeta { port: self.q.port_id(), queue: self.q.queue() };
+        let mut rx = std::mem::take(&mut self.rx);
+        for m in rx.drain() {
+            self.handle_frame(now, m, meta);
+        }
+        self.rx = rx;
+        if let Some(d) = &mut self.dispatch {
+            for (w, b) in d.out.iter_mut().enumerate() {
+                if b.is_empty() {
+                    continue;
+                }
+                if let Some(r) = &d.rings[w] {
+                    r.enqueue_burst(b);
+                }
+                self.stats.dispatch_drops += b.len() as u64;
+                b.clear();
+            }
+        }
+        got
+    }
+
+    fn handle_frame(&mut self, now: Instant, m: Mbuf, meta: RxMeta) {
+        let multi = m.nb_segs() > 1;
+        if multi {
+            m.copy_segments(&mut self.scratch);
+            self.stats.rx_linearized += 1;
+        }
+        let data = if multi { &self.scratch[..] } else { m.data() };
+        match classify(data) {
+            FrameKind::Roce { dest_qp } => {
+                if let Some(d) = &mut self.dispatch {
+                    match d.owner(dest_qp) {
+                        Some(w) if w != d.me => {
+                            self.stats.dispatched += 1;
+                            if let Err(m) = d.out[w].push(m) {
+                                drop(m);
+                                self.stats.dispatch_drops += 1;
+                            }
+                            return;
+                        }
+                        Some(_) => {}
+                        None => self.stats.steering_misses += 1,
+                    }
+                }
+                if self.cfg.loss_ppm > 0 && self.rng.chance_ppm(self.cfg.loss_ppm) {
+                    self.stats.loss_injected += 1;
+                    return;
+                }
+                self.stats.rx_roce += 1;
+                self.engine.handle_rx(now, data, meta);
+            }
+            FrameKind::Arp | FrameKind::Nd => {
+                self.stats.rx_neigh += 1;
+                let mut out = [0u8; ND_FRAME_LEN];
+                if let Some(n) = self.neigh.handle(data, &mut out) {
+                    self.send_raw(&out[..n]);
+                }
+            }
+            FrameKind::Other => self.stats.rx_other += 1,
+        }
+    }
+
+    /// Queue a frame built outside the engine (ARP, ND); sent with the next tx burst. False if no mbuf was free
+    /// or the tx burst is full.
+    pub fn send_raw(&mut self, frame: &[u8]) -> bool {
+        let Some(mut m) = self.take_mbuf() else { return false };
+        let Some(buf) = m.append(frame.len() as u16) else { return false };
+        buf.copy_from_slice(frame);
+        if self.tx.push(m).is_err() {
+            return false;
+        }
+        self.stats.tx_neigh += 1;
+        true
+    }
+
+    /// Send an ARP request / neighbour solicitation for `ip` (see [`Worker::resolve`]).
+    pub fn solicit(&mut self, ip: NeighIp) -> bool {
+        let mut out = [0u8; ND_FRAME_LEN];
+        match self.neigh.solicit(ip, &mut out) {
+            Some(n) => self.send_raw(&out[..n]),
+            None => false,
+        }
+    }
+
+    /// Poll until `ip`'s MAC is known (static or learned), soliciting every 100 ms; `None` after `timeout`.
+    pub fn resolve(&mut self, ip: NeighIp, timeout: std::time::Duration) -> Option<crate::wire::MacAddr> {
+        let start = std::time::Instant::now();
+        let mut last: Option<std::time::Instant> = None;
+        loop {
+            if let Some(mac) = self.neigh.lookup(ip) {
+                return Some(mac);
+            }
+            if start.elapsed() >= timeout {
+                return None;
+            }
+            if last.is_none_or(|t| t.elapsed() >= std::time::Duration::from_millis(100)) {
+                self.solicit(ip);
+                last = Some(std::time::Instant::now());
+            }
+            if self.poll() == 0 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn take_mbuf(&mut self) -> Option<Mbuf> {
+        if self.stash.is_empty() && self.stash.alloc_bulk(&self.pool) == 0 {
+            self.stats.mbuf_alloc_failures += 1;
+            // Fall back to single allocations when the pool is nearly dry.
+            return self.pool.alloc().ok();
+        }
+        self.stash.pop()
+    }
+
+    fn poll_tx(&mut self, now: Instant) -> usize {
+        let limit = self.cfg.burst;
+        while self.tx.len() < limit && self.engine.has_pending_tx() {
+            let Some(mut m) = self.take_mbuf() else { break };
+            let room = self.frame_room;
+            let Some(buf) = m.append(room) else {
+                self.stats.mbuf_alloc_failures += 1;
+                break;
+            };
+            match self.engine.poll_transmit(now, buf) {
+                Some(len) => {
+                    m.trim(room - len as u16);
+                    let _ = self.tx.push(m);
+                }
+                None => {
+                    m.trim(room);
+                    let _ = self.stash.push(m);
+                    break;
+                }
+            }
+        }
+        if self.tx.is_empty() {
+            return 0;
+        }
+        let offered = self.tx.len();
+        let sent = self.q.tx_burst(&mut self.tx);
+        if sent > 0 {
+            self.stats.tx_bursts += 1;
+            self.stats.tx_frames += sent as u64;
+        }
+        if sent < offered {
+            self.stats.tx_partial += 1;
+        }
+        sent
+    }
+
+    /// Frames waiting for the PMD (not yet taken by a tx burst).
+    pub fn tx_backlog(&self) -> usize {
+        self.tx.len()
+    }
+
+    /// Poll until `stop` is set or `app` returns false; `app` runs after every poll (post work requests, poll
+    /// completions). Applies the idle back-off after polls where neither moved anything (`app` returns whether
+    /// it did work through the second element).
+    pub fn run(&mut self, stop: &AtomicBool, mut app: impl FnMut(&mut Self) -> (bool, bool)) {
+        while !stop.load(Ordering::Relaxed) {
+            let moved = self.poll();
+            let (go_on, app_busy) = app(self);
+            if !go_on {
+                break;
+            }
+            if moved > 0 || app_busy {
+                self.empty_streak = 0;
+                continue;
+            }
+            self.empty_streak = self.empty_streak.saturating_add(1);
+            match self.cfg.idle {
+                Idle::Busy => {}
+                Idle::Pause { after } if self.empty_streak > after => std::hint::spin_loop(),
+                Idle::Yield { after } if self.empty_streak > after => std::thread::yield_now(),
+                Idle::Sleep { after, us } if self.empty_streak > after => {
+                    std::thread::sleep(std::time::Duration::from_micros(u64::from(us)))
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Drop for Worker<'_> {
+    fn drop(&mut self) {
+        self.stats.tx_dropped += self.tx.len() as u64;
+        self.tx.clear();
+        if let Some(r) = &self.rx_ring {
+            let mut b = Burst::new();
+            while r.dequeue_burst(&mut b) > 0 {
+                b.clear();
+            }
+        }
+    }
+}
+
+/// Offloads to enable from what the driver reports: `(rx, tx)` bit masks. Fast free is safe (one pool, no
+/// clones, refcount 1); multi-segment tx only when offered. IPv4 header checksums stay in software: the wire
+/// layer writes them while it builds the frame (and the ICRC masks them anyway), so there is nothing to offload.
+pub fn choose_offloads(info: &PortInfo) -> (u64, u64) {
+    let want_tx = u64::from(dpdk_sys::RTE_ETH_TX_OFFLOAD_MBUF_FAST_FREE | dpdk_sys::RTE_ETH_TX_OFFLOAD_MULTI_SEGS);
+    let want_rx = u64::from(dpdk_sys::RTE_ETH_RX_OFFLOAD_SCATTER);
+    (info.rx_offload_capa & want_rx, info.tx_offload_capa & want_tx)
+}
+
+/// Pin the calling thread to `core` and register it with EAL (so it gets an lcore id and mempool caches).
+pub fn register_thread(core: usize) -> Result<()> {
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        return Err(DpdkError::new("pin thread to core", libc::EINVAL));
+    }
+    if super::lcore_id().is_none() {
+        // SAFETY: EAL is initialised (callers hold an Eal through their pool/port); registers this thread only.
+        let ret = unsafe { dpdk_sys::rte_thread_register() };
+        if ret != 0 {
+            return Err(DpdkError::from_rte_errno("rte_thread_register"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clock_converts_ticks_to_ns() {
+        let c = Clock { t0: 1000, mult: (1_000_000_000u128 << 32) / 2_600_000_000 };
+        assert_eq!(c.ns(1000), 0);
+        let one_s = c.ns(1000 + 2_600_000_000);
+        assert!((999_999_990..=1_000_000_000).contains(&one_s), "{one_s}");
+        assert!(c.ns(1000 + 26) >= 9);
+    }
+
+    #[test]
+    fn dispatch_owner_by_qpn_range() {
+        let d = Dispatch { base: 0x100, me: 0, rings: vec![None, None, None], out: vec![] };
+        assert_eq!(d.owner(0x100), Some(0));
+        assert_eq!(d.owner(0x100 + QPN_STRIDE + 5), Some(1));
+        assert_eq!(d.owner(0x100 + 2 * QPN_STRIDE), Some(2));
+        assert_eq!(d.owner(0x100 + 3 * QPN_STRIDE), None);
+        assert_eq!(d.owner(0xff), None);
+    }
+}

@@ -1,0 +1,101 @@
+# Tier 5: the RoCE engine on the DPDK data path in one process: two soft NICs (rdp-nic ring) on two net_ring ports
+# cross-connected by rte_rings, one worker thread each on its own core, peers resolved with ARP. SEND, WRITE, READ
+# and atomics at path MTU 1024 and 4096 with every byte verified; 1% and 5% loss injected in the data path; RoCE over
+# IPv6 with neighbour discovery; two workers per NIC behind the software dispatcher; the mempool holds as many mbufs
+# after each run as before (rdp-nic's own CHECK lines). Bad input: bad profiles and arguments give one line and
+# exit 2 without touching DPDK.
+TIERS+=(tier5_engine_ring)
+
+NIC="${NIC:-$ROOT/target/release/rdp-nic}"
+
+# expect_nic_error DESC PATTERN -- CMD...: CMD exits 2 with exactly one stderr line "rdp-nic: ...PATTERN...".
+expect_nic_error() {
+    local desc="$1" pattern="$2" err rc=0
+    shift 3
+    err="$LOG_DIR/nic-error-$((TIER_PASS + TIER_FAIL)).err"
+    timeout 60 "$@" >/dev/null 2>"$err" || rc=$?
+    check "$desc: exit status 2 (got $rc)" test "$rc" -eq 2
+    if [[ $(wc -l <"$err") -eq 1 ]] && grep -Eq "^rdp-nic: .*$pattern" "$err"; then
+        pass "$desc: one line"
+        [[ -n "${VERBOSE:-}" ]] && sed 's/^/       /' "$err"
+    else
+        fail "$desc: want one line matching '$pattern', got: $(head -c 600 "$err")"
+    fi
+}
+
+# nic_run NAME LOG CMD...: run one rdp-nic process, require exit 0, count its CHECK lines.
+nic_run() {
+    local name="$1" log="$2" rc=0
+    shift 2
+    timeout 120 "$@" >"$log" 2>&1 || rc=$?
+    check "$name: exit status 0 (got $rc)" test "$rc" -eq 0
+    tool_checks "$log"
+}
+
+tier5_engine_ring() {
+    tier_begin "tier 5 engine over net_ring"
+    if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
+    local op mtu p log n=0 left
+    for op in send write read atomic; do
+        for mtu in 1024 4096; do
+            n=$((n + 1))
+            p="${RUN_ID}t5$n" log="$LOG_DIR/tier5-$op-$mtu.log"
+            track_prefix "$p"
+            nic_run "ring $op mtu $mtu" "$log" "$NIC" ring --op "$op" --mtu "$mtu" --size 10000 --iters 200 --qps 2 \
+                --depth 16 --file-prefix "$p" --stats
+            left=$(prefix_leftovers "$p")
+            check "ring $op mtu $mtu: nothing left behind${left:+ ($left)}" test -z "$left"
+        done
+    done
+    for loss in 1 5; do
+        for op in write read; do
+            n=$((n + 1))
+            p="${RUN_ID}t5$n" log="$LOG_DIR/tier5-loss$loss-$op.log"
+            track_prefix "$p"
+            nic_run "ring $op with ${loss}% loss" "$log" "$NIC" ring --op "$op" --mtu 1024 --size 6000 --iters 150 \
+                --qps 2 --depth 16 --inject-loss "$loss" --seed "$n" --file-prefix "$p" --stats
+            check "ring $op with ${loss}% loss: frames were dropped" \
+                grep -Eq 'loss_injected=[1-9]' "$log"
+        done
+    done
+    # RoCE over IPv6, the peer resolved with neighbour discovery (NS to the solicited-node address, NA back).
+    for op in write read; do
+        n=$((n + 1))
+        p="${RUN_ID}t5$n" log="$LOG_DIR/tier5-ipv6-$op.log"
+        track_prefix "$p"
+        nic_run "ring $op over IPv6" "$log" "$NIC" ring --ipv6 --op "$op" --mtu 1024 --size 10000 --iters 200 \
+            --qps 2 --depth 16 --inject-loss 1 --file-prefix "$p" --stats
+        check "ring $op over IPv6: an NS answered by an NA" grep -Eq '^STATS neigh a0: .*nd_adverts: 1, nd_solicits: 1' "$log"
+    done
+
+    # Two workers per soft NIC: one rx queue, worker 0 dispatches RoCE frames on the BTH destination QP to the
+    # owner over an SPSC ring; each worker sends on its own tx queue (idle workers sleep: 4 threads, 2 cores).
+    for op in write atomic; do
+        n=$((n + 1))
+        p="${RUN_ID}t5$n" log="$LOG_DIR/tier5-workers-$op.log"
+        track_prefix "$p"
+        nic_run "ring $op, 2 workers per NIC" "$log" "$NIC" ring --op "$op" --workers 2 --mtu 4096 --size 10000 \
+            --iters 200 --qps 4 --depth 16 --inject-loss 1 --file-prefix "$p" --stats
+        check "ring $op, 2 workers per NIC: frames dispatched to worker 1" grep -Eq '^STATS worker a0: .* dispatched=[1-9]' "$log"
+        check "ring $op, 2 workers per NIC: worker 1 sent frames" grep -Eq '^STATS worker a1: .* tx_frames=[1-9]' "$log"
+        check "ring $op, 2 workers per NIC: rte_flow refused by net_ring, software dispatcher used" \
+            grep -Eq '^STEERING port a: rte_flow unavailable \(rte_flow_validate failed: .*\); software dispatcher' "$log"
+    done
+
+    local bad="$LOG_DIR/bad-profile.toml"
+    printf '[port]\ndriver = "af_packet"\n[net]\nipv4 = "10.0.0.1"\nmtu = 4096\n' >"$bad"
+    expect_nic_error "profile without an interface" "bad-profile.toml: port.iface: missing" -- \
+        "$NIC" client --profile "$bad"
+    printf '[port]\ndriver = "memif"\nrole = "client"\nsocket = "/run/x.sock"\nsokcet = 1\n[net]\nipv4 = "10.0.0.1"\nmtu = 4096\n' >"$bad"
+    expect_nic_error "profile with an unknown key" "bad-profile.toml: line 5: unknown field .sokcet." -- \
+        "$NIC" client --profile "$bad"
+    printf '[port]\ndriver = "memif"\nrole = "client"\nsocket = "/run/x.sock"\n[net]\nipv4 = "10.0.0.1"\nmtu = 9000\n' >"$bad"
+    expect_nic_error "profile with a bad MTU" "net.mtu: 9000 is not a RoCE path MTU" -- "$NIC" client --profile "$bad"
+    expect_nic_error "profile that does not exist" "cannot read" -- "$NIC" server --profile "$LOG_DIR/nope.toml"
+    printf '[port]\ndriver = "memif"\nrole = "client"\nsocket = "/run/x.sock"\n[net]\nipv4 = "10.0.0.1"\nmtu = 1024\n' >"$bad"
+    expect_nic_error "--mtu above the profile's" "larger than the profile's path MTU 1024" -- \
+        "$NIC" client --profile "$bad" --mtu 4096
+    expect_nic_error "unknown operation" "invalid value 'bogus'" -- "$NIC" ring --op bogus
+    TIER_NOTE="($(grep -h '^RESULT' "$LOG_DIR"/tier5-write-4096.log | grep -Eo 'avg_mib_s=[0-9.]+'), 4 ops x 2 MTUs, loss 1%/5%)"
+    tier_end
+}
