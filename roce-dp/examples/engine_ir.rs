@@ -12,7 +12,7 @@ use roce_dp::engine::MAX_HEADER_BYTES;
 use roce_dp::wire::{IpAddrs, MacAddr};
 use roce_dp::{
     AccessFlags, CqId, Cqe, Engine, EngineConfig, Instant, LocalIp, PeerAddr, QpAttr, QpCaps, QpState, RxMeta, SendWr,
-    Sge, WcOpcode, WcStatus, WrOpcode,
+    Sge, WcStatus, WrOpcode,
 };
 
 const VA: u64 = 0x1000_0000;
@@ -58,15 +58,7 @@ fn main() {
     }
     let mut bufs = vec![vec![0u8; 4096 + MAX_HEADER_BYTES]; 256];
     let mut lens = [0usize; 256];
-    let blank = Cqe {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        qpn: 0,
-        byte_len: 0,
-        imm: None,
-        invalidated_rkey: None,
-    };
+    let blank = Cqe::EMPTY;
     let mut cqes = [blank; 64];
     let (mut posted, mut done, now) = (0u64, 0u64, Instant::ZERO);
     while done < msgs {

@@ -7,7 +7,7 @@ use crate::engine::{Engine, EngineConfig, RxMeta};
 use crate::mr::{AccessFlags, MrKeys};
 use crate::qp::{LocalIp, PeerAddr, QpAttr, QpCaps, QpState};
 use crate::time::{Duration, Instant};
-use crate::verbs::{CqId, Cqe, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
+use crate::verbs::{CqId, Cqe, SendWr, Sge, WcStatus, WrOpcode};
 use crate::wire::{IpAddrs, MacAddr};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -433,15 +433,7 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
         }
     }
     let deadline = Instant::ZERO + w.time_limit;
-    let mut cqes = [Cqe {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        qpn: 0,
-        byte_len: 0,
-        imm: None,
-        invalidated_rkey: None,
-    }; 32];
+    let mut cqes = [Cqe::EMPTY; 32];
     let mut same_time = 0u32;
     let mut last_now = Instant::MAX;
     let mut to_post: Vec<usize> = (0..pairs.len()).collect();

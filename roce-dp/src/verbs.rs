@@ -224,6 +224,19 @@ pub struct Cqe {
     pub invalidated_rkey: Option<u32>,
 }
 
+impl Cqe {
+    /// An all-zero successful SEND completion: a filler for arrays handed to `poll_cq`.
+    pub const EMPTY: Cqe = Cqe {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        qpn: 0,
+        byte_len: 0,
+        imm: None,
+        invalidated_rkey: None,
+    };
+}
+
 /// A completion queue handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CqId(pub u32);

@@ -8,7 +8,7 @@ use roce_dp::engine::MAX_HEADER_BYTES;
 use roce_dp::sim::Sim;
 use roce_dp::{
     AccessFlags, AckPolicy, CqId, Cqe, Duration, Engine, EngineConfig, Instant, QpAttr, QpCaps, QpState, RxMeta,
-    SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
+    SendWr, Sge, WcStatus, WrOpcode,
 };
 use roce_dp_bench::median;
 use std::hint::black_box;
@@ -128,15 +128,7 @@ fn run(op: Op, size: u32, msgs: u64, coalesce: bool) -> (f64, u64) {
     connect(&mut a, bq, 1);
     connect(&mut b, aq, 0);
     let mut wire = Wire::new(64);
-    let blank = Cqe {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        qpn: 0,
-        byte_len: 0,
-        imm: None,
-        invalidated_rkey: None,
-    };
+    let blank = Cqe::EMPTY;
     let mut cqes = [blank; 64];
     let sge_a = Sge { addr: VA, len: size, lkey: a.lkey };
     let sge_b = Sge { addr: VA, len: size, lkey: b.lkey };
