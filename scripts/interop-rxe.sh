@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Interop with Linux Soft-RoCE (rdma_rxe + perftest 4.5) in QEMU guests (issue 8 item 5).
+#
+#   scripts/interop-rxe.sh             smoke (guest a -> guest b) + the matrix against guest h
+#   scripts/interop-rxe.sh --smoke     only the smoke run: two rxe guests, ib_write_bw between them
+#   scripts/interop-rxe.sh --matrix    only the matrix
+#   ROWS=REGEX scripts/interop-rxe.sh --matrix    only the matrix rows whose name matches REGEX
+#
+# Root. Everything runs inside a network namespace this script creates (bridges, taps, QEMU, our DPDK program,
+# nftables); the namespace and every guest (by PID) are removed on exit, also on failure or Ctrl-C.
+# Downloads (Debian's kernel and qemu-system-x86 .debs, ~85 MB) and the guest initramfs are cached in
+# target/interop-cache (IOP_CACHE overrides); a repeated run skips them. Logs: target/interop-logs/<time>/.
+#
+# Matrix: guest h's RoCE NIC is tap-h0, owned by our program through net_af_packet (conf/rxe-peer.toml: our IP
+# 10.50.1.2/24; the guest is 10.50.1.1); perftest's TCP exchange runs over the management bridge (host 10.51.0.254,
+# guest 10.51.0.3). Rows: the eight tests (send/write/read/atomic, bw/lat), our client -> perftest's server and
+# perftest's client -> our server, sizes 64 B / 4 KiB / 64 KiB (atomics: 8 B), path MTU 1024 (guest netdev MTU
+# 1500) and 4096 (guest netdev MTU 9000), then write_bw and read_bw at 64 KiB with 5% random loss (nftables). A row
+# passes when both sides exit 0 and print their result line (our side also with --data_validation where the test
+# has data). Our binaries are target/release/rdp_<test> (RDP_BIN_DIR overrides); a missing one FAILS its rows.
+# Prints the matrix and, last, "interop: passed=N failed=M"; exit status 0 only if M = 0.
+set -uo pipefail
+
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"
+# shellcheck source=scripts/interop/guest.sh
+source "$ROOT/scripts/interop/guest.sh"
+# shellcheck source=scripts/interop/net.sh
+source "$ROOT/scripts/interop/net.sh"
+
+mode=all
+case "${1:-}" in
+    --smoke) mode=smoke ;;
+    --matrix) mode=matrix ;;
+    --in-netns) mode=inner ;;
+    "") ;;
+    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "interop-rxe.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+esac
+if [[ $(id -u) -ne 0 ]]; then
+    echo "interop-rxe.sh: run as root (network namespace, taps, QEMU)" >&2
+    exit 2
+fi
+
+# --- outer: prepare (cached), create the namespace, run the inner part in it ------------------------------------
+if [[ $mode != inner ]]; then
+    LOG_DIR="$ROOT/target/interop-logs/$(date -u +%Y%m%d-%H%M%S)"
+    mkdir -p "$LOG_DIR"
+    t=$SECONDS
+    if ! iop_prepare >"$LOG_DIR/prepare.log" 2>&1; then
+        echo "interop: prepare FAILED: $(tail -n 3 "$LOG_DIR/prepare.log" | tr '\n' ' ')"
+        echo "interop: passed=0 failed=1"
+        exit 1
+    fi
+    echo "interop: kernel $(cat "$IOP_CACHE/KV"), qemu $("$IOP_CACHE/qroot/usr/bin/qemu-system-x86_64" --version | head -1 | awk '{print $4}'), initramfs ready ($((SECONDS - t)) s; cache $IOP_CACHE)"
+    NS="${RUN_ID}rx"
+    track_netns "$NS"
+    if ! ip netns add "$NS"; then
+        echo "interop: ip netns add $NS failed"
+        echo "interop: passed=0 failed=1"
+        exit 1
+    fi
+    rc=0
+    IOP_LOG_DIR="$LOG_DIR" IOP_MODE="$mode" IOP_NS="$NS" ip netns exec "$NS" bash "$0" --in-netns || rc=$?
+    cleanup_all
+    if ip netns list | grep -q "^$NS\b"; then
+        echo "interop: namespace $NS still present after cleanup"
+        rc=1
+    fi
+    echo "logs: $LOG_DIR"
+    exit "$rc"
+fi
+
+# --- inner: runs inside the namespace ---------------------------------------------------------------------------
+LOG_DIR="$IOP_LOG_DIR"
+IOP_RUN="$LOG_DIR/run"
+mkdir -p "$IOP_RUN"
+RDP_BIN_DIR="${RDP_BIN_DIR:-$ROOT/target/release}"
+PORT_CONF="${PORT_CONF:-$ROOT/conf/rxe-peer.toml}"
+GUEST_H=10.51.0.3
+HOST_MGMT=10.51.0.254
+NPASS=0
+NFAIL=0
+MATRIX=()
+
+stop_guests() {
+    local f
+    for f in "$IOP_RUN"/*.pid; do [[ -f "$f" ]] && iop_vm_stop "$(basename "$f" .pid)"; done
+    iop_loss off
+}
+trap 'stop_guests; cleanup_all' EXIT
+
+row() { # NAME RESULT DETAIL
+    MATRIX+=("$(printf '%-44s %-6s %s' "$1" "$2" "$3")")
+    if [[ $2 == pass ]]; then NPASS=$((NPASS + 1)); else NFAIL=$((NFAIL + 1)); fi
+    echo "  $1: $2${3:+ ($3)}"
+}
+
+# boot NAME DATA_TAP DATA_IP MGMT_TAP MGMT_IP MAC [kernel args]: start a guest, track its PID, wait for rxe0.
+boot() {
+    local pid
+    pid=$(iop_vm_start "$@" 2>>"$LOG_DIR/qemu.log") || { echo "qemu for guest $1 failed: $(tail -n 2 "$LOG_DIR/qemu.log")"; return 1; }
+    track_pid "$pid"
+    iop_vm_wait "$1" 120
+}
+
+# perftest's result line: the first line after the "#bytes" header.
+result_line() { awk '/#bytes/ { getline; print; exit }' "$1"; }
+
+iop_net_up >"$LOG_DIR/net.log" 2>&1 || { echo "interop: lab network failed: $(tail -n 2 "$LOG_DIR/net.log")"; echo "interop: passed=0 failed=1"; exit 1; }
+
+# --- smoke: guest a (client) -> guest b (server), ib_write_bw 4 KiB --------------------------------------------
+smoke() {
+    local t=$SECONDS out srv
+    echo "smoke: guests a and b on br-rxe"
+    if ! boot a tap-a0 10.50.0.1/24 tap-a1 10.51.0.1/24 01 || ! boot b tap-b0 10.50.0.2/24 tap-b1 10.51.0.2/24 02; then
+        row "smoke ib_write_bw a->b 4096" FAILED "guest did not boot"
+        return
+    fi
+    iop_vmrun 10.51.0.2 'ib_write_bw -d rxe0 -x 1 -s 4096 -n 500 </dev/null >/tmp/srv.log 2>&1 &' 10 >/dev/null
+    sleep 1
+    out="$LOG_DIR/smoke-client.log"
+    iop_vmrun 10.51.0.1 'ib_write_bw -d rxe0 -x 1 -s 4096 -n 500 10.50.0.2' 120 >"$out" 2>&1
+    sleep 1
+    iop_vmrun 10.51.0.2 'cat /tmp/srv.log' 10 >"$LOG_DIR/smoke-server.log" 2>&1
+    srv=$(result_line "$LOG_DIR/smoke-server.log")
+    if [[ -n "$(result_line "$out")" && -n "$srv" ]]; then
+        row "smoke ib_write_bw a->b 4096" pass "$(result_line "$out" | awk '{print $4 " MB/s avg, " $2 " iters"}'), $((SECONDS - t)) s"
+    else
+        row "smoke ib_write_bw a->b 4096" FAILED "client: $(tail -n 1 "$out"); server: $(tail -n 1 "$LOG_DIR/smoke-server.log")"
+    fi
+    iop_vm_stop a
+    iop_vm_stop b
+}
+
+[[ $IOP_MODE == all || $IOP_MODE == smoke ]] && smoke
+[[ $IOP_MODE == all || $IOP_MODE == matrix ]] && source "$ROOT/scripts/interop/matrix.sh" && matrix
+
+echo
+echo "interop matrix:"
+printf '  %s\n' "${MATRIX[@]}"
+echo "interop: passed=$NPASS failed=$NFAIL"
+[[ $NFAIL -eq 0 ]]
