@@ -109,26 +109,33 @@ result_line() { awk '/#bytes/ { getline; print; exit }' "$1"; }
 
 iop_net_up >"$LOG_DIR/net.log" 2>&1 || { echo "interop: lab network failed: $(tail -n 2 "$LOG_DIR/net.log")"; echo "interop: passed=0 failed=1"; exit 1; }
 
-# --- smoke: guest a (client) -> guest b (server), ib_write_bw 4 KiB --------------------------------------------
+# --- smoke: guest a (client) -> guest b (server), perftest against perftest: proves the lab itself --------------
+# SMOKE="ib_write_bw ib_read_lat ..." picks the tests (default ib_write_bw, 4 KiB).
 smoke() {
-    local t=$SECONDS out srv
+    local t=$SECONDS test args name out srv
     echo "smoke: guests a and b on br-rxe"
     if ! boot a tap-a0 10.50.0.1/24 tap-a1 10.51.0.1/24 01 || ! boot b tap-b0 10.50.0.2/24 tap-b1 10.51.0.2/24 02; then
-        row "smoke ib_write_bw a->b 4096" FAILED "guest did not boot"
+        row "smoke perftest a->b" FAILED "guest did not boot"
         return
     fi
-    iop_vmrun 10.51.0.2 'ib_write_bw -d rxe0 -x 1 -s 4096 -n 500 </dev/null >/tmp/srv.log 2>&1 &' 10 >/dev/null
-    sleep 1
-    out="$LOG_DIR/smoke-client.log"
-    iop_vmrun 10.51.0.1 'ib_write_bw -d rxe0 -x 1 -s 4096 -n 500 10.50.0.2' 120 >"$out" 2>&1
-    sleep 1
-    iop_vmrun 10.51.0.2 'cat /tmp/srv.log' 10 >"$LOG_DIR/smoke-server.log" 2>&1
-    srv=$(result_line "$LOG_DIR/smoke-server.log")
-    if [[ -n "$(result_line "$out")" && -n "$srv" ]]; then
-        row "smoke ib_write_bw a->b 4096" pass "$(result_line "$out" | awk '{print $4 " MB/s avg, " $2 " iters"}'), $((SECONDS - t)) s"
-    else
-        row "smoke ib_write_bw a->b 4096" FAILED "client: $(tail -n 1 "$out"); server: $(tail -n 1 "$LOG_DIR/smoke-server.log")"
-    fi
+    for test in ${SMOKE:-ib_write_bw}; do
+        t=$SECONDS
+        args="-s 4096 -n 500"
+        [[ $test == ib_atomic* ]] && args="-n 500"
+        name="smoke $test a->b ${args%% -n*}"
+        out="$LOG_DIR/smoke-$test-client.log"
+        srv="$LOG_DIR/smoke-$test-server.log"
+        iop_vmrun 10.51.0.2 "$test -d rxe0 -x 1 $args </dev/null >/tmp/srv.log 2>&1 &" 10 >/dev/null
+        sleep 1
+        iop_vmrun 10.51.0.1 "$test -d rxe0 -x 1 $args 10.50.0.2; echo rc=\$?" 120 >"$out" 2>&1
+        sleep 1
+        iop_vmrun 10.51.0.2 'cat /tmp/srv.log' 10 >"$srv" 2>&1
+        if grep -q '^rc=0' "$out" && [[ -n "$(result_line "$out")" ]]; then
+            row "$name" pass "$(result_line "$out" | awk '{$1=$1; print}'), $((SECONDS - t)) s"
+        else
+            row "$name" FAILED "client: $(tail -n 2 "$out" | tr '\n' ' '); server: $(tail -n 1 "$srv")"
+        fi
+    done
     iop_vm_stop a
     iop_vm_stop b
 }
