@@ -15,7 +15,8 @@
 # 10.50.1.2/24; the guest is 10.50.1.1); perftest's TCP exchange runs over the management bridge (host 10.51.0.254,
 # guest 10.51.0.3). Rows: the eight tests (send/write/read/atomic, bw/lat), our client -> perftest's server and
 # perftest's client -> our server, sizes 64 B / 4 KiB / 64 KiB (atomics: 8 B), path MTU 1024 (guest netdev MTU
-# 1500) and 4096 (guest netdev MTU 9000), then write_bw and read_bw at 64 KiB with 5% random loss (nftables). A row
+# 1500) and 4096 (guest netdev MTU 9000), then write_bw and read_bw at 64 KiB with 5% random loss (nftables on a
+# bridge br-h between tap-h0 and a veth whose other end, vh1, our program then uses). A row
 # passes when both sides exit 0 and print their result line (our side also with --data_validation where the test
 # has data). Our binaries are target/release/rdp_<test> (RDP_BIN_DIR overrides); a missing one FAILS its rows.
 # Prints the matrix and, last, "interop: passed=N failed=M"; exit status 0 only if M = 0.
@@ -136,6 +137,24 @@ smoke() {
             row "$name" FAILED "client: $(tail -n 2 "$out" | tr '\n' ' '); server: $(tail -n 1 "$srv")"
         fi
     done
+    # The same with 5% of the RoCE frames dropped on br-rxe: proves the nftables loss rules and rxe's recovery.
+    t=$SECONDS
+    out="$LOG_DIR/smoke-loss-client.log"
+    if ! iop_loss 5 >>"$LOG_DIR/nft.log" 2>&1; then
+        row "smoke ib_write_bw a->b 65536 loss5%" FAILED "nftables: $(tail -n 1 "$LOG_DIR/nft.log")"
+    else
+        iop_vmrun 10.51.0.2 "ib_write_bw -d rxe0 -x 1 -s 65536 -n 100 </dev/null >/tmp/srv.log 2>&1 &" 10 >/dev/null
+        sleep 1
+        iop_vmrun 10.51.0.1 "ib_write_bw -d rxe0 -x 1 -s 65536 -n 100 10.50.0.2; echo rc=\$?" 300 >"$out" 2>&1
+        local dropped
+        dropped=$(iop_loss_dropped)
+        iop_loss off
+        if grep -q '^rc=0' "$out" && [[ -n "$(result_line "$out")" && $dropped -gt 0 ]]; then
+            row "smoke ib_write_bw a->b 65536 loss5%" pass "$(result_line "$out" | awk '{$1=$1; print}'), $dropped frames dropped, $((SECONDS - t)) s"
+        else
+            row "smoke ib_write_bw a->b 65536 loss5%" FAILED "dropped $dropped; client: $(tail -n 2 "$out" | tr '\n' ' ')"
+        fi
+    fi
     iop_vm_stop a
     iop_vm_stop b
 }

@@ -6,6 +6,7 @@
 #                                            tap-h1 (h eth1 10.51.0.3)
 #   tap-h0  not bridged: guest h's RoCE wire (10.50.1.1), owned by our DPDK program with net_af_packet
 #           (conf/rxe-peer.toml, our IP 10.50.1.2). perftest's TCP exchange runs over br-mgmt.
+#           For the loss rows: br-h {tap-h0, vh0}, our program on vh1 (iop_wire_bridged).
 
 iop_no_ipv6() { echo 1 >"/proc/sys/net/ipv6/conf/$1/disable_ipv6"; }
 
@@ -29,12 +30,12 @@ iop_net_up() {
     iop_tap tap-h0
 }
 
-# iop_loss PCT | off: drop PCT % of the RoCEv2 (udp/4791) frames on the wires: br-rxe (guest to guest) and tap-h0
-# (frames leaving the host towards guest h; frames from the guest reach af_packet before any ingress hook can drop
-# them). Counters in table netdev/bridge "iop".
+# iop_loss PCT | off: drop PCT % of the RoCEv2 (udp/4791) frames the bridges forward (both directions; counters in
+# table bridge "iop"). tap-h0 is not bridged until iop_wire_bridged: af_packet sees a tap's frames before any
+# ingress hook, and DPDK's af_packet transmits with PACKET_QDISC_BYPASS (no egress hook), so a drop on tap-h0
+# itself would miss most frames.
 iop_loss() {
     nft delete table bridge iop 2>/dev/null
-    nft delete table netdev iop 2>/dev/null
     [[ "$1" == off ]] && return 0
     nft -f - <<NFT
 table bridge iop {
@@ -42,13 +43,19 @@ table bridge iop {
         ether type ip udp dport 4791 numgen random mod 100 < $1 counter drop
     }
 }
-table netdev iop {
-    chain impair { type filter hook egress device "tap-h0" priority 0; policy accept;
-        ether type ip udp dport 4791 numgen random mod 100 < $1 counter drop
-        ether type ip udp dport 4791 counter
-    }
-}
 NFT
+}
+
+# iop_wire_bridged on MTU | off: put guest h's tap-h0 on bridge br-h with a veth pair vh0 (bridged) - vh1 (ours,
+# for net_af_packet), so the loss rules act on its wire; "off" restores the direct tap-h0 layout.
+iop_wire_bridged() {
+    if [[ $1 == off ]]; then
+        ip link del vh0 2>/dev/null
+        ip link del br-h 2>/dev/null
+        return 0
+    fi
+    iop_bridge br-h && ip link add vh0 mtu "$2" type veth peer name vh1 mtu "$2" &&
+        ip link set tap-h0 master br-h && ip link set vh0 master br-h && ip link set vh0 up && ip link set vh1 up
 }
 
 # iop_loss_dropped: frames dropped by iop_loss so far (both tables).
