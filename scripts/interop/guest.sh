@@ -126,7 +126,8 @@ iop_vm_start() {
     cat "$IOP_RUN/$n.pid"
 }
 
-# iop_vm_wait NAME SECONDS: wait for the guest's "rxe-init: ready" line; prints the boot time.
+# iop_vm_wait NAME SECONDS MGMT_IP: wait for the guest's "rxe-init: ready" line, rxe0 and its control shell;
+# prints the boot time.
 iop_vm_wait() {
     local n="$1" limit=$(($2 * 10)) i=0 t0=$SECONDS
     until grep -aq 'rxe-init: ready' "$IOP_RUN/$n.console" 2>/dev/null; do
@@ -139,6 +140,13 @@ iop_vm_wait() {
         i=$((i + 1))
     done
     grep -aq 'rxe0 on eth0 created' "$IOP_RUN/$n.console" || { echo "guest $n: rxe0 was not created" >&2; return 1; }
+    # "ready" is printed as the control shell starts: wait until it answers (up to 10 s).
+    i=0
+    until [[ "$(iop_vmrun "$3" 'echo ctl-ok' 3 2>/dev/null)" == ctl-ok ]]; do
+        [[ $i -ge 20 ]] && { echo "guest $n: control shell on $3 does not answer" >&2; return 1; }
+        sleep 0.5
+        i=$((i + 1))
+    done
     echo "guest $n ready after $((SECONDS - t0)) s ($(grep -a -m1 'rxe-init: ready' "$IOP_RUN/$n.console" | tr -d '\r'))"
 }
 
