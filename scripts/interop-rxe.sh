@@ -68,8 +68,13 @@ if [[ $mode != inner ]]; then
         echo "interop: passed=0 failed=1"
         exit 1
     fi
+    # In the background and waited for, so a TERM/INT sent to this PID runs the trap at once: it stops the inner
+    # part by PID, then every process left in the namespace (the guests), then deletes the namespace.
     rc=0
-    IOP_LOG_DIR="$LOG_DIR" IOP_MODE="$mode" IOP_NS="$NS" ip netns exec "$NS" bash "$0" --in-netns || rc=$?
+    IOP_LOG_DIR="$LOG_DIR" IOP_MODE="$mode" IOP_NS="$NS" ip netns exec "$NS" bash "$0" --in-netns &
+    inner=$!
+    track_pid "$inner"
+    wait "$inner" || rc=$?
     cleanup_all
     if ip netns list | grep -q "^$NS\b"; then
         echo "interop: namespace $NS still present after cleanup"
