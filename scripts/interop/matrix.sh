@@ -48,6 +48,7 @@ run_row() {
     [[ $test != atomic_* ]] && dv="--data_validation"
     log="$LOG_DIR/row-${test}-${dir/->/-}-$size-mtu$mtu${loss:+-loss$loss}"
     ours="$log.rdp.log"
+    track_prefix "$RUN_ID"
     theirs="$log.perftest.log"
     if [[ -n "$loss" ]] && ! iop_loss "$loss" >>"$LOG_DIR/nft.log" 2>&1; then
         row "$name" FAILED "nftables loss rules did not load: $(tail -n 1 "$LOG_DIR/nft.log")"
@@ -58,12 +59,12 @@ run_row() {
         iop_vmrun "$GUEST_H" "(ib_$test -d rxe0 -x 1 $args >/tmp/srv.log 2>&1; echo rc=\$? >>/tmp/srv.log) </dev/null >/dev/null 2>&1 &" \
             10 >/dev/null
         sleep 1
-        timeout 300 "$bin" --port-conf "$conf" $args $dv "$GUEST_H" >"$ours" 2>&1 || orc=$?
+        timeout 300 "$bin" --port-conf "$conf" --file-prefix "$RUN_ID" $args $dv "$GUEST_H" >"$ours" 2>&1 || orc=$?
         # Our client failed: the server will not see a client, give it 3 s rather than 30.
         if [[ $orc -eq 0 ]]; then guest_perftest_done "$test"; else guest_perftest_done "$test" 3; fi
         iop_vmrun "$GUEST_H" 'cat /tmp/srv.log' 10 >"$theirs" 2>&1
     else
-        "$bin" --port-conf "$conf" $args $dv >"$ours" 2>&1 &
+        "$bin" --port-conf "$conf" --file-prefix "$RUN_ID" $args $dv >"$ours" 2>&1 &
         pid=$!
         track_pid "$pid"
         for _ in $(seq 100); do our_listening && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
@@ -87,6 +88,8 @@ run_row() {
         iop_loss off
         [[ $d -gt 0 ]] || why+=("nftables dropped no frame")
     fi
+    # For diagnosis: what the guest's rxe resolved our address to (modify-to-RTR needs our MAC).
+    [[ ${#why[@]} -eq 0 ]] || iop_vmrun "$GUEST_H" 'ip neigh show dev eth0; ip -s link show eth0' 10 >"$log.guest-net.log" 2>&1
     if [[ ${#why[@]} -eq 0 ]]; then
         row "$name" pass "$( (result_line "$ours"; result_line "$theirs") | head -n 1 | awk '{$1=$1; print}')${loss:+, $d dropped}, $((SECONDS - t)) s"
     else
