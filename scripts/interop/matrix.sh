@@ -88,8 +88,9 @@ run_row() {
         iop_loss off
         [[ $d -gt 0 ]] || why+=("nftables dropped no frame")
     fi
-    # For diagnosis: what the guest's rxe resolved our address to (modify-to-RTR needs our MAC).
-    [[ ${#why[@]} -eq 0 ]] || iop_vmrun "$GUEST_H" 'ip neigh show dev eth0; ip -s link show eth0' 10 >"$log.guest-net.log" 2>&1
+    # For diagnosis: what the guest's rxe resolved our address to (modify-to-RTR needs our MAC). Full path: the
+    # guest's busybox sh runs its own applets before PATH.
+    [[ ${#why[@]} -eq 0 ]] || iop_vmrun "$GUEST_H" '/usr/sbin/ip neigh show dev eth0; /usr/sbin/ip -s link show eth0' 10 >"$log.guest-net.log" 2>&1
     if [[ ${#why[@]} -eq 0 ]]; then
         row "$name" pass "$( (result_line "$ours"; result_line "$theirs") | head -n 1 | awk '{$1=$1; print}')${loss:+, $d dropped}, $((SECONDS - t)) s"
     else
