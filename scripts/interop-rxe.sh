@@ -26,7 +26,9 @@
 # guest's perftest over the management bridge, reporting both sides' failures) was exercised with a stub. The
 # rdp_<test> binaries are not on this branch yet, so every matrix row fails with "target/release/rdp_<test> not
 # built" and this is not yet a tier of scripts/test.sh: register it (scripts/tiers/90-interop-rxe.sh) once the
-# matrix passes with the real binaries and its run time is measured.
+# matrix passes with the real binaries and its run time is measured. First try with the pftools branch's binaries
+# (RDP_BIN_DIR=.../target/release, write_bw 4 KiB both ways): rxe fails "Failed to modify QP to RTR" because the
+# guest's ARP for 10.50.1.2 stays INCOMPLETE (its eth0 received 0 frames from our port).
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh

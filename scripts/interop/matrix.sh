@@ -81,7 +81,7 @@ run_row() {
     fi
     [[ $orc -eq 0 ]] || why+=("rdp_$test exit $orc: $(grep -v '^\s*$' "$ours" | tail -n 1)")
     [[ $orc -ne 0 || $our_table -eq 0 || -n "$(result_line "$ours")" ]] || why+=("rdp_$test printed no result line")
-    [[ "$prc" == 0 ]] || why+=("ib_$test exit ${prc:-?}: $(grep -v '^rc=' "$theirs" | grep -v '^\s*$' | tail -n 1)")
+    [[ "$prc" == 0 ]] || why+=("ib_$test exit ${prc:-?}: $(grep -m1 -iE 'fail|unable|error|couldn' "$theirs" || tail -n 2 "$theirs" | head -n 1)")
     [[ "$prc" != 0 || $their_table -eq 0 || -n "$(result_line "$theirs")" ]] || why+=("ib_$test printed no result line")
     if [[ -n "$loss" ]]; then
         local d=$(($(iop_loss_dropped) - dropped0))
