@@ -28,7 +28,9 @@
 # built" and this is not yet a tier of scripts/test.sh: register it (scripts/tiers/90-interop-rxe.sh) once the
 # matrix passes with the real binaries and its run time is measured. First try with the pftools branch's binaries
 # (RDP_BIN_DIR=.../target/release, write_bw 4 KiB both ways): rxe fails "Failed to modify QP to RTR" because the
-# guest's ARP for 10.50.1.2 stays INCOMPLETE (its eth0 received 0 frames from our port).
+# guest's ARP for 10.50.1.2 stays INCOMPLETE (its eth0 received 0 frames from our port): rxe resolves our MAC when
+# it moves its QP to RTR, right after the QP record exchange, and the tools only start polling the port (and so
+# answering ARP) after that exchange (tools/src/perftest/run.rs on the pftools branch).
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
