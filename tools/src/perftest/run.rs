@@ -157,13 +157,14 @@ fn ipv4_gid(ip: [u8; 4]) -> [u8; 16] {
     g
 }
 
+/// The DPDK side; fields drop in order: the port before the pool it receives into, both before the EAL.
 struct Port_ {
-    profile: Profile,
-    pool: Mempool,
     port: Port,
+    pool: Mempool,
+    _eal: Eal,
+    profile: Profile,
     mac: MacAddr,
     memif: bool,
-    _eal: Eal,
 }
 
 fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Result<Port_, Fail> {
@@ -221,7 +222,7 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
         Some(m) => m,
         None => MacAddr(port.mac().map_err(|e| bad(e.to_string()))?),
     };
-    Ok(Port_ { profile: prof, pool, port, mac, memif, _eal: eal })
+    Ok(Port_ { port, pool, _eal: eal, profile: prof, mac, memif })
 }
 
 fn create_qps(e: &mut Engine, p: &Params, test: TestKind, size: u64, client: bool) -> Result<Vec<Qp>, Fail> {
@@ -538,10 +539,16 @@ fn server_traffic(
     let mut validated = 0u64;
     let stop = std::sync::atomic::AtomicBool::new(false);
     let mut spins = 0u64;
+    let (mut t_first, mut t_last) = (None, None);
     w.run(&stop, |w| {
         let mut busy = false;
         for (i, q) in qps.iter().enumerate() {
             let k = w.engine.poll_cq(q.cq, &mut cqes);
+            if k > 0 {
+                let now = Instant::now();
+                t_first.get_or_insert(now);
+                t_last = Some(now);
+            }
             for c in &cqes[..k] {
                 if c.status != WcStatus::Success {
                     failure = Some(format!("receive completion with error {:?}", c.status));
@@ -596,9 +603,17 @@ fn server_traffic(
             validated += size;
         }
     }
-    let r = match peer {
-        Some(r) => r,
-        None => report::bw_report(size, iters, p.num_qps, false, Duration::ZERO, 0.0),
+    // send BW: the server reports what it received (first to last receive completion), as perftest's does.
+    let r = match (peer, t_first, t_last) {
+        (Some(r), _, _) => r,
+        (None, Some(a), Some(b)) => {
+            let mut r = report::bw_report(size, iters, p.num_qps, false, b.duration_since(a), 0.0);
+            if !p.no_peak {
+                r.bw_peak = r.bw_avg;
+            }
+            r
+        }
+        _ => report::bw_report(size, iters, p.num_qps, false, Duration::ZERO, 0.0),
     };
     Ok((r, validated))
 }
