@@ -5,9 +5,10 @@
 //! towards the peer's IPv4-mapped GID (MAC from the profile's static neighbours, else ARP through the data path)
 //! -> traffic -> teardown exchange -> perftest's table (and `--out_json`).
 //!
-//! Implemented: write_bw, read_bw, send_bw, one message size (`-s`), `-n` iterations, `-q` QPs, `-t` tx depth,
+//! Implemented: write_bw, read_bw, send_bw, atomic_bw, read_lat, atomic_lat (one WR in flight, client-only loop,
+//! HdrHistogram), one message size (`-s`), `-n` iterations, `-q` QPs, `-t` tx depth,
 //! `-r` rx depth (send), `-m`, `-u`, `-N`, `--report_gbits`, `--out_json`, `--out_json_file`,
-//! `--data_validation`. Refused with one line: the latency and atomic tests, `-a`, `-b`, `-D`,
+//! `--data_validation`. Refused with one line: send_lat and write_lat, `-a`, `-b`, `-D`,
 //! `--run_infinitely`.
 //!
 //! Flags of ours, before or among perftest's: `--port-conf FILE` (required), `--lcore N` (EAL main lcore,
@@ -16,7 +17,7 @@
 //!
 //! `--data_validation` (the side that checks needs it; the source always fills its region with the pattern, the
 //! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;
-//! SEND, the server checks every receive.
+//! SEND, the server checks every receive; FETCH_AND_ADD latency, the client checks every returned value.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -31,7 +32,7 @@ use roce_dp::{
 };
 
 use super::exchange::{self, BwReport, Dest, Exchange, Mtu, Role, SysData, TestKind, Verb};
-use super::params::{Params, RunLength};
+use super::params::{AtomicType, Params, RunLength};
 use super::report::{self, Banner, Results};
 
 /// Our flags, taken out of the command line before perftest's are parsed.
@@ -108,8 +109,8 @@ fn err(msg: impl std::fmt::Display) -> Fail {
 }
 
 fn supported(test: TestKind, p: &Params) -> Result<(u64, u64), Fail> {
-    if !matches!(test, TestKind::WriteBw | TestKind::ReadBw | TestKind::SendBw) {
-        return Err(bad("not implemented yet in roce-dp (write_bw, read_bw and send_bw are)"));
+    if matches!(test, TestKind::SendLat | TestKind::WriteLat) {
+        return Err(bad("not implemented yet in roce-dp (the BW tests, read_lat and atomic_lat are)"));
     }
     if p.all || p.duplex || p.sizes.len() != 1 {
         return Err(bad("-a and -b are not implemented yet in roce-dp"));
@@ -367,10 +368,19 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
     }
     ex.connected(test, &mine[0]).map_err(err)?;
     let mut validated = 0u64;
+    let mut lat = None;
     let result = if client {
         ex.start_run(test, &mine[0], false).map_err(err)?;
-        let elapsed = client_traffic(&mut w, &ex, test, p, &qps, &remote, size, iters, timeout)?;
-        if p.data_validation && test == TestKind::ReadBw {
+        let mut rec = (!test.is_bw()).then(report::LatRecorder::new);
+        let elapsed = client_traffic(&mut w, &ex, test, p, &qps, &remote, size, iters, timeout, rec.as_mut())?;
+        if let Some(rec) = &rec {
+            lat = rec.stats(size, iters, report::rtt_factor(test));
+        }
+        if p.data_validation && !test.is_bw() && test.verb() == Verb::Atomic && p.atomic_type == AtomicType::FetchAndAdd
+        {
+            validated += 8 * iters * qps.len() as u64; // each returned value checked in client_traffic
+        }
+        if p.data_validation && test.verb() == Verb::Read {
             for (i, q) in qps.iter().enumerate() {
                 let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
                 if let Some(at) = first_bad(i, &mem[..size as usize]) {
@@ -402,14 +412,24 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
         }
     }
     let _ = s.port.stop();
-    println!("{}", report::bw_header(p.report_gbits));
-    println!("{}", report::bw_line(&result, p.report_gbits));
-    println!("{}", report::RESULT_LINE);
+    if let Some(l) = &lat {
+        println!("{}", report::RESULT_FMT_LAT);
+        println!("{}", report::lat_line(l));
+        println!("{}", report::RESULT_LINE);
+    } else if test.is_bw() {
+        println!("{}", report::bw_header(p.report_gbits));
+        println!("{}", report::bw_line(&result, p.report_gbits));
+        println!("{}", report::RESULT_LINE);
+    }
     if p.data_validation && validated > 0 {
         println!(" Data validation: {validated} bytes verified");
     }
     if p.out_json || p.out_json_file.is_some() {
-        let j = report::json(&banner, &Results::Bw(vec![result]), p.report_gbits);
+        let results = match lat {
+            Some(l) => Results::Lat(vec![l]),
+            None => Results::Bw(vec![result]),
+        };
+        let j = report::json(&banner, &results, p.report_gbits);
         match &p.out_json_file {
             Some(f) => std::fs::write(f, &j).map_err(|e| err(format!("{}: {e}", f.display())))?,
             None => print!("{j}"),
@@ -429,13 +449,19 @@ fn client_traffic(
     size: u64,
     iters: u64,
     timeout: Duration,
+    mut lat: Option<&mut report::LatRecorder>,
 ) -> Result<Duration, Fail> {
-    let opcode = match test {
-        TestKind::WriteBw => WrOpcode::RdmaWrite,
-        TestKind::ReadBw => WrOpcode::RdmaRead,
-        _ => WrOpcode::Send,
+    let cas = p.atomic_type == AtomicType::CmpAndSwap;
+    let opcode = match test.verb() {
+        Verb::Write => WrOpcode::RdmaWrite,
+        Verb::Read => WrOpcode::RdmaRead,
+        Verb::Atomic if cas => WrOpcode::AtomicCmpSwp,
+        Verb::Atomic => WrOpcode::AtomicFetchAdd,
+        Verb::Send => WrOpcode::Send,
     };
-    let depth = u64::from(p.tx_depth.max(1));
+    // Latency: one WR in flight, each timed from post to completion.
+    let depth = if lat.is_some() { 1 } else { u64::from(p.tx_depth.max(1)) };
+    let mut posted_at = Instant::now();
     let mut posted = vec![0u64; qps.len()];
     let mut done = vec![0u64; qps.len()];
     let mut cqes = [NO_CQE; 32];
@@ -451,7 +477,9 @@ fn client_traffic(
         let mut busy = false;
         for (i, q) in qps.iter().enumerate() {
             while posted[i] < iters && posted[i] - done[i] < depth {
-                let wr = SendWr::new(posted[i], opcode).remote(remote[i].vaddr, remote[i].rkey);
+                let mut wr = SendWr::new(posted[i], opcode).remote(remote[i].vaddr, remote[i].rkey);
+                wr.compare_add = u64::from(!cas); // FETCH_AND_ADD adds 1; CMP_AND_SWAP swaps 0 for 0
+                posted_at = Instant::now();
                 let sge = Sge { addr: q.va, len: size as u32, lkey: q.mr.lkey };
                 if let Err(e) = w.engine.post_send(q.qpn, &wr, &[sge]) {
                     failure = Some(format!("post_send: {e}"));
@@ -465,6 +493,17 @@ fn client_traffic(
                 if c.status != WcStatus::Success {
                     failure = Some(format!("completion with error {:?} on QP {:#x}", c.status, q.qpn));
                     return (false, true);
+                }
+                if let Some(rec) = lat.as_deref_mut() {
+                    rec.record(posted_at.elapsed());
+                    if p.data_validation && opcode == WrOpcode::AtomicFetchAdd {
+                        let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
+                        let v = u64::from_le_bytes(mem[..8].try_into().expect("8 bytes"));
+                        if v != done[i] {
+                            failure = Some(format!("data validation: FETCH_AND_ADD {} returned {v}", done[i]));
+                            return (false, true);
+                        }
+                    }
                 }
                 done[i] += 1;
                 completed += 1;
