@@ -1,6 +1,7 @@
-# Tier 8: the perftest-compatible tools (rdp_write_bw, rdp_read_bw, rdp_send_bw) between two roce-dp soft NICs over
+# Tier 8: the perftest-compatible tools (rdp_write_bw, rdp_read_bw, rdp_send_bw, rdp_atomic_bw, rdp_read_lat,
+# rdp_atomic_lat) between two roce-dp soft NICs over
 # memif (server lcore 1, client lcore 0, distinct --file-prefix, no hugepages): sizes 64 and 4096 with
-# --data_validation, exit codes, perftest's BW table parsed by column position, --out_json_file; bad input: an
+# --data_validation, exit codes, perftest's BW and latency tables parsed by column position, --out_json_file; bad input: an
 # unknown flag, connection refused, a forced MTU the peer does not have, a client killed mid-run.
 TIERS+=(tier8_perftest_memif)
 
@@ -56,6 +57,20 @@ tier8_perftest_memif() {
             [[ $tool == rdp_write_bw && $size == 4096 ]] && avg=$(awk '/^ #bytes/ {getline; print $4}' "$PF_CLOG")
         done
     done
+
+    # atomic_bw, read_lat and atomic_lat: client tables by column (latency: #bytes, #iterations, t_avg > 0).
+    pf_pair atomic_bw rdp_atomic_bw -n 2000
+    check "rdp_atomic_bw: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_atomic_bw: client table parses" pf_table "$PF_CLOG" 8 2000
+    local lt
+    for lt in "rdp_read_lat -s 64" "rdp_atomic_lat -A FETCH_AND_ADD" "rdp_atomic_lat -A CMP_AND_SWAP"; do
+        # shellcheck disable=SC2086
+        pf_pair "${lt// /}" $lt -n 2000 --data_validation
+        check "$lt: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+        check "$lt: client latency table parses" awk '/^ #bytes #iterations/ {getline; ok = ($2 == 2000 && $6 > 0)} END {exit !ok}' "$PF_CLOG"
+    done
+    check "rdp_atomic_lat: every FETCH_AND_ADD result validated" \
+        grep -q '^ Data validation: 16000 bytes verified' "$LOG_DIR/tier8-rdp_atomic_lat-AFETCH_AND_ADD-client.log"
 
     # Bad input: one clear line and a non-zero exit, never a hang.
     local rc=0 err="$LOG_DIR/tier8-unknown.err" t0
