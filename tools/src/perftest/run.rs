@@ -5,10 +5,10 @@
 //! towards the peer's IPv4-mapped GID (MAC from the profile's static neighbours, else ARP through the data path)
 //! -> traffic -> teardown exchange -> perftest's table (and `--out_json`).
 //!
-//! Implemented: write_bw, read_bw, send_bw, atomic_bw, read_lat, atomic_lat (one WR in flight, client-only loop,
-//! HdrHistogram), one message size (`-s`), `-n` iterations, `-q` QPs, `-t` tx depth,
+//! Implemented: all eight tests: the BW tests; read_lat and atomic_lat (one WR in flight, client-only loop,
+//! HdrHistogram); send_lat and write_lat (ping-pong, write_lat polling the last byte as perftest), one message size (`-s`), `-n` iterations, `-q` QPs, `-t` tx depth,
 //! `-r` rx depth (send), `-m`, `-u`, `-N`, `--report_gbits`, `--out_json`, `--out_json_file`,
-//! `--data_validation`. Refused with one line: send_lat and write_lat, `-a`, `-b`, `-D`,
+//! `--data_validation` (not for send_lat/write_lat). Refused with one line: `-a`, `-b`, `-D`,
 //! `--run_infinitely`.
 //!
 //! Flags of ours, before or among perftest's: `--port-conf FILE` (required), `--lcore N` (EAL main lcore,
@@ -108,10 +108,7 @@ fn err(msg: impl std::fmt::Display) -> Fail {
     Fail(1, msg.to_string())
 }
 
-fn supported(test: TestKind, p: &Params) -> Result<(u64, u64), Fail> {
-    if matches!(test, TestKind::SendLat | TestKind::WriteLat) {
-        return Err(bad("not implemented yet in roce-dp (the BW tests, read_lat and atomic_lat are)"));
-    }
+fn supported(p: &Params) -> Result<(u64, u64), Fail> {
     if p.all || p.duplex || p.sizes.len() != 1 {
         return Err(bad("-a and -b are not implemented yet in roce-dp"));
     }
@@ -227,7 +224,13 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
 }
 
 fn create_qps(e: &mut Engine, p: &Params, test: TestKind, size: u64, client: bool) -> Result<Vec<Qp>, Fail> {
-    let slots = if test == TestKind::SendBw && !client { u64::from(p.rx_depth.max(1)) } else { 1 };
+    let pingpong = matches!(test, TestKind::SendLat | TestKind::WriteLat);
+    // send_lat/write_lat: the first half sends, the second half receives (the peer writes there).
+    let slots = match test {
+        TestKind::SendBw if !client => u64::from(p.rx_depth.max(1)),
+        _ if pingpong => 2,
+        _ => 1,
+    };
     let mut v = Vec::new();
     for q in 0..p.num_qps as usize {
         let pd = e.alloc_pd();
@@ -241,7 +244,9 @@ fn create_qps(e: &mut Engine, p: &Params, test: TestKind, size: u64, client: boo
         let init = QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() };
         e.modify_qp(qpn, &init).map_err(|x| err(format!("modify_qp INIT: {x}")))?;
         // The source of the data holds the pattern; the sink starts zeroed, so validation sees what arrived.
-        if client != (test.verb() == Verb::Read) {
+        if pingpong {
+            fill(q, &mut e.mr_bytes_mut(mr.lkey).expect("own MR")[..size as usize], size as usize);
+        } else if client != (test.verb() == Verb::Read) {
             fill(q, e.mr_bytes_mut(mr.lkey).expect("own MR"), size as usize);
         }
         let psn = (qpn.wrapping_mul(2_654_435_761) ^ std::process::id()) & 0xff_ffff;
@@ -285,7 +290,7 @@ const NO_CQE: Cqe = Cqe {
 };
 
 fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail> {
-    let (size, iters) = supported(test, p)?;
+    let (size, iters) = supported(p)?;
     let client = p.is_client();
     let timeout = Duration::from_secs(ours.timeout.unwrap_or(60).max(1));
     if ours.port_conf.is_none() {
@@ -369,7 +374,14 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
     ex.connected(test, &mine[0]).map_err(err)?;
     let mut validated = 0u64;
     let mut lat = None;
-    let result = if client {
+    let result = if matches!(test, TestKind::SendLat | TestKind::WriteLat) {
+        let mut rec = report::LatRecorder::new();
+        pingpong(&mut w, &ex, test, client, &qps[0], &remote[0], size, iters, timeout, &mut rec)?;
+        lat = rec.stats(size, iters, report::rtt_factor(test));
+        let first = mine[0];
+        ex.finish(test, &first, &BwReport::default(), false).map_err(err)?;
+        BwReport::default()
+    } else if client {
         ex.start_run(test, &mine[0], false).map_err(err)?;
         let mut rec = (!test.is_bw()).then(report::LatRecorder::new);
         let elapsed = client_traffic(&mut w, &ex, test, p, &qps, &remote, size, iters, timeout, rec.as_mut())?;
@@ -655,4 +667,113 @@ fn server_traffic(
         _ => report::bw_report(size, iters, p.num_qps, false, Duration::ZERO, 0.0),
     };
     Ok((r, validated))
+}
+
+/// send_lat / write_lat: one message each way per iteration; the client starts, the server answers each message
+/// it received; both time from their post to the peer's next message. write_lat sees a message land by its last
+/// byte (the iteration's marker) in the receive half of the region, as perftest polls memory.
+#[allow(clippy::too_many_arguments)]
+fn pingpong(
+    w: &mut Worker<'_>,
+    ex: &Exchange<std::net::TcpStream>,
+    test: TestKind,
+    client: bool,
+    q: &Qp,
+    r: &Dest,
+    size: u64,
+    iters: u64,
+    timeout: Duration,
+    rec: &mut report::LatRecorder,
+) -> Result<(), Fail> {
+    let send = test == TestKind::SendLat;
+    let marker = |k: u64| (k % 255) as u8 + 1;
+    let last = (2 * size - 1) as usize;
+    let recv_sge = Sge { addr: q.va + size, len: size as u32, lkey: q.mr.lkey };
+    let mut recv_posted = 0u64;
+    if send {
+        while recv_posted < iters.min(16) {
+            w.engine.post_recv(q.qpn, recv_posted, &[recv_sge]).map_err(|x| err(format!("post_recv: {x}")))?;
+            recv_posted += 1;
+        }
+    }
+    let (mut k, mut got, mut send_out, mut posted) = (0u64, 0u64, 0u32, false);
+    let mut t0 = Instant::now();
+    let mut last_progress = Instant::now();
+    let mut failure = None;
+    let mut cqes = [NO_CQE; 8];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut spins = 0u64;
+    w.run(&stop, |w| {
+        let n = w.engine.poll_cq(q.cq, &mut cqes);
+        for c in &cqes[..n] {
+            if c.status != WcStatus::Success {
+                failure = Some(format!("completion with error {:?}", c.status));
+                return (false, true);
+            }
+            if c.opcode == WcOpcode::Recv {
+                got += 1;
+                if recv_posted < iters {
+                    if let Err(x) = w.engine.post_recv(q.qpn, recv_posted, &[recv_sge]) {
+                        failure = Some(format!("post_recv: {x}"));
+                        return (false, true);
+                    }
+                    recv_posted += 1;
+                }
+            } else {
+                send_out -= 1;
+            }
+        }
+        if !send && got == k && w.engine.mr_bytes(q.mr.lkey).expect("own MR")[last] == marker(k) {
+            got = k + 1;
+        }
+        // The peer's message k arrived (the server answers it; the client's round trip ends).
+        if posted && got > k {
+            if client {
+                rec.record(t0.elapsed());
+            }
+            k += 1;
+            posted = false;
+            last_progress = Instant::now();
+        }
+        let may_post = if client { true } else { got > k };
+        if k < iters && !posted && send_out == 0 && may_post {
+            let mem = w.engine.mr_bytes_mut(q.mr.lkey).expect("own MR");
+            mem[size as usize - 1] = marker(k);
+            let op = if send { WrOpcode::Send } else { WrOpcode::RdmaWrite };
+            let wr = SendWr::new(k, op).remote(r.vaddr + size, r.rkey);
+            let sge = Sge { addr: q.va, len: size as u32, lkey: q.mr.lkey };
+            if let Err(x) = w.engine.post_send(q.qpn, &wr, &[sge]) {
+                failure = Some(format!("post_send: {x}"));
+                return (false, true);
+            }
+            t0 = Instant::now();
+            send_out += 1;
+            if client {
+                posted = true;
+            } else {
+                k += 1;
+                last_progress = Instant::now();
+            }
+        }
+        if k == iters && send_out == 0 {
+            return (false, n > 0);
+        }
+        spins += 1;
+        if spins.is_multiple_of(1024) {
+            let now = Instant::now();
+            if ex.peer_gone() {
+                failure = Some("the peer closed the out-of-band connection mid-run".into());
+                return (false, true);
+            }
+            if now.duration_since(last_progress) > timeout {
+                failure = Some(format!("no progress for {} s ({k}/{iters} round trips)", timeout.as_secs()));
+                return (false, true);
+            }
+        }
+        (true, n > 0)
+    });
+    match failure {
+        Some(f) => Err(err(f)),
+        None => Ok(()),
+    }
 }
