@@ -1,5 +1,4 @@
-# Tier 8: the perftest-compatible tools (rdp_write_bw, rdp_read_bw, rdp_send_bw, rdp_atomic_bw, rdp_read_lat,
-# rdp_atomic_lat) between two roce-dp soft NICs over
+# Tier 8: the eight perftest-compatible tools (rdp_{write,read,send,atomic}_{bw,lat}) between two roce-dp soft NICs over
 # memif (server lcore 1, client lcore 0, distinct --file-prefix, no hugepages): sizes 64 and 4096 with
 # --data_validation, exit codes, perftest's BW and latency tables parsed by column position, --out_json_file; bad input: an
 # unknown flag, connection refused, a forced MTU the peer does not have, a client killed mid-run.
@@ -58,12 +57,13 @@ tier8_perftest_memif() {
         done
     done
 
-    # atomic_bw, read_lat and atomic_lat: client tables by column (latency: #bytes, #iterations, t_avg > 0).
+    # atomic_bw and the latency tests: client tables by column (latency: #bytes, #iterations, t_avg > 0).
     pf_pair atomic_bw rdp_atomic_bw -n 2000
     check "rdp_atomic_bw: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
     check "rdp_atomic_bw: client table parses" pf_table "$PF_CLOG" 8 2000
     local lt
-    for lt in "rdp_read_lat -s 64" "rdp_atomic_lat -A FETCH_AND_ADD" "rdp_atomic_lat -A CMP_AND_SWAP"; do
+    for lt in "rdp_read_lat -s 64" "rdp_atomic_lat -A FETCH_AND_ADD" "rdp_atomic_lat -A CMP_AND_SWAP" \
+        "rdp_send_lat -s 64" "rdp_send_lat -s 4096" "rdp_write_lat -s 64" "rdp_write_lat -s 4096"; do
         # shellcheck disable=SC2086
         pf_pair "${lt// /}" $lt -n 2000 --data_validation
         check "$lt: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
