@@ -1,28 +1,25 @@
 #!/usr/bin/env bash
-# The README's main-job command: a RoCE WRITE bandwidth run between two roce-dp soft-NIC processes over memif
-# (rdp-nic server on lcore 1, client on lcore 0, copy mode, no hugepages). QPN/PSN/rkey/VA are exchanged over TCP
-# on 127.0.0.1; every message is verified byte for byte at the responder; prints a perftest-like result line.
+# The README's main-job command: rdp_write_bw (perftest's ib_write_bw flags and output) between two roce-dp soft-NIC
+# processes over memif (server lcore 1, client lcore 0, copy mode, no hugepages). perftest's out-of-band exchange
+# runs over TCP on 127.0.0.1; --data_validation makes the server check the written payload; prints perftest's table.
 #
-#   scripts/run.sh                                  4 KiB WRITEs, MTU 4096, 20000 per QP, 2 QPs
-#   scripts/run.sh --size 65536 --iters 5000 --qps 4 --mtu 1024
+#   scripts/run.sh                                  -s 4096 -n 20000 -q 2 -m 4096 --data_validation
+#   scripts/run.sh -s 65536 -n 5000 -q 4 -m 1024    (the arguments replace the defaults)
 #
-# Any other rdp-nic option is passed to both sides (see target/release/rdp-nic --help). Runs scripts/setup.sh and
-# the release build first (both do nothing when all is in place). Needs root. Exit status 0 only if every WR
-# completed OK, every byte verified and no mbuf leaked.
+# Any rdp_write_bw option is passed to both sides (see target/release/rdp_write_bw --help). Runs scripts/setup.sh
+# and the release build first (both do nothing when all is in place). Needs root. Exit status 0 only if both sides
+# exit 0 (every WR completed OK; with --data_validation, the payload verified).
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
-args=(--op write --size 4096 --iters 20000 --qps 2 --depth 64 --mtu 4096)
-while [[ $# -gt 0 ]]; do
-    case "$1" in
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
-        --*) args+=("$1" "${2:?$1 needs a value}"); shift 2 ;;
-        *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
-    esac
-done
+args=(-s 4096 -n 20000 -q 2 -m 4096 --data_validation)
+case "${1:-}" in
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+esac
+[[ $# -gt 0 ]] && args=("$@")
 if [[ $(id -u) -ne 0 ]]; then
     echo "run.sh: run as root (DPDK needs /var/run/dpdk)" >&2
     exit 2
@@ -38,23 +35,24 @@ if ! cargo build --locked --release -p roce-dp-tools --bins >"$LOG_DIR/build.log
     grep -E '^error' -A 5 "$LOG_DIR/build.log" | head -n 30
     exit 2
 fi
-NIC="$ROOT/target/release/rdp-nic"
+BW="$ROOT/target/release/rdp_write_bw"
 sock="/run/rdp-${RUN_ID}-run.sock" ps="${RUN_ID}rs" pc="${RUN_ID}rc" port=$((20000 + ($$ % 20000)))
 slog="$LOG_DIR/server.log" clog="$LOG_DIR/client.log" src=0 crc=0
 track_prefix "$ps"
 track_prefix "$pc"
-echo "roce-dp run: RDMA WRITE over memif between two soft-NIC processes (server lcore 1, client lcore 0), every byte verified"
-"$NIC" server --profile conf/memif-server.toml --socket "$sock" --oob-port "$port" --file-prefix "$ps" --stats \
-    --timeout 300 "${args[@]}" >"$slog" 2>&1 &
+track_path "$sock"
+echo "roce-dp run: rdp_write_bw over memif between two soft-NIC processes (server lcore 1, client lcore 0)"
+"$BW" --port-conf conf/memif-server.toml --socket "$sock" --file-prefix "$ps" -p "$port" --timeout 120 \
+    "${args[@]}" >"$slog" 2>&1 &
 spid=$!
 track_pid "$spid"
-"$NIC" client --profile conf/memif-client.toml --socket "$sock" --oob-port "$port" --file-prefix "$pc" --stats \
-    --timeout 300 "${args[@]}" >"$clog" 2>&1 || crc=$?
+"$BW" --port-conf conf/memif-client.toml --socket "$sock" --file-prefix "$pc" -p "$port" --timeout 120 \
+    "${args[@]}" 127.0.0.1 >"$clog" 2>&1 || crc=$?
 wait_pid "$spid" 30 || src=$?
-grep -E '^ #bytes|^ [0-9]' "$clog"
-grep -h '^CHECK FAIL\|^rdp-nic:' "$clog" "$slog" | sed 's/^/  /'
+sed -n '/^ #bytes/,$p' "$clog"
+grep -h '^rdp_write_bw:' "$clog" "$slog" | sed 's/^/  /'
 if [[ $src -ne 0 || $crc -ne 0 ]]; then
     echo "run.sh: FAILED (server exit $src, client exit $crc); logs: $LOG_DIR"
     exit 1
 fi
-echo "verified: $(grep -Eo 'verified_bytes=[0-9]+' "$slog" | cut -d= -f2) bytes at the responder; $(grep -c '^CHECK ok' "$clog" "$slog" | awk -F: '{s+=$2} END {print s}') checks ok; logs: $LOG_DIR"
+echo "server:$(grep -h '^ Data validation' "$slog" || echo ' (no --data_validation)'); logs: $LOG_DIR"

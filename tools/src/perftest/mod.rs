@@ -50,3 +50,5 @@
 pub mod exchange;
 pub mod params;
 pub mod report;
+#[cfg(feature = "dpdk")]
+pub mod run;

@@ -1,0 +1,5 @@
+//! rdp_atomic_lat: perftest's ib_atomic_lat on a roce-dp engine (see `roce_dp_tools::perftest::run`).
+
+fn main() {
+    roce_dp_tools::perftest::run::main(roce_dp_tools::perftest::exchange::TestKind::AtomicLat)
+}

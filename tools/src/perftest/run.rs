@@ -1,0 +1,779 @@
+//! The `rdp_*_bw` tools on an engine embedded in the process, on the DPDK port of a profile (`--port-conf`).
+//!
+//! Flow: perftest flags ([`Params`]) -> EAL and port from the profile -> QPs, CQs, regions -> the perftest 4.5
+//! out-of-band exchange over the kernel's TCP (server listens on `-p`, client connects to HOST) -> QPs to RTS
+//! towards the peer's IPv4-mapped GID (MAC from the profile's static neighbours, else ARP through the data path)
+//! -> traffic -> teardown exchange -> perftest's table (and `--out_json`).
+//!
+//! Implemented: all eight tests: the BW tests; read_lat and atomic_lat (one WR in flight, client-only loop,
+//! HdrHistogram); send_lat and write_lat (ping-pong, write_lat polling the last byte as perftest), one message size (`-s`), `-n` iterations, `-q` QPs, `-t` tx depth,
+//! `-r` rx depth (send), `-m`, `-u`, `-N`, `--report_gbits`, `--out_json`, `--out_json_file`,
+//! `--data_validation` (not for send_lat/write_lat). Refused with one line: `-a`, `-b`, `-D`,
+//! `--run_infinitely`.
+//!
+//! Flags of ours, before or among perftest's: `--port-conf FILE` (required), `--lcore N` (EAL main lcore,
+//! default the profile's), `--file-prefix P` (EAL prefix, default `rdpp_PID`), `--socket PATH` (override the
+//! memif socket), `--timeout S` (give up after S seconds of no progress: connect, exchange, the run; default 60).
+//!
+//! `--data_validation` (the side that checks needs it; the source always fills its region with the pattern, the
+//! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;
+//! SEND, the server checks every receive; FETCH_AND_ADD latency, the client checks every returned value.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use roce_dp::config::{Driver, Profile};
+use roce_dp::dpdk::{self, choose_offloads, Eal, EalArgs, Mempool, Port, PortConfig, Worker, WorkerConfig};
+use roce_dp::neigh::NeighIp;
+use roce_dp::wire::{IpAddrs, MacAddr};
+use roce_dp::{
+    AccessFlags, CqId, Cqe, Engine, EngineConfig, LocalIp, MrKeys, PeerAddr, QpAttr, QpCaps, QpState, SendWr, Sge,
+    WcOpcode, WcStatus, WrOpcode,
+};
+
+use super::exchange::{self, BwReport, Dest, Exchange, Mtu, Role, SysData, TestKind, Verb};
+use super::params::{AtomicType, Params, RunLength};
+use super::report::{self, Banner, Results};
+
+/// Our flags, taken out of the command line before perftest's are parsed.
+#[derive(Debug, Default)]
+struct Ours {
+    port_conf: Option<PathBuf>,
+    lcore: Option<String>,
+    file_prefix: Option<String>,
+    socket: Option<String>,
+    timeout: Option<u64>,
+}
+
+fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
+    let mut ours = Ours::default();
+    let mut rest = Vec::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        let (name, inline) = match a.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
+            _ => (a.clone(), None),
+        };
+        if !matches!(name.as_str(), "--port-conf" | "--lcore" | "--file-prefix" | "--socket" | "--timeout") {
+            rest.push(a);
+            continue;
+        }
+        let v = match inline.or_else(|| it.next()) {
+            Some(v) => v,
+            None => return Err(format!("{name} needs a value")),
+        };
+        match name.as_str() {
+            "--port-conf" => ours.port_conf = Some(PathBuf::from(v)),
+            "--lcore" => ours.lcore = Some(v),
+            "--file-prefix" => ours.file_prefix = Some(v),
+            "--socket" => ours.socket = Some(v),
+            _ => ours.timeout = Some(v.parse().map_err(|_| format!("--timeout {v:?}: not a number of seconds"))?),
+        }
+    }
+    Ok((ours, rest))
+}
+
+/// The main of one tool: never returns.
+pub fn main(test: TestKind) -> ! {
+    let args: Vec<String> = std::env::args().collect();
+    let name = test.tool_name();
+    let (ours, rest) = match split_ours(args) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("{name}: {e} (see --help)");
+            std::process::exit(2);
+        }
+    };
+    let p = Params::parse_from_or_exit(test, rest);
+    let prefix = ours.file_prefix.clone().unwrap_or_else(|| format!("rdpp_{}", std::process::id()));
+    let r = run(test, &p, &ours, &prefix);
+    let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(&prefix));
+    match r {
+        Ok(()) => std::process::exit(0),
+        Err(Fail(code, msg)) => {
+            eprintln!("{name}: {msg}");
+            std::process::exit(code);
+        }
+    }
+}
+
+/// Exit status and one line.
+struct Fail(i32, String);
+
+fn bad(msg: impl Into<String>) -> Fail {
+    Fail(2, msg.into())
+}
+
+fn err(msg: impl std::fmt::Display) -> Fail {
+    Fail(1, msg.to_string())
+}
+
+fn supported(p: &Params) -> Result<(u64, u64), Fail> {
+    if p.all || p.duplex || p.sizes.len() != 1 {
+        return Err(bad("-a and -b are not implemented yet in roce-dp"));
+    }
+    let iters = match p.run {
+        RunLength::Iterations(n) => n,
+        _ => return Err(bad("-D and --run_infinitely are not implemented yet in roce-dp")),
+    };
+    Ok((p.sizes[0], iters))
+}
+
+/// The byte `i` of a message on QP `q`.
+fn pattern(q: usize, i: usize) -> u8 {
+    ((i as u64).wrapping_mul(0x9e37_79b9) >> 7) as u8 ^ (q as u8).wrapping_mul(131) ^ 0xa5
+}
+
+fn fill(q: usize, buf: &mut [u8], size: usize) {
+    for chunk in buf.chunks_mut(size.max(1)) {
+        for (i, b) in chunk.iter_mut().enumerate() {
+            *b = pattern(q, i);
+        }
+    }
+}
+
+fn first_bad(q: usize, buf: &[u8]) -> Option<usize> {
+    buf.iter().enumerate().position(|(i, b)| *b != pattern(q, i))
+}
+
+/// One local QP.
+struct Qp {
+    qpn: u32,
+    cq: CqId,
+    mr: MrKeys,
+    va: u64,
+    psn: u32,
+    /// Message slots in the region (send server: the receive depth; otherwise 1).
+    slots: u64,
+}
+
+fn ipv4_gid(ip: [u8; 4]) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&ip);
+    g
+}
+
+/// The DPDK side; fields drop in order: the port before the pool it receives into, both before the EAL.
+struct Port_ {
+    port: Port,
+    pool: Mempool,
+    _eal: Eal,
+    profile: Profile,
+    mac: MacAddr,
+    memif: bool,
+}
+
+fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Result<Port_, Fail> {
+    let path = ours.port_conf.as_ref().ok_or_else(|| bad("--port-conf FILE.toml is required (see --help)"))?;
+    let mut prof = Profile::load(path).map_err(|e| bad(e.0))?;
+    if let Some(s) = &ours.socket {
+        prof.port.socket = Some(s.clone());
+    }
+    if prof.port.driver == Driver::NetRing {
+        return Err(bad(format!("{}: net_ring profiles are for rdp-nic ring", path.display())));
+    }
+    let lcores = ours.lcore.clone().or_else(|| prof.eal.lcores.clone()).unwrap_or_else(|| "0".into());
+    let mut args = EalArgs::new("rdp-perf", &lcores);
+    args.file_prefix = Some(prefix.to_owned());
+    if prof.eal.hugepages {
+        args.in_memory = true;
+    } else {
+        args.no_huge_mb = Some(prof.eal.no_huge_mb.unwrap_or(512));
+        args.no_shconf = true;
+    }
+    if let Some(a) = prof.pci_allow() {
+        args.no_pci = false;
+        args.extra.extend(["-a".to_owned(), a]);
+    }
+    if let Some((name, vargs)) = prof.vdev() {
+        args.vdevs.push(format!("{name},{vargs}"));
+    }
+    args.extra.extend(prof.eal.extra.iter().cloned());
+    let argv = args.to_vec();
+    let eal = Eal::init_with_log(argv, Path::new("/dev/null")).map_err(|e| bad(format!("EAL: {e}")))?;
+    let room = prof.pool_data_room();
+    let (rx_desc, tx_desc) = (prof.port.rx_desc.unwrap_or(1024), prof.port.tx_desc.unwrap_or(1024));
+    let n = prof.mempool.mbufs.unwrap_or_else(|| dpdk::pool_size(1, rx_desc.into(), tx_desc.into(), 1, 256, 1024));
+    let pool = Mempool::new(&eal, "rdpp_pool", n, 256, room).map_err(|e| bad(format!("mempool: {e}")))?;
+    let name = match prof.vdev() {
+        Some((name, _)) => name,
+        None => prof.port.pci.clone().unwrap_or_default(),
+    };
+    let mut port = Port::by_name(&eal, &name).map_err(|e| bad(format!("port {name}: {e}")))?;
+    let info = port.info().map_err(|e| bad(e.to_string()))?;
+    let (_rx, tx_offloads) = choose_offloads(&info);
+    let conf = PortConfig { rx_desc, tx_desc, tx_offloads, ..PortConfig::default() };
+    port.configure(&conf, &pool).map_err(|e| bad(format!("configure {name}: {e}")))?;
+    let memif = prof.port.driver == Driver::Memif;
+    // A memif client starts once the server's socket exists.
+    let until = Instant::now() + if client && memif { timeout } else { Duration::ZERO };
+    loop {
+        match port.start() {
+            Ok(()) => break,
+            Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(bad(format!("start {name}: {e}"))),
+        }
+    }
+    let mac = match prof.mac() {
+        Some(m) => m,
+        None => MacAddr(port.mac().map_err(|e| bad(e.to_string()))?),
+    };
+    Ok(Port_ { port, pool, _eal: eal, profile: prof, mac, memif })
+}
+
+fn create_qps(e: &mut Engine, p: &Params, test: TestKind, size: u64, client: bool) -> Result<Vec<Qp>, Fail> {
+    let pingpong = matches!(test, TestKind::SendLat | TestKind::WriteLat);
+    // send_lat/write_lat: the first half sends, the second half receives (the peer writes there).
+    let slots = match test {
+        TestKind::SendBw if !client => u64::from(p.rx_depth.max(1)),
+        _ if pingpong => 2,
+        _ => 1,
+    };
+    let mut v = Vec::new();
+    for q in 0..p.num_qps as usize {
+        let pd = e.alloc_pd();
+        let depth = p.tx_depth.max(p.rx_depth).max(1);
+        let cq = e.create_cq(depth * 2 + 16).map_err(|x| err(format!("create_cq: {x}")))?;
+        let va = (u64::from(client) + 1) << 40 | (q as u64) << 32;
+        let len = (slots * size).max(8) as usize;
+        let mr = e.reg_mr(pd, va, len, AccessFlags::ALL).map_err(|x| err(format!("reg_mr: {x}")))?;
+        let caps = QpCaps { max_send_wr: p.tx_depth.max(1), max_recv_wr: p.rx_depth.max(1), ..QpCaps::default() };
+        let qpn = e.create_qp(pd, cq, cq, caps).map_err(|x| err(format!("create_qp: {x}")))?;
+        let init = QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() };
+        e.modify_qp(qpn, &init).map_err(|x| err(format!("modify_qp INIT: {x}")))?;
+        // The source of the data holds the pattern; the sink starts zeroed, so validation sees what arrived.
+        if pingpong {
+            fill(q, &mut e.mr_bytes_mut(mr.lkey).expect("own MR")[..size as usize], size as usize);
+        } else if client != (test.verb() == Verb::Read) {
+            fill(q, e.mr_bytes_mut(mr.lkey).expect("own MR"), size as usize);
+        }
+        let psn = (qpn.wrapping_mul(2_654_435_761) ^ std::process::id()) & 0xff_ffff;
+        v.push(Qp { qpn, cq, mr, va, psn, slots });
+    }
+    Ok(v)
+}
+
+fn connect_qp(e: &mut Engine, l: &Qp, r: &Dest, mtu: Mtu, p: &Params, peer: PeerAddr) -> Result<(), Fail> {
+    let rtr = QpAttr {
+        state: Some(QpState::Rtr),
+        path_mtu: Some(mtu.bytes()),
+        dest_qpn: Some(r.qpn),
+        rq_psn: Some(r.psn),
+        max_dest_rd_atomic: Some(16),
+        min_rnr_timer: Some(1),
+        peer: Some(peer),
+        ..QpAttr::default()
+    };
+    e.modify_qp(l.qpn, &rtr).map_err(|x| err(format!("modify_qp RTR: {x}")))?;
+    let rts = QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(l.psn),
+        timeout: Some(p.qp_timeout),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(16),
+        ..QpAttr::default()
+    };
+    e.modify_qp(l.qpn, &rts).map_err(|x| err(format!("modify_qp RTS: {x}")))
+}
+
+const NO_CQE: Cqe = Cqe {
+    wr_id: 0,
+    status: WcStatus::Success,
+    opcode: WcOpcode::Send,
+    qpn: 0,
+    byte_len: 0,
+    imm: None,
+    invalidated_rkey: None,
+};
+
+fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail> {
+    let (size, iters) = supported(p)?;
+    let client = p.is_client();
+    let timeout = Duration::from_secs(ours.timeout.unwrap_or(60).max(1));
+    if ours.port_conf.is_none() {
+        return Err(bad("--port-conf FILE.toml is required (see --help)"));
+    }
+    // The server's port exists (memif: its socket) before it accepts; the client connects first, then starts.
+    let (mut s, stream) = if let Some(host) = &p.host {
+        let st = exchange::connect(host, p.port, timeout.min(Duration::from_secs(5))).map_err(err)?;
+        (setup_port(ours, prefix, true, timeout)?, st)
+    } else {
+        let s = setup_port(ours, prefix, false, timeout)?;
+        let listener = exchange::listen(p.port).map_err(err)?;
+        for l in report::waiting_lines() {
+            println!("{l}");
+        }
+        (s, exchange::accept(&listener, Some(timeout), timeout).map_err(err)?)
+    };
+    let role = if client { Role::Client } else { Role::Server };
+    let mut ex = Exchange::new(stream, role, timeout);
+    let port_mtu = Mtu::from_bytes(s.profile.net.mtu).unwrap_or(Mtu::Mtu1024);
+    let n = ex.setup(SysData::default(), p.mtu.unwrap_or(port_mtu), p.mtu.is_some()).map_err(err)?;
+    if n.mtu > port_mtu {
+        return Err(err(format!("path MTU {} is above the port's {}", n.mtu.bytes(), port_mtu.bytes())));
+    }
+    let my_ip = s.profile.ipv4().ok_or_else(|| bad("the profile needs net.ipv4"))?;
+    let ecfg = EngineConfig {
+        local_mac: s.mac,
+        local_ip: LocalIp { v4: Some(my_ip), v6: None },
+        qpn_base: 0x100,
+        ..EngineConfig::default()
+    };
+    let mut engine = Engine::new(ecfg);
+    let qps = create_qps(&mut engine, p, test, size, client)?;
+    let out_reads = p.out_reads.unwrap_or(16);
+    let mine: Vec<Dest> = qps
+        .iter()
+        .map(|q| Dest {
+            lid: 0,
+            out_reads: out_reads as u16,
+            qpn: q.qpn,
+            psn: q.psn,
+            rkey: q.mr.rkey,
+            vaddr: q.va,
+            gid: ipv4_gid(my_ip),
+            srqn: 0,
+        })
+        .collect();
+    let remote = ex.exchange_dests(test, &mine).map_err(err)?;
+    exchange::check_gid_compatibility(&mine[0], &remote[0]).map_err(err)?;
+    let gid = remote[0].gid;
+    if gid[..12] != ipv4_gid([0; 4])[..12] {
+        return Err(err("the peer's GID is not an IPv4-mapped address (use its RoCEv2 IPv4 GID index, -x)"));
+    }
+    let peer_ip: [u8; 4] = gid[12..].try_into().expect("4 bytes");
+    let banner = Banner::new(
+        p,
+        p.ib_dev.as_deref().unwrap_or("rdp0"),
+        n.mtu,
+        p.gid_index.unwrap_or(1),
+        if test.verb() == Verb::Read { out_reads } else { 0 },
+    );
+    for l in banner.lines().into_iter().chain(report::addresses(test, &mine, &remote)) {
+        println!("{l}");
+    }
+    let q = s.port.queue_pair(0).ok_or_else(|| err("port has no queue 0"))?;
+    let wcfg = WorkerConfig::default();
+    let mut w = Worker::new(engine, q, &s.pool, s.profile.net.mtu, wcfg).map_err(|e| err(e.to_string()))?;
+    for nb in &s.profile.net.neighbours {
+        if let (Ok(ip), Some(mac)) = (nb.ip.parse::<std::net::Ipv4Addr>(), roce_dp::config::parse_mac(&nb.mac)) {
+            w.neigh.add_static(NeighIp::V4(ip.octets()), mac);
+        }
+    }
+    s.port.wait_link_up(timeout.min(Duration::from_secs(10))).map_err(|e| err(format!("link: {e}")))?;
+    let mac = w
+        .resolve(NeighIp::V4(peer_ip), timeout.min(Duration::from_secs(10)))
+        .ok_or_else(|| err(format!("no ARP answer from {}", std::net::Ipv4Addr::from(peer_ip))))?;
+    let peer = PeerAddr { ip: IpAddrs::V4 { src: my_ip, dst: peer_ip }, mac };
+    for (l, r) in qps.iter().zip(&remote) {
+        connect_qp(&mut w.engine, l, r, n.mtu, p, peer)?;
+    }
+    ex.connected(test, &mine[0]).map_err(err)?;
+    let mut validated = 0u64;
+    let mut lat = None;
+    let result = if matches!(test, TestKind::SendLat | TestKind::WriteLat) {
+        let mut rec = report::LatRecorder::new();
+        pingpong(&mut w, &ex, test, client, &qps[0], &remote[0], size, iters, timeout, &mut rec)?;
+        lat = rec.stats(size, iters, report::rtt_factor(test));
+        let first = mine[0];
+        ex.finish(test, &first, &BwReport::default(), false).map_err(err)?;
+        BwReport::default()
+    } else if client {
+        ex.start_run(test, &mine[0], false).map_err(err)?;
+        let mut rec = (!test.is_bw()).then(report::LatRecorder::new);
+        let elapsed = client_traffic(&mut w, &ex, test, p, &qps, &remote, size, iters, timeout, rec.as_mut())?;
+        if let Some(rec) = &rec {
+            lat = rec.stats(size, iters, report::rtt_factor(test));
+        }
+        if p.data_validation && !test.is_bw() && test.verb() == Verb::Atomic && p.atomic_type == AtomicType::FetchAndAdd
+        {
+            validated += 8 * iters * qps.len() as u64; // each returned value checked in client_traffic
+        }
+        if p.data_validation && test.verb() == Verb::Read {
+            for (i, q) in qps.iter().enumerate() {
+                let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
+                if let Some(at) = first_bad(i, &mem[..size as usize]) {
+                    return Err(err(format!("data validation: READ on QP {i}: byte {at} differs")));
+                }
+                validated += size;
+            }
+        }
+        let peak = if p.no_peak { 0.0 } else { -1.0 };
+        let mut r = report::bw_report(size, iters, p.num_qps, false, elapsed, 0.0);
+        if peak < 0.0 {
+            r.bw_peak = r.bw_avg;
+        }
+        ex.end_run(test, &mine[0], &r, false, false).map_err(err)?;
+        let first = mine[0];
+        ex.finish(test, &first, &r, false).map_err(err)?;
+        r
+    } else {
+        let (r, v) = server_traffic(&mut w, ex, test, p, &qps, &mine[0], size, iters, timeout)?;
+        validated = v;
+        r
+    };
+    drop(w);
+    if s.memif {
+        if client {
+            std::thread::sleep(Duration::from_millis(200));
+        } else {
+            let _ = s.port.wait_link_down(Duration::from_secs(5));
+        }
+    }
+    let _ = s.port.stop();
+    if let Some(l) = &lat {
+        println!("{}", report::RESULT_FMT_LAT);
+        println!("{}", report::lat_line(l));
+        println!("{}", report::RESULT_LINE);
+    } else if test.is_bw() {
+        println!("{}", report::bw_header(p.report_gbits));
+        println!("{}", report::bw_line(&result, p.report_gbits));
+        println!("{}", report::RESULT_LINE);
+    }
+    if p.data_validation && validated > 0 {
+        println!(" Data validation: {validated} bytes verified");
+    }
+    if p.out_json || p.out_json_file.is_some() {
+        let results = match lat {
+            Some(l) => Results::Lat(vec![l]),
+            None => Results::Bw(vec![result]),
+        };
+        let j = report::json(&banner, &results, p.report_gbits);
+        match &p.out_json_file {
+            Some(f) => std::fs::write(f, &j).map_err(|e| err(format!("{}: {e}", f.display())))?,
+            None => print!("{j}"),
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn client_traffic(
+    w: &mut Worker<'_>,
+    ex: &Exchange<std::net::TcpStream>,
+    test: TestKind,
+    p: &Params,
+    qps: &[Qp],
+    remote: &[Dest],
+    size: u64,
+    iters: u64,
+    timeout: Duration,
+    mut lat: Option<&mut report::LatRecorder>,
+) -> Result<Duration, Fail> {
+    let cas = p.atomic_type == AtomicType::CmpAndSwap;
+    let opcode = match test.verb() {
+        Verb::Write => WrOpcode::RdmaWrite,
+        Verb::Read => WrOpcode::RdmaRead,
+        Verb::Atomic if cas => WrOpcode::AtomicCmpSwp,
+        Verb::Atomic => WrOpcode::AtomicFetchAdd,
+        Verb::Send => WrOpcode::Send,
+    };
+    // Latency: one WR in flight, each timed from post to completion.
+    let depth = if lat.is_some() { 1 } else { u64::from(p.tx_depth.max(1)) };
+    let mut posted_at = Instant::now();
+    let mut posted = vec![0u64; qps.len()];
+    let mut done = vec![0u64; qps.len()];
+    let mut cqes = [NO_CQE; 32];
+    let start = Instant::now();
+    let mut last_progress = start;
+    let mut last_check = start;
+    let mut failure: Option<String> = None;
+    let total = iters * qps.len() as u64;
+    let mut completed = 0u64;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut spins = 0u64;
+    w.run(&stop, |w| {
+        let mut busy = false;
+        for (i, q) in qps.iter().enumerate() {
+            while posted[i] < iters && posted[i] - done[i] < depth {
+                let mut wr = SendWr::new(posted[i], opcode).remote(remote[i].vaddr, remote[i].rkey);
+                wr.compare_add = u64::from(!cas); // FETCH_AND_ADD adds 1; CMP_AND_SWAP swaps 0 for 0
+                posted_at = Instant::now();
+                let sge = Sge { addr: q.va, len: size as u32, lkey: q.mr.lkey };
+                if let Err(e) = w.engine.post_send(q.qpn, &wr, &[sge]) {
+                    failure = Some(format!("post_send: {e}"));
+                    return (false, true);
+                }
+                posted[i] += 1;
+                busy = true;
+            }
+            let k = w.engine.poll_cq(q.cq, &mut cqes);
+            for c in &cqes[..k] {
+                if c.status != WcStatus::Success {
+                    failure = Some(format!("completion with error {:?} on QP {:#x}", c.status, q.qpn));
+                    return (false, true);
+                }
+                if let Some(rec) = lat.as_deref_mut() {
+                    rec.record(posted_at.elapsed());
+                    if p.data_validation && opcode == WrOpcode::AtomicFetchAdd {
+                        let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
+                        let v = u64::from_le_bytes(mem[..8].try_into().expect("8 bytes"));
+                        if v != done[i] {
+                            failure = Some(format!("data validation: FETCH_AND_ADD {} returned {v}", done[i]));
+                            return (false, true);
+                        }
+                    }
+                }
+                done[i] += 1;
+                completed += 1;
+            }
+            if k > 0 {
+                busy = true;
+                last_progress = Instant::now();
+            }
+        }
+        if completed == total {
+            return (false, busy);
+        }
+        spins += 1;
+        if spins.is_multiple_of(1024) {
+            let now = Instant::now();
+            if now.duration_since(last_check) > Duration::from_millis(20) {
+                last_check = now;
+                if ex.peer_gone() {
+                    failure = Some("the peer closed the out-of-band connection mid-run".into());
+                    return (false, busy);
+                }
+                if now.duration_since(last_progress) > timeout {
+                    failure = Some(format!("no completion for {} s ({completed}/{total} done)", timeout.as_secs()));
+                    return (false, busy);
+                }
+            }
+        }
+        (true, busy)
+    });
+    match failure {
+        Some(f) => Err(err(f)),
+        None => Ok(start.elapsed()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn server_traffic(
+    w: &mut Worker<'_>,
+    mut ex: Exchange<std::net::TcpStream>,
+    test: TestKind,
+    p: &Params,
+    qps: &[Qp],
+    first: &Dest,
+    size: u64,
+    iters: u64,
+    timeout: Duration,
+) -> Result<(BwReport, u64), Fail> {
+    let send = test == TestKind::SendBw;
+    let mut posted = vec![0u64; qps.len()];
+    let mut got = vec![0u64; qps.len()];
+    let post = |e: &mut Engine, q: &Qp, k: u64| {
+        let slot = k % q.slots;
+        let sge = Sge { addr: q.va + slot * size, len: size as u32, lkey: q.mr.lkey };
+        e.post_recv(q.qpn, k, &[sge]).map_err(|x| err(format!("post_recv: {x}")))
+    };
+    if send {
+        for (i, q) in qps.iter().enumerate() {
+            while posted[i] < iters.min(q.slots) {
+                post(&mut w.engine, q, posted[i])?;
+                posted[i] += 1;
+            }
+        }
+    }
+    ex.start_run(test, first, false).map_err(err)?;
+    // The exchange waits through the client's run on its own thread; this one keeps the data path going.
+    let first = *first;
+    let zero = BwReport { size, iters, ..BwReport::default() };
+    ex.set_timeout(Some(timeout)).map_err(err)?;
+    let th = std::thread::spawn(move || ex.finish(test, &first, &zero, false));
+    let mut cqes = [NO_CQE; 32];
+    let mut failure: Option<String> = None;
+    let mut validated = 0u64;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut spins = 0u64;
+    let (mut t_first, mut t_last) = (None, None);
+    w.run(&stop, |w| {
+        let mut busy = false;
+        for (i, q) in qps.iter().enumerate() {
+            let k = w.engine.poll_cq(q.cq, &mut cqes);
+            if k > 0 {
+                let now = Instant::now();
+                t_first.get_or_insert(now);
+                t_last = Some(now);
+            }
+            for c in &cqes[..k] {
+                if c.status != WcStatus::Success {
+                    failure = Some(format!("receive completion with error {:?}", c.status));
+                    return (false, true);
+                }
+                if p.data_validation {
+                    let off = ((c.wr_id % q.slots) * size) as usize;
+                    let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
+                    if u64::from(c.byte_len) != size {
+                        failure = Some(format!("data validation: SEND of {} bytes, expected {size}", c.byte_len));
+                        return (false, true);
+                    }
+                    if let Some(at) = first_bad(i, &mem[off..off + size as usize]) {
+                        failure = Some(format!("data validation: SEND {} on QP {i}: byte {at} differs", c.wr_id));
+                        return (false, true);
+                    }
+                    validated += size;
+                }
+                got[i] += 1;
+                if posted[i] < iters {
+                    if let Err(Fail(_, m)) = post(&mut w.engine, q, posted[i]) {
+                        failure = Some(m);
+                        return (false, true);
+                    }
+                    posted[i] += 1;
+                }
+                busy = true;
+            }
+        }
+        spins += 1;
+        if spins.is_multiple_of(256) && th.is_finished() {
+            return (false, busy);
+        }
+        (true, busy)
+    });
+    if let Some(f) = failure {
+        return Err(err(f));
+    }
+    let peer = th.join().map_err(|_| err("exchange thread panicked"))?.map_err(err)?;
+    if send {
+        let total: u64 = got.iter().sum();
+        if total != iters * qps.len() as u64 {
+            return Err(err(format!("received {total} of {} messages", iters * qps.len() as u64)));
+        }
+    }
+    if p.data_validation && test == TestKind::WriteBw {
+        for (i, q) in qps.iter().enumerate() {
+            let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
+            if let Some(at) = first_bad(i, &mem[..size as usize]) {
+                return Err(err(format!("data validation: WRITE on QP {i}: byte {at} differs")));
+            }
+            validated += size;
+        }
+    }
+    // send BW: the server reports what it received (first to last receive completion), as perftest's does.
+    let r = match (peer, t_first, t_last) {
+        (Some(r), _, _) => r,
+        (None, Some(a), Some(b)) => {
+            let mut r = report::bw_report(size, iters, p.num_qps, false, b.duration_since(a), 0.0);
+            if !p.no_peak {
+                r.bw_peak = r.bw_avg;
+            }
+            r
+        }
+        _ => report::bw_report(size, iters, p.num_qps, false, Duration::ZERO, 0.0),
+    };
+    Ok((r, validated))
+}
+
+/// send_lat / write_lat: one message each way per iteration; the client starts, the server answers each message
+/// it received; both time from their post to the peer's next message. write_lat sees a message land by its last
+/// byte (the iteration's marker) in the receive half of the region, as perftest polls memory.
+#[allow(clippy::too_many_arguments)]
+fn pingpong(
+    w: &mut Worker<'_>,
+    ex: &Exchange<std::net::TcpStream>,
+    test: TestKind,
+    client: bool,
+    q: &Qp,
+    r: &Dest,
+    size: u64,
+    iters: u64,
+    timeout: Duration,
+    rec: &mut report::LatRecorder,
+) -> Result<(), Fail> {
+    let send = test == TestKind::SendLat;
+    let marker = |k: u64| (k % 255) as u8 + 1;
+    let last = (2 * size - 1) as usize;
+    let recv_sge = Sge { addr: q.va + size, len: size as u32, lkey: q.mr.lkey };
+    let mut recv_posted = 0u64;
+    if send {
+        while recv_posted < iters.min(16) {
+            w.engine.post_recv(q.qpn, recv_posted, &[recv_sge]).map_err(|x| err(format!("post_recv: {x}")))?;
+            recv_posted += 1;
+        }
+    }
+    let (mut k, mut got, mut send_out, mut posted) = (0u64, 0u64, 0u32, false);
+    let mut t0 = Instant::now();
+    let mut last_progress = Instant::now();
+    let mut failure = None;
+    let mut cqes = [NO_CQE; 8];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut spins = 0u64;
+    w.run(&stop, |w| {
+        let n = w.engine.poll_cq(q.cq, &mut cqes);
+        for c in &cqes[..n] {
+            if c.status != WcStatus::Success {
+                failure = Some(format!("completion with error {:?}", c.status));
+                return (false, true);
+            }
+            if c.opcode == WcOpcode::Recv {
+                got += 1;
+                if recv_posted < iters {
+                    if let Err(x) = w.engine.post_recv(q.qpn, recv_posted, &[recv_sge]) {
+                        failure = Some(format!("post_recv: {x}"));
+                        return (false, true);
+                    }
+                    recv_posted += 1;
+                }
+            } else {
+                send_out -= 1;
+            }
+        }
+        if !send && got == k && w.engine.mr_bytes(q.mr.lkey).expect("own MR")[last] == marker(k) {
+            got = k + 1;
+        }
+        // The peer's message k arrived (the server answers it; the client's round trip ends).
+        if posted && got > k {
+            if client {
+                rec.record(t0.elapsed());
+            }
+            k += 1;
+            posted = false;
+            last_progress = Instant::now();
+        }
+        let may_post = if client { true } else { got > k };
+        if k < iters && !posted && send_out == 0 && may_post {
+            let mem = w.engine.mr_bytes_mut(q.mr.lkey).expect("own MR");
+            mem[size as usize - 1] = marker(k);
+            let op = if send { WrOpcode::Send } else { WrOpcode::RdmaWrite };
+            let wr = SendWr::new(k, op).remote(r.vaddr + size, r.rkey);
+            let sge = Sge { addr: q.va, len: size as u32, lkey: q.mr.lkey };
+            if let Err(x) = w.engine.post_send(q.qpn, &wr, &[sge]) {
+                failure = Some(format!("post_send: {x}"));
+                return (false, true);
+            }
+            t0 = Instant::now();
+            send_out += 1;
+            if client {
+                posted = true;
+            } else {
+                k += 1;
+                last_progress = Instant::now();
+            }
+        }
+        if k == iters && send_out == 0 {
+            return (false, n > 0);
+        }
+        spins += 1;
+        if spins.is_multiple_of(1024) {
+            let now = Instant::now();
+            if ex.peer_gone() {
+                failure = Some("the peer closed the out-of-band connection mid-run".into());
+                return (false, true);
+            }
+            if now.duration_since(last_progress) > timeout {
+                failure = Some(format!("no progress for {} s ({k}/{iters} round trips)", timeout.as_secs()));
+                return (false, true);
+            }
+        }
+        (true, n > 0)
+    });
+    match failure {
+        Some(f) => Err(err(f)),
+        None => Ok(()),
+    }
+}
