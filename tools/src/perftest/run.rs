@@ -289,6 +289,21 @@ const NO_CQE: Cqe = Cqe {
     invalidated_rkey: None,
 };
 
+/// Runs a blocking out-of-band step on a scoped thread while this thread keeps the data path polled (ARP, ND,
+/// and any RoCE frame the peer sends meanwhile).
+fn polling<T: Send>(w: &mut Worker<'_>, step: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|sc| {
+        let h = sc.spawn(step);
+        while !h.is_finished() {
+            w.poll();
+        }
+        match h.join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
 fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail> {
     let (size, iters) = supported(p)?;
     let client = p.is_client();
@@ -338,7 +353,18 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
             srqn: 0,
         })
         .collect();
-    let remote = ex.exchange_dests(test, &mine).map_err(err)?;
+    // The data path runs from here on: a peer such as Linux rxe resolves our MAC (ARP) while it moves its QP to
+    // RTR, between the record exchange and the next hand-shake, so the port must answer while we wait on TCP.
+    let q = s.port.queue_pair(0).ok_or_else(|| err("port has no queue 0"))?;
+    let wcfg = WorkerConfig::default();
+    let mut w = Worker::new(engine, q, &s.pool, s.profile.net.mtu, wcfg).map_err(|e| err(e.to_string()))?;
+    for nb in &s.profile.net.neighbours {
+        if let (Ok(ip), Some(mac)) = (nb.ip.parse::<std::net::Ipv4Addr>(), roce_dp::config::parse_mac(&nb.mac)) {
+            w.neigh.add_static(NeighIp::V4(ip.octets()), mac);
+        }
+    }
+    s.port.wait_link_up(timeout.min(Duration::from_secs(10))).map_err(|e| err(format!("link: {e}")))?;
+    let remote = polling(&mut w, || ex.exchange_dests(test, &mine)).map_err(err)?;
     exchange::check_gid_compatibility(&mine[0], &remote[0]).map_err(err)?;
     let gid = remote[0].gid;
     if gid[..12] != ipv4_gid([0; 4])[..12] {
@@ -355,15 +381,6 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
     for l in banner.lines().into_iter().chain(report::addresses(test, &mine, &remote)) {
         println!("{l}");
     }
-    let q = s.port.queue_pair(0).ok_or_else(|| err("port has no queue 0"))?;
-    let wcfg = WorkerConfig::default();
-    let mut w = Worker::new(engine, q, &s.pool, s.profile.net.mtu, wcfg).map_err(|e| err(e.to_string()))?;
-    for nb in &s.profile.net.neighbours {
-        if let (Ok(ip), Some(mac)) = (nb.ip.parse::<std::net::Ipv4Addr>(), roce_dp::config::parse_mac(&nb.mac)) {
-            w.neigh.add_static(NeighIp::V4(ip.octets()), mac);
-        }
-    }
-    s.port.wait_link_up(timeout.min(Duration::from_secs(10))).map_err(|e| err(format!("link: {e}")))?;
     let mac = w
         .resolve(NeighIp::V4(peer_ip), timeout.min(Duration::from_secs(10)))
         .ok_or_else(|| err(format!("no ARP answer from {}", std::net::Ipv4Addr::from(peer_ip))))?;
@@ -371,7 +388,7 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
     for (l, r) in qps.iter().zip(&remote) {
         connect_qp(&mut w.engine, l, r, n.mtu, p, peer)?;
     }
-    ex.connected(test, &mine[0]).map_err(err)?;
+    polling(&mut w, || ex.connected(test, &mine[0])).map_err(err)?;
     let mut validated = 0u64;
     let mut lat = None;
     let result = if matches!(test, TestKind::SendLat | TestKind::WriteLat) {
