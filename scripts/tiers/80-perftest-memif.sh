@@ -15,7 +15,7 @@ pf_pair() {
     shift 2
     PF_N=$((PF_N + 1))
     local n=$PF_N
-    local sock="/run/rdp-${RUN_ID}-p$n.sock" ps="${RUN_ID}p${n}s" pc="${RUN_ID}p${n}c" port=$((30000 + ($$ % 20000) + n))
+    local sock="/run/rdp-${RUN_ID}-p$n.sock" ps="${RUN_ID}p${n}s" pc="${RUN_ID}p${n}c" port=$((20000 + ($$ % 10000) + n))
     PF_SLOG="$LOG_DIR/tier8-$name-server.log" PF_CLOG="$LOG_DIR/tier8-$name-client.log" PF_SRC=0 PF_CRC=0
     track_prefix "$ps"
     track_prefix "$pc"
@@ -95,7 +95,7 @@ tier8_perftest_memif() {
 
     # A client killed mid-run: the server exits non-zero within its timeout.
     PF_N=$((PF_N + 1))
-    local sock="/run/rdp-${RUN_ID}-pk.sock" port=$((30000 + ($$ % 20000) + PF_N)) spid cpid src=0
+    local sock="/run/rdp-${RUN_ID}-pk.sock" port=$((20000 + ($$ % 10000) + PF_N)) spid cpid src=0
     track_prefix "${RUN_ID}pks"
     track_prefix "${RUN_ID}pkc"
     track_path "$sock"
