@@ -8,7 +8,7 @@ TIERS+=(tier6_engine_memif)
 memif_pair() {
     local name="$1" n="$2"
     shift 2
-    local sock="/run/rdp-${RUN_ID}-m$n.sock" ps="${RUN_ID}m${n}s" pc="${RUN_ID}m${n}c" port=$((20000 + ($$ % 20000) + n))
+    local sock="/run/rdp-${RUN_ID}-m$n.sock" ps="${RUN_ID}m${n}s" pc="${RUN_ID}m${n}c" port=$((20000 + ($$ % 10000) + n))
     local slog="$LOG_DIR/tier6-$name-server.log" clog="$LOG_DIR/tier6-$name-client.log" src=0 crc=0 spid left
     track_prefix "$ps"
     track_prefix "$pc"
