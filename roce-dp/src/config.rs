@@ -444,6 +444,33 @@ impl Profile {
     }
 }
 
+#[cfg(feature = "dpdk")]
+impl Profile {
+    /// EAL arguments for this profile: `lcores` (the caller's choice, else the profile's, else "0"), the run's
+    /// `--file-prefix`, memory (`--in-memory` with hugepages, else `--no-huge -m N --no-shconf`), the PCI device
+    /// allow-list or the vdev, and the profile's extra arguments.
+    pub fn eal_args(&self, program: &str, lcores: Option<&str>, prefix: &str) -> crate::dpdk::EalArgs {
+        let lcores = lcores.map(str::to_owned).or_else(|| self.eal.lcores.clone()).unwrap_or_else(|| "0".into());
+        let mut args = crate::dpdk::EalArgs::new(program, &lcores);
+        args.file_prefix = Some(prefix.to_owned());
+        if self.eal.hugepages {
+            args.in_memory = true;
+        } else {
+            args.no_huge_mb = Some(self.eal.no_huge_mb.unwrap_or(512));
+            args.no_shconf = true;
+        }
+        if let Some(a) = self.pci_allow() {
+            args.no_pci = false;
+            args.extra.extend(["-a".to_owned(), a]);
+        }
+        if let Some((name, vargs)) = self.vdev() {
+            args.vdevs.push(format!("{name},{vargs}"));
+        }
+        args.extra.extend(self.eal.extra.iter().cloned());
+        args
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use roce_dp::config::{Driver, Profile};
-use roce_dp::dpdk::{self, choose_offloads, Eal, EalArgs, Mempool, Port, PortConfig, Worker, WorkerConfig};
+use roce_dp::dpdk::{self, choose_offloads, Eal, Mempool, Port, PortConfig, Worker, WorkerConfig};
 use roce_dp::neigh::NeighIp;
 use roce_dp::wire::{IpAddrs, MacAddr};
 use roce_dp::{
@@ -174,23 +174,7 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
     if prof.port.driver == Driver::NetRing {
         return Err(bad(format!("{}: net_ring profiles are for rdp-nic ring", path.display())));
     }
-    let lcores = ours.lcore.clone().or_else(|| prof.eal.lcores.clone()).unwrap_or_else(|| "0".into());
-    let mut args = EalArgs::new("rdp-perf", &lcores);
-    args.file_prefix = Some(prefix.to_owned());
-    if prof.eal.hugepages {
-        args.in_memory = true;
-    } else {
-        args.no_huge_mb = Some(prof.eal.no_huge_mb.unwrap_or(512));
-        args.no_shconf = true;
-    }
-    if let Some(a) = prof.pci_allow() {
-        args.no_pci = false;
-        args.extra.extend(["-a".to_owned(), a]);
-    }
-    if let Some((name, vargs)) = prof.vdev() {
-        args.vdevs.push(format!("{name},{vargs}"));
-    }
-    args.extra.extend(prof.eal.extra.iter().cloned());
+    let args = prof.eal_args("rdp-perf", ours.lcore.as_deref(), prefix);
     let argv = args.to_vec();
     let eal = Eal::init_with_log(argv, Path::new("/dev/null")).map_err(|e| bad(format!("EAL: {e}")))?;
     let room = prof.pool_data_room();

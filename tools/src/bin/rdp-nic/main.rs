@@ -740,26 +740,8 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, clie
     if prof.port.driver == Driver::NetRing {
         return Err(SetupError(format!("{}: net_ring profiles are for the ring mode", profile.display())));
     }
-    let lcores = match o.lcore {
-        Some(l) => l.to_string(),
-        None => prof.eal.lcores.clone().unwrap_or_else(|| "0".into()),
-    };
-    let mut args = EalArgs::new("rdp-nic", &lcores);
-    args.file_prefix = Some(prefix.to_owned());
-    if prof.eal.hugepages {
-        args.in_memory = true;
-    } else {
-        args.no_huge_mb = Some(prof.eal.no_huge_mb.unwrap_or(512));
-        args.no_shconf = true;
-    }
-    if let Some(a) = prof.pci_allow() {
-        args.no_pci = false;
-        args.extra.extend(["-a".to_owned(), a]);
-    }
-    if let Some((name, vargs)) = prof.vdev() {
-        args.vdevs.push(format!("{name},{vargs}"));
-    }
-    args.extra.extend(prof.eal.extra.iter().cloned());
+    let lcore = o.lcore.map(|l| l.to_string());
+    let args = prof.eal_args("rdp-nic", lcore.as_deref(), prefix);
     let eal = init_eal(args, o.verbose)?;
     let room = prof.pool_data_room();
     let (rx_desc, tx_desc) = (prof.port.rx_desc.unwrap_or(1024), prof.port.tx_desc.unwrap_or(1024));
