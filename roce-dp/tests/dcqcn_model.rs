@@ -49,7 +49,8 @@ impl Model {
             ai: f64::from(c.rp_ai_rate),
             hai: f64::from(c.rp_hai_rate),
             t_reset: u64::from(c.rp_time_reset) * 1000,
-            b: f64::from(c.rp_byte_reset),
+            // rp_byte_reset counts 64-byte units (roce_dp::cc::dcqcn, after Google's isekai ConnectX model).
+            b: f64::from(c.rp_byte_reset) * 64.0,
             f: c.rp_threshold,
             g: f64::from(c.rp_dce_tcp_g) / 1024.0,
             k: u64::from(c.rp_dce_tcp_rtt) * 1000,
@@ -251,7 +252,7 @@ fn script() -> Vec<(u64, Ev)> {
 
 #[test]
 fn rate_trace_matches_the_reaction_point_equations() {
-    let cfg = DcqcnConfig { rp_time_reset: 50, rp_byte_reset: 65536, rp_threshold: 2, ..DcqcnConfig::default() };
+    let cfg = DcqcnConfig { rp_time_reset: 50, rp_byte_reset: 1024, rp_threshold: 2, ..DcqcnConfig::default() };
     let (checks, lowest, seen) = replay(&cfg, 25_000, &script());
     assert!(checks > 300, "{checks}");
     assert!(seen.iter().all(|&n| n > 0), "fast recovery, additive, hyper, deferred cut, release: {seen:?}");
@@ -265,7 +266,7 @@ fn rate_trace_matches_with_clamping_and_the_paper_gain() {
     let cfg = DcqcnConfig {
         rp_clamp_tgt_rate: true,
         rp_time_reset: 40,
-        rp_byte_reset: 20_000,
+        rp_byte_reset: 313,
         rp_threshold: 1,
         rp_dce_tcp_g: 1020,
         rp_dce_tcp_rtt: 55,

@@ -10,7 +10,7 @@
 //!             time/byte stages := 0, byte counter := 0, timer T restarts, alpha period K restarts
 //! every K     alpha = g'*alpha                          (K = rp_dce_tcp_rtt, only while no CNP arrives)
 //! timer T     time stage += 1, then increase           (T = rp_time_reset; T/2 in hyper increase)
-//! B bytes     byte stage += 1, then increase           (B = rp_byte_reset; B/2 in hyper increase)
+//! B bytes     byte stage += 1, then increase           (B = 64 * rp_byte_reset bytes; B/2 in hyper increase)
 //! increase    both stages < F:  fast recovery          Rc = (Rc + Rt) / 2
 //!             one stage >= F:   additive increase      Rt += R_AI;                      Rc = (Rc + Rt) / 2
 //!             both >= F:        hyper increase         Rt += R_HAI * (min stage - F + 1); Rc = (Rc + Rt) / 2
@@ -28,6 +28,12 @@
 //! - Rc = (Rc + Rt) / 2 rounds up, so Rc reaches Rt (and the line rate) instead of stalling one unit below.
 //! - ns3-rdma's special case "first stage and Rt > 10*Rc: Rt /= 8" is not part of the ConnectX parameter set and
 //!   is not implemented.
+//! - `rp_byte_reset` counts 64-byte units: B = 64 * 32767 B ~ 2 MB by default. The vendor text does not give the
+//!   unit (ROCE-NOTES §3.2 `[unverified]`; an early mstflint PRM layout says "bytes" next to a default of 150 and a
+//!   "TBD: update the PRM"); Google's isekai model of ConnectX DCQCN counts `byte_reset * 64`. Read as bytes, the
+//!   15-bit default would raise the rate every 32 KB sent (every 10 µs at 25 Gb/s), far more often than the 300 µs
+//!   timer it sits beside: an 8:1 incast at 25 Gb/s then ramps each flow back to the line rate within ~50 µs of
+//!   every quiet spell and overflows a 1 MB buffer again and again (jain 0.77, 5133 drops in 20 ms).
 //! - Pacing counts frame bytes (Ethernet header to ICRC) at the current rate Rc; a QP that was idle does not bank
 //!   credit (the next frame leaves at once, the one after it one frame time later).
 
@@ -39,6 +45,8 @@ use crate::time::{Duration, Instant};
 const ALPHA_BITS: u32 = 30;
 /// Alpha 1.0.
 pub const ALPHA_ONE: u64 = 1 << ALPHA_BITS;
+/// Bytes per unit of `rp_byte_reset` (see the module notes).
+pub const BYTE_RESET_UNIT: u64 = 64;
 
 /// The parameters converted to the units the arithmetic uses.
 #[derive(Clone, Copy, Debug)]
@@ -107,7 +115,7 @@ impl Dcqcn {
             hai_kbps: u64::from(c.rp_hai_rate) * 1000,
             first_kbps: (u64::from(c.rp_rate_to_set_on_first_cnp) * 1000).min(max_kbps),
             t_reset: Duration::from_micros(u64::from(c.rp_time_reset.max(1))),
-            byte_reset: u64::from(c.rp_byte_reset),
+            byte_reset: u64::from(c.rp_byte_reset) * BYTE_RESET_UNIT,
             threshold: c.rp_threshold.max(1),
             gd: c.rp_gd.clamp(10, 20),
             min_dec_fac: u64::from(c.rp_min_dec_fac.min(100)),
@@ -451,7 +459,7 @@ mod tests {
                 rp_clamp_tgt_rate: rng.below(2) == 0,
                 rp_clamp_tgt_rate_ati: rng.below(2) == 0,
                 rp_time_reset: 1 + rng.below(500) as u32,
-                rp_byte_reset: if rng.below(3) == 0 { 0 } else { 100 + rng.below(100_000) as u32 },
+                rp_byte_reset: if rng.below(3) == 0 { 0 } else { 1 + rng.below(32_767) as u32 },
                 rp_threshold: 1 + rng.below(5) as u32,
                 rp_ai_rate: rng.below(100) as u32,
                 rp_hai_rate: rng.below(1_000) as u32,

@@ -42,8 +42,9 @@ pub struct DcqcnConfig {
     pub rp_clamp_tgt_rate_ati: bool,
     /// Rate-increase timer T, µs (`rpg_time_reset`, default 300).
     pub rp_time_reset: u32,
-    /// Byte counter B: a rate-increase event every this many bytes sent, 0 = off (`rpg_byte_reset`, default 32767;
-    /// the unit is not stated by the vendor, bytes are assumed).
+    /// Byte counter B: a rate-increase event every `64 * rp_byte_reset` bytes sent, 0 = off (`rpg_byte_reset`, a
+    /// 15-bit field, default 32767 = ~2 MB; the vendor does not state the unit: 64-byte units as Google's isekai
+    /// model of ConnectX reads it, see [`dcqcn`]).
     pub rp_byte_reset: u32,
     /// F: the number of timer / byte-counter stages of fast recovery (`rpg_threshold`, default 1).
     pub rp_threshold: u32,
@@ -137,8 +138,9 @@ impl DcqcnConfig {
 
     /// Checks every value against its range; the error names the parameter.
     pub fn validate(&self) -> Result<(), String> {
-        let checks: [(&str, u64, u64, u64); 12] = [
+        let checks: [(&str, u64, u64, u64); 13] = [
             ("rp_time_reset", self.rp_time_reset.into(), 1, 10_000_000),
+            ("rp_byte_reset", self.rp_byte_reset.into(), 0, 32_767),
             ("rp_threshold", self.rp_threshold.into(), 1, 1_000),
             ("rp_ai_rate", self.rp_ai_rate.into(), 0, 1_600_000),
             ("rp_hai_rate", self.rp_hai_rate.into(), 0, 1_600_000),
