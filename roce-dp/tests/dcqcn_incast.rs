@@ -7,7 +7,7 @@ use roce_dp::{CcAlgorithm, CcConfig, DcqcnConfig, Duration};
 fn run(cfg: IncastConfig) -> IncastReport {
     let r = Incast::new(cfg).expect("topology").run();
     let gp: Vec<String> = r.flows.iter().map(|f| format!("{:.2}", f.goodput_gbps)).collect();
-    println!("{} goodput_gbps=[{}] marked={}", r.result_line(), gp.join(","), r.marked);
+    println!("{} goodput_gbps=[{}] marked={} window_drops={}", r.result_line(), gp.join(","), r.marked, r.window_drops);
     assert!(r.ok, "run failed: {:?}", r.failure);
     r
 }
@@ -23,23 +23,55 @@ fn assert_rate_bounds(r: &IncastReport, min_kbps: u64, line_kbps: u64) {
     }
 }
 
-#[test]
-fn dcqcn_on_8_to_1_at_25g_has_no_drops_and_converges_to_fair_full_use() {
-    let r = run(IncastConfig {
+/// The scenario: 8 senders into one 25 Gb/s port with a 1 MB buffer, the default switch (RED 20/200 KiB,
+/// Pmax 10 %, marking on dequeue), 20 ms, measured from `measure_ms` on.
+fn eight_to_one(dcqcn: DcqcnConfig, seed: u64, measure_ms: u64) -> IncastReport {
+    run(IncastConfig {
         senders: 8,
         link_mbps: 25_000,
         buffer_bytes: 1 << 20,
         duration: Duration::from_millis(20),
-        measure_from: Duration::from_millis(10),
+        measure_from: Duration::from_millis(measure_ms),
+        cc: CcConfig { algorithm: CcAlgorithm::Dcqcn, dcqcn, ..CcConfig::default() },
+        seed,
         ..IncastConfig::default()
-    });
-    assert_eq!(r.drops, 0, "DCQCN must keep the 1 MB buffer from overflowing");
-    assert!(r.jain >= 0.95, "Jain index {} after convergence", r.jain);
-    assert!(r.util >= 0.9, "bottleneck utilisation {}", r.util);
-    assert!(r.cnps_sent > 0 && r.marked > 0);
-    assert!(r.max_queue_bytes < 1 << 20);
-    assert!(r.flows.iter().all(|f| f.rate_decreases > 0 && f.retransmits == 0));
-    assert_rate_bounds(&r, 1_000, 25_000_000);
+    })
+}
+
+#[test]
+fn dcqcn_on_8_to_1_at_25g_has_no_drops_and_converges_to_fair_full_use() {
+    // The ConnectX parameter set with the one change a fabric without PFC needs (rp_dce_tcp_g 1022; the defaults
+    // lose ~100 frames in the first millisecond: see the next test and DcqcnConfig::connectx_lossy). Three seeds,
+    // so a lucky RED coin cannot pass it.
+    let d = DcqcnConfig::connectx_lossy();
+    assert_eq!(d, DcqcnConfig { rp_dce_tcp_g: 1022, ..DcqcnConfig::default() });
+    for seed in 1..=3 {
+        let r = eight_to_one(d, seed, 10);
+        assert_eq!(r.drops, 0, "seed {seed}: DCQCN must keep the 1 MB buffer from overflowing");
+        assert!(r.jain >= 0.95, "seed {seed}: Jain index {} after convergence", r.jain);
+        assert!(r.util >= 0.9, "seed {seed}: bottleneck utilisation {}", r.util);
+        assert!(r.cnps_sent > 0 && r.marked > 0);
+        assert!(r.max_queue_bytes < 1 << 20);
+        assert!(r.flows.iter().all(|f| f.rate_decreases > 0 && f.retransmits == 0));
+        assert_rate_bounds(&r, 1_000, 25_000_000);
+    }
+}
+
+#[test]
+fn connectx_defaults_converge_and_never_drop_after_the_first_transient() {
+    // The ConnectX defaults as shipped. The simultaneous start collapses every flow while the first queue drains,
+    // and the timer's first fast recovery sends all eight back to half the line rate at once: the buffer
+    // overflows for a few hundred microseconds before 1 ms (a lossless fabric's PFC would absorb that). From 2 ms
+    // on: no drops, fair and full.
+    let d = DcqcnConfig::default();
+    for seed in 1..=3 {
+        let r = eight_to_one(d, seed, 2);
+        assert_eq!(r.window_drops, 0, "seed {seed}: drops after the first 2 ms");
+        assert!(r.jain >= 0.95, "seed {seed}: Jain index {} from 2 ms on", r.jain);
+        assert!(r.util >= 0.9, "seed {seed}: bottleneck utilisation {}", r.util);
+        assert!(r.flows.iter().all(|f| f.rate_decreases > 0));
+        assert_rate_bounds(&r, u64::from(d.rp_min_rate) * 1000, 25_000_000);
+    }
 }
 
 #[test]
@@ -59,8 +91,12 @@ fn dcqcn_off_same_scenario_overflows_the_buffer() {
 
 #[test]
 fn a_flow_joining_late_converges_to_its_fair_share() {
+    // With the ns3-rdma sample timing: its additive increase (40 Mb/s every 60 us) lets the late flow and the
+    // incumbents meet within milliseconds. The ConnectX set adds 5 Mb/s every 300 us, and the late flow keeps
+    // 1.3-1.4x its share for at least 40 ms (Jain 0.93-0.97): see DcqcnConfig::ns3_sample.
     let r = run(IncastConfig {
         senders: 4,
+        cc: CcConfig { algorithm: CcAlgorithm::Dcqcn, dcqcn: DcqcnConfig::ns3_sample(), ..CcConfig::default() },
         start_at: vec![Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::from_millis(5)],
         duration: Duration::from_millis(25),
         measure_from: Duration::from_millis(15),
@@ -108,19 +144,4 @@ fn same_inputs_and_seed_give_bit_identical_traces() {
     // The seed matters (RED's coin): another seed gives another trace.
     let c = run(IncastConfig { seed: 8, ..cfg });
     assert_ne!(a.trace, c.trace);
-}
-
-#[test]
-fn connectx_defaults_react_and_respect_the_rate_bounds() {
-    // The ConnectX parameter set as shipped: the controller must still cut on CNPs and stay within bounds (its
-    // fairness in this PFC-less simulator is not asserted: see DcqcnConfig::ns3_sample).
-    let d = DcqcnConfig::default();
-    let r = run(IncastConfig {
-        duration: Duration::from_millis(3),
-        measure_from: Duration::from_millis(1),
-        cc: CcConfig { algorithm: CcAlgorithm::Dcqcn, dcqcn: d, ..CcConfig::default() },
-        ..IncastConfig::default()
-    });
-    assert!(r.flows.iter().all(|f| f.rate_decreases > 0));
-    assert_rate_bounds(&r, u64::from(d.rp_min_rate) * 1000, 25_000_000);
 }

@@ -29,10 +29,12 @@ enum OnOff {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Preset {
-    /// ns3-rdma sample timing with a 10 us CNP interval (DcqcnConfig::ns3_sample).
-    Ns3,
     /// The ConnectX firmware defaults (DcqcnConfig::default).
     Connectx,
+    /// ConnectX defaults with rp_dce_tcp_g = 1022, for a fabric without PFC (DcqcnConfig::connectx_lossy).
+    ConnectxLossy,
+    /// ns3-rdma sample timing with a 10 us CNP interval (DcqcnConfig::ns3_sample).
+    Ns3,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -130,7 +132,7 @@ struct Args {
     #[arg(long, value_enum, default_value = "on", help_heading = "Incast")]
     dcqcn: OnOff,
     /// Incast: DCQCN parameter set when no --cc-config is given.
-    #[arg(long, value_enum, default_value = "ns3", help_heading = "Incast")]
+    #[arg(long, value_enum, default_value = "connectx", help_heading = "Incast")]
     dcqcn_preset: Preset,
     /// Incast: congestion-control parameters from a TOML file (ConnectX rp_*/np_* names; see conf/dcqcn.toml).
     #[arg(long, value_name = "FILE.toml", help_heading = "Incast")]
@@ -199,7 +201,11 @@ fn incast_config(a: &Args, n: u32) -> Result<IncastConfig, String> {
     let mut cc = match &a.cc_config {
         Some(p) => read_cc_config(p)?,
         None => CcConfig {
-            dcqcn: if a.dcqcn_preset == Preset::Ns3 { DcqcnConfig::ns3_sample() } else { DcqcnConfig::default() },
+            dcqcn: match a.dcqcn_preset {
+                Preset::Connectx => DcqcnConfig::default(),
+                Preset::ConnectxLossy => DcqcnConfig::connectx_lossy(),
+                Preset::Ns3 => DcqcnConfig::ns3_sample(),
+            },
             ..CcConfig::default()
         },
     };
@@ -270,9 +276,10 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
         );
     }
     println!(
-        "after {measure_ms} ms: jain={:.4} util={:.4}; switch: max_queue_kb={:.1} mean_queue_kb={:.1} marked={} drops={}; receiver: cnps_sent={}",
+        "after {measure_ms} ms: jain={:.4} util={:.4} drops={}; switch: max_queue_kb={:.1} mean_queue_kb={:.1} marked={} drops={}; receiver: cnps_sent={}",
         r.jain,
         r.util,
+        r.window_drops,
         r.max_queue_bytes as f64 / 1024.0,
         r.mean_queue_bytes / 1024.0,
         r.marked,
