@@ -8,7 +8,8 @@
 # Packages (measured minimal set, see ../shared/docs/DPDK-NOTES.md): libdpdk-dev (DPDK 22.11 LTS, all PMDs),
 # libclang1-14 + libclang-common-14-dev (bindgen: libclang and its stddef.h), pkg-config, build-essential (cc for
 # the C shim), iproute2 (network namespaces and veth pairs for the af_packet tier), ca-certificates (cargo fetches
-# crates over https), tshark (tier 1 checks that Wireshark decodes the CNPs the engine builds), curl (rustup,
+# crates over https), tshark (tier 1 checks how Wireshark decodes the CNPs the engine builds; Debian 12 ships
+# 4.0.17, bookworm-backports has no Wireshark, and no Debian Wireshark up to 4.6.9 names opcode 0x81), curl (rustup,
 # only when Rust is missing). Rust >= 1.89 (rust-version in Cargo.toml) comes from rustup: Debian 12 ships 1.63.
 set -euo pipefail
 
@@ -22,7 +23,7 @@ while [[ $# -gt 0 ]]; do
         --hugepages) hugepages="${2:?--hugepages needs a number}"; shift 2 ;;
         --hugepages=*) hugepages="${1#*=}"; shift ;;
         --check) check_only=1; shift ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) echo "setup.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
