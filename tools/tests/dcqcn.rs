@@ -187,6 +187,11 @@ fn unknown_or_bad_toml_keys_are_clear_errors() {
     let o = rdp_sim(&["--incast", "2", "--duration-ms", "0.1", "--cc-config", path.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("rp_gd = 3 is outside 10..=20"), "{}", text(&o));
+    // rp_byte_reset is a 15-bit count of 64-byte units, as in the ConnectX firmware.
+    std::fs::write(&path, "[dcqcn]\nrp_byte_reset = 32768\n").unwrap();
+    let o = rdp_sim(&["--incast", "2", "--duration-ms", "0.1", "--cc-config", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("rp_byte_reset = 32768 is outside 0..=32767"), "{}", text(&o));
     let _ = std::fs::remove_file(&path);
 }
 
