@@ -1,14 +1,16 @@
 //! Engine-only throughput on one core: two roce-dp engines joined by in-memory frame queues, no I/O. Reports
 //! messages/s and Gb/s for WRITE, SEND and READ at several message sizes (path MTU 4096), beside memcpy and
-//! crc32 throughput measured in the same run as the physical reference.
+//! crc32 throughput measured in the same run as the physical reference; then WRITE with congestion control off
+//! against DCQCN on without congestion (the pacer is consulted before every data frame, no CNP ever comes), runs
+//! alternated, as the ratio of their message rates.
 //!
 //! Reproduce: `cargo run --release -p roce-dp-bench --bin engine [-- --quick]`
 
 use roce_dp::engine::MAX_HEADER_BYTES;
 use roce_dp::sim::Sim;
 use roce_dp::{
-    AccessFlags, AckPolicy, CqId, Cqe, Duration, Engine, EngineConfig, Instant, QpAttr, QpCaps, QpState, RxMeta,
-    SendWr, Sge, WcStatus, WrOpcode,
+    AccessFlags, AckPolicy, CcAlgorithm, CcConfig, CqId, Cqe, Duration, Engine, EngineConfig, Instant, QpAttr, QpCaps,
+    QpState, RxMeta, SendWr, Sge, WcStatus, WrOpcode,
 };
 use roce_dp_bench::median;
 use std::hint::black_box;
@@ -36,8 +38,9 @@ struct Side {
 
 const VA: u64 = 0x7000_0000;
 
-fn side(n: usize, depth: u32, region: usize, coalesce: bool) -> Side {
+fn side(n: usize, depth: u32, region: usize, coalesce: bool, cc: CcAlgorithm) -> Side {
     let cfg = EngineConfig {
+        cc: CcConfig { algorithm: cc, ..CcConfig::default() },
         local_mac: roce_dp::sim::NODE_MAC[n],
         local_ip: roce_dp::LocalIp { v4: Some(roce_dp::sim::NODE_IP[n]), v6: None },
         max_unacked_psns: 1024,
@@ -119,11 +122,11 @@ fn pump(now: Instant, from: &mut Engine, to: &mut Engine, w: &mut Wire) -> usize
 }
 
 /// Runs `msgs` messages of `size` bytes; returns (seconds, frames moved).
-fn run(op: Op, size: u32, msgs: u64, coalesce: bool) -> (f64, u64) {
+fn run(op: Op, size: u32, msgs: u64, coalesce: bool, cc: CcAlgorithm) -> (f64, u64) {
     let depth = 256u32;
     let region = (size as usize).max(64);
-    let mut a = side(0, depth, region, coalesce);
-    let mut b = side(1, depth, region, coalesce);
+    let mut a = side(0, depth, region, coalesce, cc);
+    let mut b = side(1, depth, region, coalesce, cc);
     let (aq, bq) = (a.qpn, b.qpn);
     connect(&mut a, bq, 1);
     connect(&mut b, aq, 0);
@@ -234,7 +237,7 @@ fn main() {
         };
         let size = args.get(i + 2).and_then(|v| v.parse().ok()).unwrap_or(64);
         let msgs = args.get(i + 3).and_then(|v| v.parse().ok()).unwrap_or(100_000);
-        let (secs, frames) = run(op, size, msgs, false);
+        let (secs, frames) = run(op, size, msgs, false, CcAlgorithm::LineRate);
         println!("{op:?} {size} B x {msgs}: {:.3} Mmsg/s, {frames} frames", msgs as f64 / secs / 1e6);
         return;
     }
@@ -268,7 +271,7 @@ fn main() {
                 let mut rates = Vec::new();
                 let mut fpm = 0.0;
                 for _ in 0..runs {
-                    let (secs, frames) = run(op, size, msgs, coalesce);
+                    let (secs, frames) = run(op, size, msgs, coalesce, CcAlgorithm::LineRate);
                     rates.push(msgs as f64 / secs);
                     fpm = frames as f64 / msgs as f64;
                 }
@@ -285,5 +288,21 @@ fn main() {
             }
         }
     }
+    // Congestion control off against DCQCN without congestion, alternated so load changes hit both alike.
+    println!("\n| WRITE size | CC off Mmsg/s | DCQCN on, no congestion, Mmsg/s | DCQCN / off |");
+    println!("|---:|---:|---:|---:|");
+    let mut ratios = Vec::new();
+    for size in [64u32, 4096] {
+        let msgs: u64 = if quick { 200_000 } else { 1_000_000 };
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            off.push(msgs as f64 / run(Op::Write, size, msgs, false, CcAlgorithm::LineRate).0);
+            on.push(msgs as f64 / run(Op::Write, size, msgs, false, CcAlgorithm::Dcqcn).0);
+        }
+        let (off, on) = (median(&mut off), median(&mut on));
+        println!("| {size} | {:.3} | {:.3} | {:.3} |", off / 1e6, on / 1e6, on / off);
+        ratios.push(on / off);
+    }
+    println!("bench: cc_dcqcn_vs_off_64={:.3} cc_dcqcn_vs_off_4k={:.3}", ratios[0], ratios[1]);
     println!("\nreproduce: cargo run --release -p roce-dp-bench --bin engine");
 }
