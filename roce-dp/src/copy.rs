@@ -7,6 +7,8 @@
 //! fixed 64-byte chunks, which the compiler turns into vector loads and stores, and leaves small blocks and very
 //! large ones (non-temporal stores) to the system `memcpy`.
 
+use core::sync::atomic::{compiler_fence, Ordering};
+
 /// Below this, the system memcpy is fast (no `rep movsb`).
 const CHUNKED_FROM: usize = 2048;
 /// From here on, glibc switches to non-temporal stores, which are right for blocks larger than the cache.
@@ -27,6 +29,9 @@ pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
         let a: &mut [u8; 64] = a.try_into().expect("64-byte chunk");
         let b: &[u8; 64] = b.try_into().expect("64-byte chunk");
         *a = *b;
+        // An empty compiler barrier (no instruction): without it LLVM's loop-idiom pass turns this loop back into
+        // a `memcpy` call wherever it is inlined (it did in the requester's gather), which is the slow path above.
+        compiler_fence(Ordering::SeqCst);
     }
     d.into_remainder().copy_from_slice(s.remainder());
 }
