@@ -477,10 +477,12 @@ impl Engine {
     /// engine never panics on frame contents.
     pub fn handle_rx(&mut self, now: Instant, frame: &[u8], _meta: RxMeta) {
         self.stats.rx_frames += 1;
-        let f = match wire::parse_frame(frame) {
+        // Borrowed in place: moving the parsed headers out of the Result would copy them once more per frame.
+        let parsed = wire::parse_frame(frame);
+        let f = match &parsed {
             Ok(f) => f,
             Err(e) => {
-                self.count_parse_error(e);
+                self.count_parse_error(*e);
                 return;
             }
         };
@@ -499,7 +501,7 @@ impl Engine {
         let flags = f.repr.bth.opcode.flags();
         if flags & op::CNP != 0 {
             self.stats.rx_cnp += 1;
-            self.handle_cnp(now, &f);
+            self.handle_cnp(now, f);
             return;
         }
         if flags & op::RC == 0 {
@@ -529,9 +531,9 @@ impl Engine {
         }
         let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
         if flags & op::REQ != 0 {
-            qp.handle_request(&mut ctx, &f);
+            qp.handle_request(&mut ctx, f);
         } else {
-            qp.handle_response(&mut ctx, &f);
+            qp.handle_response(&mut ctx, f);
         }
         self.sync_qp(i);
         self.prune_timers();
@@ -621,7 +623,7 @@ impl Engine {
                     ReqOutcome::Idle => None,
                 },
             };
-            let Some(plan) = plan else {
+            let Some(plan) = &plan else {
                 // Blocked (window, max_rd_atomic, fence, RNR) or empty: the QP leaves the ready queue until an
                 // input (a response, a post, a timer) wakes it. Re-queueing it here would spin.
                 self.sync_timers(i);

@@ -225,6 +225,8 @@ pub struct Worker<'p> {
     cfg: WorkerConfig,
     clock: Clock,
     rx: Burst,
+    /// Received frames already handled, freed in bulk at the end of each rx burst.
+    rx_done: Burst,
     tx: Burst,
     /// Empty mbufs for the next frames (refilled in bulk).
     stash: Burst,
@@ -257,6 +259,7 @@ impl<'p> Worker<'p> {
             cfg: WorkerConfig { burst: cfg.burst.clamp(1, BURST), ..cfg },
             clock: Clock::new(super::tsc_hz()),
             rx: Burst::new(),
+            rx_done: Burst::new(),
             tx: Burst::new(),
             stash: Burst::new(),
             scratch: Vec::with_capacity(room),
@@ -328,9 +331,17 @@ impl<'p> Worker<'p> {
         self.stats.rx_frames += got as u64;
         let meta = RxMeta { port: self.q.port_id(), queue: self.q.queue() };
         let mut rx = std::mem::take(&mut self.rx);
+        // Frames handled here are freed together at the end of the burst (one bulk put back into the pool instead
+        // of one rte_pktmbuf_free per frame); only frames steered to another worker leave the burst.
+        let mut done = std::mem::take(&mut self.rx_done);
         for m in rx.drain() {
-            self.handle_frame(now, m, meta);
+            if let Some(m) = self.handle_frame(now, m, meta) {
+                // Cannot fail: `done` holds at most the burst's frames.
+                let _ = done.push(m);
+            }
         }
+        done.clear();
+        self.rx_done = done;
         self.rx = rx;
         if let Some(d) = &mut self.dispatch {
             for (w, b) in d.out.iter_mut().enumerate() {
@@ -347,7 +358,9 @@ impl<'p> Worker<'p> {
         got
     }
 
-    fn handle_frame(&mut self, now: Instant, m: Mbuf, meta: RxMeta) {
+    /// Handles one received frame; gives the mbuf back to be freed with the burst, unless it was steered to
+    /// another worker's ring.
+    fn handle_frame(&mut self, now: Instant, m: Mbuf, meta: RxMeta) -> Option<Mbuf> {
         let multi = m.nb_segs() > 1;
         if multi {
             m.copy_segments(&mut self.scratch);
@@ -361,10 +374,10 @@ impl<'p> Worker<'p> {
                         Some(w) if w != d.me => {
                             self.stats.dispatched += 1;
                             if let Err(m) = d.out[w].push(m) {
-                                drop(m);
                                 self.stats.dispatch_drops += 1;
+                                return Some(m);
                             }
-                            return;
+                            return None;
                         }
                         Some(_) => {}
                         None => self.stats.steering_misses += 1,
@@ -372,7 +385,7 @@ impl<'p> Worker<'p> {
                 }
                 if self.cfg.loss_ppm > 0 && self.rng.chance_ppm(self.cfg.loss_ppm) {
                     self.stats.loss_injected += 1;
-                    return;
+                    return Some(m);
                 }
                 self.stats.rx_roce += 1;
                 self.engine.handle_rx(now, data, meta);
@@ -386,6 +399,7 @@ impl<'p> Worker<'p> {
             }
             FrameKind::Other => self.stats.rx_other += 1,
         }
+        Some(m)
     }
 
     /// Queue a frame built outside the engine (ARP, ND); sent with the next tx burst. False if no mbuf was free

@@ -220,6 +220,7 @@ impl Qp {
         let bth = f.repr.bth;
         let flags = bth.opcode.flags();
         let len = f.payload.len() as u64;
+        let mut placed = false;
         let (rkey, va, resid, total) = if flags & op::FIRST != 0 {
             let Some(reth) = f.repr.ext.reth else { return Err(RespError::InvalidRequest) };
             let total = u64::from(reth.len);
@@ -227,7 +228,14 @@ impl Qp {
                 return Err(RespError::InvalidRequest);
             }
             // C9-88: a zero-length WRITE needs no valid rkey.
-            if total > 0 {
+            if total > 0 && len == total && flags & op::LAST != 0 {
+                // WRITE_ONLY carrying the whole message: placing it checks exactly the rkey, bounds and access
+                // the separate check below would (same key, address, length and rights), so check once.
+                ctx.mrs
+                    .write(reth.rkey, self.pd, reth.va, f.payload, AccessFlags::REMOTE_WRITE)
+                    .map_err(|_: AccessError| RespError::RemoteAccess)?;
+                placed = true;
+            } else if total > 0 {
                 ctx.mrs
                     .check(reth.rkey, self.pd, reth.va, total, AccessFlags::REMOTE_WRITE)
                     .map_err(|_| RespError::RemoteAccess)?;
@@ -243,7 +251,7 @@ impl Qp {
         if len > resid || (last && len != resid) {
             return Err(RespError::InvalidRequest);
         }
-        if len > 0 {
+        if len > 0 && !placed {
             ctx.mrs
                 .write(rkey, self.pd, va, f.payload, AccessFlags::REMOTE_WRITE)
                 .map_err(|_: AccessError| RespError::RemoteAccess)?;

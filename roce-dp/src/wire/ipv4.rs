@@ -39,7 +39,22 @@ const FRAG_OFFSET: u16 = 0x1fff;
 
 /// The RFC 1071 Internet checksum of `data` (even length), complemented: write it as is into the checksum field,
 /// or run it over a header that already holds one and expect 0.
+#[inline]
 pub fn checksum(data: &[u8]) -> u16 {
+    // The common header (no options) as five fixed words: no loop, no call.
+    if let Some(h) = data.first_chunk::<HEADER_LEN>().filter(|_| data.len() == HEADER_LEN) {
+        let w = |i: usize| u64::from(u32::from_be_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]));
+        let mut sum = w(0) + w(4) + w(8) + w(12) + w(16);
+        sum = (sum & 0xffff) + ((sum >> 16) & 0xffff) + (sum >> 32);
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = (sum & 0xffff) + (sum >> 16);
+        return !(sum as u16);
+    }
+    checksum_any(data)
+}
+
+#[inline(never)]
+fn checksum_any(data: &[u8]) -> u16 {
     let mut sum: u64 = 0;
     let mut words = data.chunks_exact(4);
     for w in &mut words {
@@ -328,6 +343,28 @@ impl Repr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fixed 20-byte fast path equals the general loop, carries included.
+    #[test]
+    fn checksum_fast_path_equals_general() {
+        let mut x = 0x9e37_79b9u32;
+        for k in 0..2000 {
+            let mut h = [0u8; HEADER_LEN];
+            for b in &mut h {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = x as u8;
+            }
+            if k % 3 == 0 {
+                h[..12].fill(0xff);
+            }
+            if k == 1 {
+                h.fill(0xff);
+            }
+            assert_eq!(checksum(&h), checksum_any(&h), "{h:02x?}");
+        }
+    }
 
     /// An rxe IPv4 header (rc_write_4k.pcap, an ACK): DF, TTL 64, UDP, checksum valid.
     static HDR: [u8; 20] = [
