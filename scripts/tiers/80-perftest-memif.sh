@@ -1,38 +1,98 @@
 # Tier 8: the eight perftest-compatible tools (rdp_{write,read,send,atomic}_{bw,lat}) between two roce-dp soft NICs over
 # memif (server lcore 1, client lcore 0, distinct --file-prefix, no hugepages): sizes 64 and 4096 with
-# --data_validation, exit codes, perftest's BW and latency tables parsed by column position, --out_json_file; bad input: an
-# unknown flag, connection refused, a forced MTU the peer does not have, a client killed mid-run.
+# --data_validation, exit codes, perftest's BW and latency tables parsed by column position, --out_json_file; -a (send BW,
+# both sides in lockstep), -b, -Q, -D, --run_infinitely ended by SIGINT; bad input: an unknown flag, connection refused,
+# a forced MTU the peer does not have, a client and a server killed mid-run, a peer speaking another perftest version.
 TIERS+=(tier8_perftest_memif)
 
 PF_N=0
 
-# pf_pair NAME TOOL ARGS...: one server/client run of TOOL with ARGS on both sides (plus PF_SEXTRA / PF_CEXTRA);
-# sets PF_SLOG, PF_CLOG, PF_SRC, PF_CRC. Socket, TCP port and prefixes unique per run.
+# pf_spawn NAME TOOL TIMEOUT ARGS...: starts a server and a client of TOOL with ARGS (plus PF_SEXTRA / PF_CEXTRA) and
+# --timeout TIMEOUT in the background; sets PF_SPID, PF_CPID, PF_SLOG, PF_CLOG. Socket, TCP port and prefixes unique
+# per run.
 PF_SEXTRA=()
 PF_CEXTRA=()
-pf_pair() {
-    local name="$1" tool="$2"
-    shift 2
+pf_spawn() {
+    local name="$1" tool="$2" limit="$3"
+    shift 3
     PF_N=$((PF_N + 1))
     local n=$PF_N
     local sock="/run/rdp-${RUN_ID}-p$n.sock" ps="${RUN_ID}p${n}s" pc="${RUN_ID}p${n}c" port=$((20000 + ($$ % 10000) + n))
-    PF_SLOG="$LOG_DIR/tier8-$name-server.log" PF_CLOG="$LOG_DIR/tier8-$name-client.log" PF_SRC=0 PF_CRC=0
+    PF_SLOG="$LOG_DIR/tier8-$name-server.log" PF_CLOG="$LOG_DIR/tier8-$name-client.log"
     track_prefix "$ps"
     track_prefix "$pc"
     track_path "$sock"
     "$ROOT/target/release/$tool" --port-conf "$ROOT/conf/memif-server.toml" --socket "$sock" --file-prefix "$ps" \
-        -p "$port" --timeout 20 "$@" "${PF_SEXTRA[@]}" >"$PF_SLOG" 2>&1 &
-    local spid=$!
-    track_pid "$spid"
-    timeout 40 "$ROOT/target/release/$tool" --port-conf "$ROOT/conf/memif-client.toml" --socket "$sock" \
-        --file-prefix "$pc" -p "$port" --timeout 20 "$@" "${PF_CEXTRA[@]}" 127.0.0.1 >"$PF_CLOG" 2>&1 || PF_CRC=$?
-    wait_pid "$spid" 30 || PF_SRC=$?
+        -p "$port" --timeout "$limit" "$@" "${PF_SEXTRA[@]}" >"$PF_SLOG" 2>&1 &
+    PF_SPID=$!
+    track_pid "$PF_SPID"
+    "$ROOT/target/release/$tool" --port-conf "$ROOT/conf/memif-client.toml" --socket "$sock" --file-prefix "$pc" \
+        -p "$port" --timeout "$limit" "$@" "${PF_CEXTRA[@]}" 127.0.0.1 >"$PF_CLOG" 2>&1 &
+    PF_CPID=$!
+    track_pid "$PF_CPID"
+}
+
+# pf_pair NAME TOOL ARGS...: one server/client run of TOOL with ARGS on both sides (plus PF_SEXTRA / PF_CEXTRA) to
+# the end; sets PF_SLOG, PF_CLOG, PF_SRC, PF_CRC (124: killed by the watchdog).
+pf_pair() {
+    local name="$1" tool="$2"
+    shift 2
+    PF_SRC=0 PF_CRC=0
+    pf_spawn "$name" "$tool" 20 "$@"
+    wait_pid "$PF_CPID" 40 || PF_CRC=$?
+    wait_pid "$PF_SPID" 30 || PF_SRC=$?
 }
 
 # pf_table LOG SIZE ITERS: perftest's BW table as its scripts read it: the line after the '#bytes' header, columns
 # 1 (#bytes), 2 (#iterations), 4 (BW average) and 5 (MsgRate), the average positive.
 pf_table() {
     awk -v s="$2" -v n="$3" '/^ #bytes/ {getline; ok = ($1 == s && $2 == n && $4 > 0 && $5 > 0)} END {exit !ok}' "$1"
+}
+
+# pf_all_rows LOG...: every log has perftest's -a table: a row per size 2 .. 2^23, in order.
+pf_all_rows() {
+    local f
+    for f in "$@"; do
+        awk '/^ #bytes/ {on = 1; next} on && /^ [0-9]/ {s[n++] = $1} END {
+            if (n != 23) exit 1; for (i = 0; i < n; i++) if (s[i] != 2 ^ (i + 1)) exit 1 }' "$f" || return 1
+    done
+}
+
+# pf_json_last LOG JSON ROWS: the JSON has ROWS result objects and its last one has the figures of the table's last row.
+pf_json_last() {
+    local row json
+    row=$(awk '/^ #bytes/ {on = 1; next} on && /^ [0-9]/ {last = $1 " " $2 " " $3 " " $4 " " $5} END {print last}' "$1")
+    json=$(grep -o '"MsgSize": [0-9]*, "n_iterations": [0-9]*, "BW_peak": [0-9.]*, "BW_average": [0-9.]*, "MsgRate": [0-9.]*' "$2" |
+        tail -1 | awk -F'[:,] *' '{print $2, $4, $6, $8, $10}')
+    [[ $(grep -c '"MsgSize"' "$2") -eq $3 && -n $row && $row == "$json" ]]
+}
+
+# pf_infinite: write_bw --run_infinitely -D 1 for about 4 s, then SIGINT to the client; sets PF_SRC, PF_CRC,
+# PF_CLOG, PF_SLOG.
+pf_infinite() {
+    PF_SRC=0 PF_CRC=0
+    pf_spawn infinite rdp_write_bw 10 -s 4096 --run_infinitely -D 1
+    sleep 4
+    kill -INT "$PF_CPID" 2>/dev/null
+    wait_pid "$PF_CPID" 15 || PF_CRC=$?
+    wait_pid "$PF_SPID" 15 || PF_SRC=$?
+}
+
+# pf_vanish WHO: a long write_bw run; after 3 s WHO (client or server) is killed with SIGKILL. The other side must
+# exit non-zero within its timeout (not by the watchdog) and say why in one line.
+pf_vanish() {
+    local who="$1" victim survivor rc=0 t0 log
+    pf_spawn "vanish-$who" rdp_write_bw 10 -s 4096 -n 5000000
+    if [[ $who == client ]]; then victim=$PF_CPID survivor=$PF_SPID log=$PF_SLOG; else victim=$PF_SPID survivor=$PF_CPID log=$PF_CLOG; fi
+    sleep 3
+    check "$who vanishes: it was running" kill -0 "$victim"
+    kill -KILL "$victim" 2>/dev/null
+    wait "$victim" 2>/dev/null
+    t0=$SECONDS
+    wait_pid "$survivor" 20 || rc=$?
+    check "$who vanishes: the other side exits non-zero, not by the watchdog (got $rc, $((SECONDS - t0)) s)" \
+        test "$rc" -ne 0 -a "$rc" -ne 124
+    check "$who vanishes: the other side says why in one line" test "$(grep -c '^rdp_write_bw: ' "$log")" -eq 1
 }
 
 tier8_perftest_memif() {
@@ -72,6 +132,39 @@ tier8_perftest_memif() {
     check "rdp_atomic_lat: every FETCH_AND_ADD result validated" \
         grep -q '^ Data validation: 16000 bytes verified' "$LOG_DIR/tier8-rdp_atomic_lat-AFETCH_AND_ADD-client.log"
 
+    # -a: both sides of send BW step through 2 .. 2^23 B in lockstep, a row each (the server's from its receives);
+    # the JSON carries the same 23 rows.
+    PF_CEXTRA=(--out_json_file "$LOG_DIR/tier8-send_bw-all.json")
+    pf_pair send_bw-all rdp_send_bw -a -n 5 --data_validation
+    check "rdp_send_bw -a: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_send_bw -a: client and server print a row per size, 2 .. 8388608" pf_all_rows "$PF_CLOG" "$PF_SLOG"
+    check "rdp_send_bw -a: 23 JSON rows, the last as printed" pf_json_last "$PF_CLOG" "$LOG_DIR/tier8-send_bw-all.json" 23
+
+    PF_CEXTRA=()
+
+    # -b: both sides write; each prints the sum of both directions' reports (the same figures on both sides).
+    pf_pair write_bw-bidir rdp_write_bw -b -s 4096 -n 2000 -q 2 -Q 7
+    check "rdp_write_bw -b: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_write_bw -b: both tables parse" pf_table "$PF_CLOG" 4096 2000
+    check "rdp_write_bw -b: the server's row is the client's" \
+        test "$(awk '/^ #bytes/ {getline; print $3, $4}' "$PF_CLOG")" = "$(awk '/^ #bytes/ {getline; print $3, $4}' "$PF_SLOG")"
+
+    # -D: a timed run; perftest reports what completed between the margins, with no peak.
+    PF_CEXTRA=(--out_json_file "$LOG_DIR/tier8-write_bw-duration.json")
+    pf_pair write_bw-duration rdp_write_bw -D 2 -s 4096
+    PF_CEXTRA=()
+    check "rdp_write_bw -D 2: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_write_bw -D 2: a row with iterations and no peak" \
+        awk '/^ #bytes/ {getline; ok = ($1 == 4096 && $2 > 0 && $3 == 0 && $4 > 0)} END {exit !ok}' "$PF_CLOG"
+    check "rdp_write_bw -D 2: JSON as printed" pf_json_last "$PF_CLOG" "$LOG_DIR/tier8-write_bw-duration.json" 1
+
+    # --run_infinitely: a row per period until SIGINT, then the teardown and exit 0 on both sides.
+    pf_infinite
+    check "--run_infinitely: client exits 0 after SIGINT (got $PF_CRC)" test "$PF_CRC" -eq 0
+    check "--run_infinitely: server exits 0 (got $PF_SRC)" test "$PF_SRC" -eq 0
+    check "--run_infinitely: at least 2 rows, one per second" \
+        test "$(grep -cE '^ 4096 +[1-9][0-9]* ' "$PF_CLOG")" -ge 2
+
     # Bad input: one clear line and a non-zero exit, never a hang.
     local rc=0 err="$LOG_DIR/tier8-unknown.err" t0
     timeout 10 "$ROOT/target/release/rdp_write_bw" --bogus >/dev/null 2>"$err" || rc=$?
@@ -93,30 +186,29 @@ tier8_perftest_memif() {
     check "MTU mismatch: the server says so in one line" test "$(grep -ci 'mtu' "$PF_SLOG")" -ge 1 \
         -a "$(grep -c '^rdp_write_bw: ' "$PF_SLOG")" -eq 1
 
-    # A client killed mid-run: the server exits non-zero within its timeout.
+    # A client, then a server, killed mid-run: the other side exits non-zero within its timeout.
+    pf_vanish client
+    pf_vanish server
+
+    # A peer speaking another perftest version (a fake client sends "5.60"): the server refuses in one line.
     PF_N=$((PF_N + 1))
-    local sock="/run/rdp-${RUN_ID}-pk.sock" port=$((20000 + ($$ % 10000) + PF_N)) spid cpid src=0
-    track_prefix "${RUN_ID}pks"
-    track_prefix "${RUN_ID}pkc"
+    local sock="/run/rdp-${RUN_ID}-pw.sock" port=$((20000 + ($$ % 10000) + PF_N)) spid src=0
+    track_prefix "${RUN_ID}pws"
     track_path "$sock"
     "$ROOT/target/release/rdp_write_bw" --port-conf "$ROOT/conf/memif-server.toml" --socket "$sock" \
-        --file-prefix "${RUN_ID}pks" -p "$port" --timeout 15 -s 4096 -n 5000000 >"$LOG_DIR/tier8-kill-server.log" 2>&1 &
+        --file-prefix "${RUN_ID}pws" -p "$port" --timeout 10 >"$LOG_DIR/tier8-version-server.log" 2>&1 &
     spid=$!
     track_pid "$spid"
-    "$ROOT/target/release/rdp_write_bw" --port-conf "$ROOT/conf/memif-client.toml" --socket "$sock" \
-        --file-prefix "${RUN_ID}pkc" -p "$port" --timeout 15 -s 4096 -n 5000000 127.0.0.1 \
-        >"$LOG_DIR/tier8-kill-client.log" 2>&1 &
-    cpid=$!
-    track_pid "$cpid"
-    sleep 3
-    check "peer vanishes: the client was running" kill -0 "$cpid"
-    kill -KILL "$cpid" 2>/dev/null
-    wait "$cpid" 2>/dev/null
     t0=$SECONDS
+    check "another perftest version: the fake client saw our version and the close" \
+        timeout 20 bash -c 'for i in $(seq 1 100); do { exec 3<>"/dev/tcp/127.0.0.1/$1"; } 2>/dev/null && break; sleep 0.1; done
+            printf "5.60\0\0\0\0\0\0\0\0\0\0\0\0" >&3 && test "$(head -c 4 <&3)" = 6.06 && cat <&3 >/dev/null' _ "$port"
     wait_pid "$spid" 20 || src=$?
-    check "peer vanishes: server exits non-zero, not by the watchdog (got $src, $((SECONDS - t0)) s)" \
-        test "$src" -ne 0 -a "$src" -ne 124
-    check "peer vanishes: server says why in one line" grep -q '^rdp_write_bw: ' "$LOG_DIR/tier8-kill-server.log"
+    check "another perftest version: server exits 1 within its timeout (got $src, $((SECONDS - t0)) s)" \
+        test "$src" -eq 1 -a $((SECONDS - t0)) -le 15
+    check "another perftest version: one line naming both versions" \
+        grep -q '^rdp_write_bw: peer speaks perftest exchange version "5.60", we speak "6.06"' \
+        "$LOG_DIR/tier8-version-server.log"
     TIER_NOTE="(write_bw 4096 B: ${avg:-?} MiB/s)"
     tier_end
 }

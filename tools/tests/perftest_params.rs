@@ -68,7 +68,7 @@ fn depths_clamp_to_iterations_as_the_captured_banners_show() {
     assert_eq!(ok(TestKind::WriteLat, "-s 64 -n 20").tx_depth, 1);
     // Duration mode does not clamp.
     let p = ok(TestKind::SendBw, "-D 3");
-    assert_eq!((p.run, p.tx_depth, p.rx_depth), (RunLength::Duration(3), 128, 512));
+    assert_eq!((p.run, p.tx_depth, p.rx_depth), (RunLength::Duration { secs: 3, margin: 0 }, 128, 512));
 }
 
 #[test]
@@ -76,7 +76,7 @@ fn every_flag_of_the_issue_parses() {
     let p = ok(
         TestKind::ReadBw,
         "host1 -s 4096 -n 50 -q 4 -t 64 -m 4096 -x 1 -p 18600 -u 17 -o 8 -b -F -N -Q 10 \
-         --report_gbits --out_json --out_json_file /tmp/r.json --data_validation -d rdp0 -i 1 -c RC",
+         --report_gbits --out_json --out_json_file /tmp/r.json -d rdp0 -i 1 -c RC",
     );
     assert_eq!(p.host.as_deref(), Some("host1"));
     assert_eq!(p.sizes, vec![4096]);
@@ -84,7 +84,8 @@ fn every_flag_of_the_issue_parses() {
     assert_eq!((p.num_qps, p.tx_depth, p.cq_mod), (4, 50, 10));
     assert_eq!(p.mtu, Some(Mtu::Mtu4096));
     assert_eq!((p.gid_index, p.port, p.qp_timeout, p.out_reads), (Some(1), 18600, 17, Some(8)));
-    assert!(p.duplex && p.cpu_freq_ignore && p.no_peak && p.report_gbits && p.out_json && p.data_validation);
+    assert!(p.duplex && p.cpu_freq_ignore && p.no_peak && p.report_gbits && p.out_json);
+    assert!(ok(TestKind::ReadBw, "--data_validation").data_validation);
     assert_eq!(p.out_json_file.as_deref(), Some(std::path::Path::new("/tmp/r.json")));
     assert_eq!(p.ib_dev.as_deref(), Some("rdp0"));
     // Long forms.
@@ -101,6 +102,15 @@ fn every_flag_of_the_issue_parses() {
     assert_eq!(p.run, RunLength::Infinitely(2));
     assert_eq!(ok(TestKind::WriteBw, "--run_infinitely").run, RunLength::Infinitely(5));
     assert_eq!(ok(TestKind::SendBw, "-r 64 -n 1000").rx_depth, 64);
+    // -D: perftest's margin is a quarter of the duration unless -f says otherwise; no peak in duration mode.
+    let p = ok(TestKind::WriteBw, "-D 5");
+    assert_eq!(p.run, RunLength::Duration { secs: 5, margin: 1 });
+    assert!(p.no_peak);
+    assert_eq!(ok(TestKind::SendBw, "-D 5 -f 2").run, RunLength::Duration { secs: 5, margin: 2 });
+    // perftest skips the peak above 20000 iterations.
+    assert!(!ok(TestKind::WriteBw, "-n 20000").no_peak);
+    assert!(ok(TestKind::WriteBw, "-n 20001").no_peak);
+    assert_eq!(ok(TestKind::WriteBw, "-Q 7").cq_mod, 7);
 }
 
 #[test]
@@ -135,6 +145,13 @@ fn bad_input_is_one_line() {
     err(TestKind::WriteBw, "-s 0");
     err(TestKind::WriteBw, "-s 4096 -a");
     err(TestKind::WriteBw, "-n 100 -D 5");
+    let e = err(TestKind::WriteBw, "-D 4 -f 2");
+    assert!(e.contains("twice the margin"), "{e}");
+    err(TestKind::WriteBw, "-f 1");
+    let e = err(TestKind::ReadLat, "-D 3");
+    assert!(e.contains("latency tests"), "{e}");
+    let e = err(TestKind::WriteBw, "-b --data_validation");
+    assert!(e.contains("-b"), "{e}");
     err(TestKind::WriteBw, "-u 32");
     err(TestKind::WriteBw, "-q 0");
     err(TestKind::WriteBw, "-s abc");

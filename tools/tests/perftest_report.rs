@@ -11,7 +11,7 @@ use roce_dp_tools::perftest::exchange::{BwReport, Dest, Mtu, Role, TestKind, DES
 use roce_dp_tools::perftest::params::{AtomicType, Params};
 use roce_dp_tools::perftest::report::{
     address_lines, addresses, bw_header, bw_line, bw_report, c_alt_hex, json, lat_dur_line, lat_line, mibs_to_gbits,
-    rtt_factor, title, waiting_lines, Banner, LatRecorder, LatStats, Results, RESULT_FMT_LAT, RESULT_LINE,
+    rtt_factor, title, waiting_lines, Banner, LatRecorder, LatStats, PeakMeter, Results, RESULT_FMT_LAT, RESULT_LINE,
 };
 use std::time::Duration;
 
@@ -274,4 +274,60 @@ fn json_carries_the_table_figures() {
 fn latency_duration_row() {
     // REPORT_FMT_LAT_DUR: " %-7lu       %d            %-7.2f        %-7.2f".
     assert_eq!(lat_dur_line(2, 123456, 1.5, 333333.333), " 2             123456            1.50           333333.33");
+}
+
+/// perftest's own search: every post i, every signaled completion j >= i.
+fn brute_peak(posted: &[u64], signaled: &[(usize, u64)], size: u64) -> f64 {
+    let mut best = 0.0f64;
+    for (i, &p) in posted.iter().enumerate() {
+        for &(j, c) in signaled.iter().filter(|(j, _)| *j >= i) {
+            let rate = (j - i + 1) as f64 / ((c - p).max(1) as f64 * 1e-9);
+            best = best.max(rate);
+        }
+    }
+    size as f64 * best / 1_048_576.0
+}
+
+#[test]
+fn bw_peak_is_perftests_best_run_of_messages() {
+    // Deterministic pseudo-random post and completion times: a window of `depth` in flight, a completion signaled
+    // every `cq_mod` posts and on the last, bursts and stalls mixed in.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    for (n, depth, cq_mod) in [(20usize, 20usize, 20usize), (500, 16, 4), (300, 7, 1), (1000, 128, 100), (64, 64, 1)] {
+        let mut posted = Vec::new();
+        let mut signaled = Vec::new();
+        let mut meter = PeakMeter::new();
+        let mut now = 1_000u64;
+        let mut done = 0usize;
+        while done < n {
+            while posted.len() < n && posted.len() - done < depth && rnd(3) != 0 {
+                now += rnd(50);
+                posted.push(now);
+                meter.post(now);
+            }
+            let stall = if rnd(10) == 0 { 5000 } else { 200 };
+            now += 1 + rnd(stall);
+            // Complete up to the next signaled WR that was posted.
+            let next = (done / cq_mod + 1) * cq_mod;
+            let upto = next.min(n);
+            if upto <= posted.len() {
+                signaled.push((upto - 1, now));
+                meter.complete(upto as u64, now);
+                done = upto;
+            }
+        }
+        let want = brute_peak(&posted, &signaled, 4096);
+        let got = meter.mibs(4096);
+        assert!((got - want).abs() <= want * 1e-12, "n={n} depth={depth} cq_mod={cq_mod}: {got} vs {want}");
+        // Never below the average over the whole run (the pair first post / last completion).
+        let avg = 4096.0 * n as f64 / ((signaled.last().unwrap().1 - posted[0]) as f64 * 1e-9) / 1_048_576.0;
+        assert!(got >= avg * (1.0 - 1e-12), "{got} < {avg}");
+    }
+    assert_eq!(PeakMeter::new().mibs(4096), 0.0);
 }

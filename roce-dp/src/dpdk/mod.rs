@@ -22,6 +22,7 @@ mod mbuf;
 mod mempool;
 mod port;
 mod ring;
+pub mod signal;
 mod worker;
 
 pub use eal::{captured_log, Eal, EalArgs};

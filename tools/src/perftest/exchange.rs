@@ -714,16 +714,38 @@ impl Exchange<TcpStream> {
     /// while the exchange is idle, so that a peer that exits mid-run ends the run instead of a wait for ACKs.
     /// Pending bytes (the peer already in the teardown) are left unread and count as alive.
     pub fn peer_gone(&self) -> bool {
-        if self.stream.set_nonblocking(true).is_err() {
-            return true;
-        }
-        let gone = match self.stream.peek(&mut [0u8; 1]) {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
-        };
-        gone || self.stream.set_nonblocking(false).is_err()
+        self.peer_activity() == PeerActivity::Gone
     }
+
+    /// What the peer did on the idle connection, without blocking or reading: nothing, sent bytes (it moved on
+    /// to the next step of the exchange, e.g. a receiving side learns that the sender's timed run is over), or
+    /// closed it.
+    pub fn peer_activity(&self) -> PeerActivity {
+        if self.stream.set_nonblocking(true).is_err() {
+            return PeerActivity::Gone;
+        }
+        let a = match self.stream.peek(&mut [0u8; 1]) {
+            Ok(0) => PeerActivity::Gone,
+            Ok(_) => PeerActivity::Sent,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => PeerActivity::Quiet,
+            Err(_) => PeerActivity::Gone,
+        };
+        if self.stream.set_nonblocking(false).is_err() {
+            return PeerActivity::Gone;
+        }
+        a
+    }
+}
+
+/// See [`Exchange::peer_activity`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerActivity {
+    /// Nothing to read, connection open.
+    Quiet,
+    /// Bytes are waiting to be read.
+    Sent,
+    /// Closed or reset.
+    Gone,
 }
 
 /// Connects to the server's management address, retrying while it refuses until `timeout` has passed (the

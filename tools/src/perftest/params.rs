@@ -86,6 +86,9 @@ struct Cli {
     /// Run for this many seconds instead of a number of iterations.
     #[arg(short = 'D', long = "duration", conflicts_with = "all", value_parser = clap::value_parser!(u32).range(1..))]
     duration: Option<u32>,
+    /// Duration mode: seconds left out of the measurement at the start and at the end (default: a quarter of -D).
+    #[arg(short = 'f', long = "margin", requires = "duration")]
+    margin: Option<u32>,
     /// QP local ACK timeout exponent: 4.096 us * 2^N.
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
@@ -133,8 +136,13 @@ fn parse_mtu(s: &str) -> Result<Mtu, String> {
 pub enum RunLength {
     /// A number of iterations per size.
     Iterations(u64),
-    /// Seconds (`-D`).
-    Duration(u32),
+    /// Seconds (`-D`), of which `margin` at each end are not measured (`-f`; perftest: a quarter of them).
+    Duration {
+        /// Whole run, seconds.
+        secs: u32,
+        /// Warm-up and cool-down, seconds each.
+        margin: u32,
+    },
     /// `--run_infinitely`: a result every this many seconds until interrupted.
     Infinitely(u32),
 }
@@ -295,8 +303,12 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
     let sizes = if c.all { (1..=MAX_ALL_SIZE_LOG2).map(|i| 1u64 << i).collect() } else { vec![size] };
     let run = if c.run_infinitely {
         RunLength::Infinitely(c.duration.unwrap_or(5))
-    } else if let Some(d) = c.duration {
-        RunLength::Duration(d)
+    } else if let Some(secs) = c.duration {
+        let margin = c.margin.unwrap_or(secs / 4);
+        if secs <= 2 * margin {
+            return Err(format!("-D {secs} must be longer than twice the margin -f {margin}"));
+        }
+        RunLength::Duration { secs, margin }
     } else {
         RunLength::Iterations(c.iters.unwrap_or(if test == TestKind::WriteBw { 5000 } else { 1000 }))
     };
@@ -308,6 +320,14 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
     let tx_depth = clamp(c.tx_depth.unwrap_or(if bw { 128 } else { 1 }));
     let rx_depth = clamp(c.rx_depth.unwrap_or(if verb == Verb::Send { 512 } else { 1 }));
     let cq_mod = c.cq_mod.unwrap_or(100).min(tx_depth);
+    // perftest measures no peak in duration mode, and none above 20000 iterations (its search is quadratic).
+    let no_peak = c.no_peak || !matches!(run, RunLength::Iterations(n) if n <= 20_000);
+    if !test.is_bw() && !matches!(run, RunLength::Iterations(_)) {
+        return Err("-D is not implemented for the latency tests in roce-dp (BW tests only)".into());
+    }
+    if c.bidirectional && c.data_validation {
+        return Err("--data_validation cannot tell our bytes from the peer's with -b; use one or the other".into());
+    }
     Ok(Params {
         test,
         host: c.host,
@@ -328,7 +348,7 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
         atomic_type: c.atomic_type.unwrap_or(AtomicType::FetchAndAdd),
         duplex: c.bidirectional,
         cpu_freq_ignore: c.cpu_freq,
-        no_peak: c.no_peak,
+        no_peak,
         report_gbits: c.report_gbits,
         out_json: c.out_json || c.out_json_file.is_some(),
         out_json_file: c.out_json_file,

@@ -421,3 +421,93 @@ pub fn json(banner: &Banner, results: &Results, gbits: bool) -> String {
     o.push_str("\n}\n");
     o
 }
+
+/// perftest's BW peak: the best rate over any run of messages that starts at a post and ends at a signaled
+/// completion, i.e. the largest `(j - i + 1) / (completed[j] - posted[i])` over every post `i` and every signaled
+/// completion `j >= i` (both counted over all QPs, in the order they happen), times the message size.
+///
+/// perftest searches every pair after the run; this keeps the upper convex hull of the points `(i, posted[i])`
+/// instead, so each completion is one binary search and memory stays at the posts still in flight plus the hull:
+/// the smallest slope from the point `(j + 1, completed[j])` to any earlier point is a tangent to that hull.
+#[derive(Clone, Debug, Default)]
+pub struct PeakMeter {
+    /// Posts not yet covered by a completion: (index, nanoseconds).
+    pending: std::collections::VecDeque<(u64, u64)>,
+    /// Upper hull of the covered posts, left to right.
+    hull: Vec<(u64, u64)>,
+    posts: u64,
+    /// Best rate so far as (messages, nanoseconds).
+    best: Option<(u64, u64)>,
+}
+
+/// `(a - o) x (b - o)`: positive when `o -> a -> b` turns counter-clockwise.
+fn cross(o: (u64, u64), a: (u64, u64), b: (u64, u64)) -> i128 {
+    let d = |p: (u64, u64)| (i128::from(p.0) - i128::from(o.0), i128::from(p.1) - i128::from(o.1));
+    let ((ax, ay), (bx, by)) = (d(a), d(b));
+    ax * by - ay * bx
+}
+
+impl PeakMeter {
+    /// An empty meter.
+    pub fn new() -> PeakMeter {
+        PeakMeter::default()
+    }
+
+    /// The next post (over all QPs) happened at `ns` (nanoseconds from any fixed origin, never decreasing).
+    pub fn post(&mut self, ns: u64) {
+        self.pending.push_back((self.posts, ns));
+        self.posts += 1;
+    }
+
+    /// The first `completed` posts (over all QPs) are complete, as a signaled completion at `ns` says.
+    pub fn complete(&mut self, completed: u64, ns: u64) {
+        while let Some(&(i, t)) = self.pending.front() {
+            if i >= completed {
+                break;
+            }
+            self.pending.pop_front();
+            while self.hull.len() >= 2
+                && cross(self.hull[self.hull.len() - 2], self.hull[self.hull.len() - 1], (i, t)) >= 0
+            {
+                self.hull.pop();
+            }
+            self.hull.push((i, t));
+        }
+        if self.hull.is_empty() {
+            return;
+        }
+        let target = (completed, ns);
+        // Slope from hull point k to the target, as a fraction (dt, dn) with dn > 0.
+        let frac = |k: usize| {
+            let (i, t) = self.hull[k];
+            (i128::from(ns) - i128::from(t), i128::from(completed - i))
+        };
+        // Moving right along the hull lowers the slope while the edge k -> k+1 is steeper than k -> target (the
+        // target lies below the edge's line); the edges' slopes fall, so that holds up to the tangent point.
+        let (mut lo, mut hi) = (0usize, self.hull.len() - 1);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let (a, b) = (self.hull[mid], self.hull[mid + 1]);
+            if cross(a, b, target) < 0 {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let (dt, dn) = frac(lo);
+        let dt = dt.max(1) as u64;
+        let dn = dn as u64;
+        // dn / dt > best.0 / best.1 ?
+        if self.best.is_none_or(|(bn, bt)| u128::from(dn) * u128::from(bt) > u128::from(bn) * u128::from(dt)) {
+            self.best = Some((dn, dt));
+        }
+    }
+
+    /// The peak in MiB/s for messages of `size` bytes (0 before the first completion).
+    pub fn mibs(&self, size: u64) -> f64 {
+        match self.best {
+            Some((n, ns)) => size as f64 * n as f64 / (ns as f64 * 1e-9) / 1_048_576.0,
+            None => 0.0,
+        }
+    }
+}

@@ -5,11 +5,13 @@
 //! towards the peer's IPv4-mapped GID (MAC from the profile's static neighbours, else ARP through the data path)
 //! -> traffic -> teardown exchange -> perftest's table (and `--out_json`).
 //!
-//! Implemented: all eight tests: the BW tests; read_lat and atomic_lat (one WR in flight, client-only loop,
-//! HdrHistogram); send_lat and write_lat (ping-pong, write_lat polling the last byte as perftest), one message size (`-s`), `-n` iterations, `-q` QPs, `-t` tx depth,
-//! `-r` rx depth (send), `-m`, `-u`, `-N`, `--report_gbits`, `--out_json`, `--out_json_file`,
-//! `--data_validation` (not for send_lat/write_lat). Refused with one line: `-a`, `-b`, `-D`,
-//! `--run_infinitely`.
+//! Implemented: all eight tests: the BW tests (client posts, `-Q` signals every Qth WR and the last; the send
+//! server keeps receives posted; the write/read/atomic server waits for the client's report; `-b` makes both
+//! sides post, and receive in send BW); read_lat and atomic_lat (one WR in flight, client-only loop,
+//! HdrHistogram); send_lat and write_lat (ping-pong, write_lat polling the last byte as perftest); `-a` (a row per
+//! size), `-D` and `-f` (BW), `--run_infinitely` (BW, until SIGINT/SIGTERM), `-q`, `-t`, `-r`, `-m`, `-u`, `-N`,
+//! `--report_gbits`, `--out_json`, `--out_json_file`, `--data_validation` (not for send_lat/write_lat, nor with
+//! `-b`). The BW peak is perftest's ([`PeakMeter`]).
 //!
 //! Flags of ours, before or among perftest's: `--port-conf FILE` (required), `--lcore N` (EAL main lcore,
 //! default the profile's), `--file-prefix P` (EAL prefix, default `rdpp_PID`), `--socket PATH` (override the
@@ -19,6 +21,7 @@
 //! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;
 //! SEND, the server checks every receive; FETCH_AND_ADD latency, the client checks every returned value.
 
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -31,9 +34,9 @@ use roce_dp::{
     WcOpcode, WcStatus, WrOpcode,
 };
 
-use super::exchange::{self, BwReport, Dest, Exchange, Mtu, Role, SysData, TestKind, Verb};
+use super::exchange::{self, BwReport, Dest, Exchange, Mtu, PeerActivity, Role, SysData, TestKind, Verb};
 use super::params::{AtomicType, Params, RunLength};
-use super::report::{self, Banner, Results};
+use super::report::{self, Banner, PeakMeter, Results};
 
 /// Our flags, taken out of the command line before perftest's are parsed.
 #[derive(Debug, Default)]
@@ -106,17 +109,6 @@ fn bad(msg: impl Into<String>) -> Fail {
 
 fn err(msg: impl std::fmt::Display) -> Fail {
     Fail(1, msg.to_string())
-}
-
-fn supported(p: &Params) -> Result<(u64, u64), Fail> {
-    if p.all || p.duplex || p.sizes.len() != 1 {
-        return Err(bad("-a and -b are not implemented yet in roce-dp"));
-    }
-    let iters = match p.run {
-        RunLength::Iterations(n) => n,
-        _ => return Err(bad("-D and --run_infinitely are not implemented yet in roce-dp")),
-    };
-    Ok((p.sizes[0], iters))
 }
 
 /// The byte `i` of a message on QP `q`.
@@ -207,11 +199,16 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
     Ok(Port_ { port, pool, _eal: eal, profile: prof, mac, memif })
 }
 
+/// The most a send BW receiver's region takes per QP with many or large receives.
+const RECV_REGION: u64 = 32 << 20;
+
 fn create_qps(e: &mut Engine, p: &Params, test: TestKind, size: u64, client: bool) -> Result<Vec<Qp>, Fail> {
     let pingpong = matches!(test, TestKind::SendLat | TestKind::WriteLat);
     // send_lat/write_lat: the first half sends, the second half receives (the peer writes there).
+    // Receive slots of a send BW receiver: one per posted receive up to RECV_REGION (more receives share them,
+    // as perftest's do; the pattern is the same in every message, so validation still holds).
     let slots = match test {
-        TestKind::SendBw if !client => u64::from(p.rx_depth.max(1)),
+        TestKind::SendBw if !client || p.duplex => u64::from(p.rx_depth.max(1)).min((RECV_REGION / size).max(1)),
         _ if pingpong => 2,
         _ => 1,
     };
@@ -273,17 +270,9 @@ const NO_CQE: Cqe = Cqe {
     invalidated_rkey: None,
 };
 
-/// On an early failure, a memif server lets its peer go first: DPDK 22.11's memif segfaults (eal-intr-thread) when
-/// a process tears its port down while the peer's disconnect is still to come (README, "DPDK 22.11 behaviour").
-fn settle(s: &Port_, client: bool, e: Fail) -> Fail {
-    if s.memif && !client {
-        let _ = s.port.wait_link_down(Duration::from_secs(3));
-        std::thread::sleep(MEMIF_SETTLE);
-    }
-    e
-}
-
-/// How long a memif server waits after the peer's link-down before stopping its port.
+/// How long a memif side waits after the peer's link-down before stopping its port: DPDK 22.11's memif segfaults
+/// (eal-intr-thread, or this thread) when a process tears its port down while the peer's disconnect is still being
+/// handled (README, "DPDK 22.11 behaviour").
 const MEMIF_SETTLE: Duration = Duration::from_millis(500);
 
 /// Runs a blocking out-of-band step on a scoped thread while this thread keeps the data path polled (ARP, ND,
@@ -302,8 +291,7 @@ fn polling<T: Send>(w: &mut Worker<'_>, step: impl FnOnce() -> T + Send) -> T {
 }
 
 fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail> {
-    let (size, iters) = supported(p)?;
-    let client = p.is_client();
+    roce_dp::dpdk::signal::stop_on_signals();
     let timeout = Duration::from_secs(ours.timeout.unwrap_or(60).max(1));
     if ours.port_conf.is_none() {
         return Err(bad("--port-conf FILE.toml is required (see --help)"));
@@ -320,15 +308,27 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
         }
         (s, exchange::accept(&listener, Some(timeout), timeout).map_err(err)?)
     };
+    let r = session(test, p, &mut s, stream, timeout);
+    if r.is_err() && s.memif {
+        // memif: the peer's disconnect must be handled before this side stops its port. The server waits for it;
+        // the client only if it comes soon (the peer went first), else the server is waiting for the client.
+        let wait = if p.is_client() { Duration::from_millis(300) } else { Duration::from_secs(3) };
+        if s.port.wait_link_down(wait).is_ok() {
+            std::thread::sleep(MEMIF_SETTLE);
+        }
+    }
+    r
+}
+
+/// Everything after the port is up and the exchange connected: on an error the caller lets memif settle.
+fn session(test: TestKind, p: &Params, s: &mut Port_, stream: TcpStream, timeout: Duration) -> Result<(), Fail> {
+    let client = p.is_client();
     let role = if client { Role::Client } else { Role::Server };
     let mut ex = Exchange::new(stream, role, timeout);
     let port_mtu = Mtu::from_bytes(s.profile.net.mtu).unwrap_or(Mtu::Mtu1024);
-    let n = ex
-        .setup(SysData::default(), p.mtu.unwrap_or(port_mtu), p.mtu.is_some())
-        .map_err(|e| settle(&s, client, err(e)))?;
+    let n = ex.setup(SysData::default(), p.mtu.unwrap_or(port_mtu), p.mtu.is_some()).map_err(err)?;
     if n.mtu > port_mtu {
-        let e = err(format!("path MTU {} is above the port's {}", n.mtu.bytes(), port_mtu.bytes()));
-        return Err(settle(&s, client, e));
+        return Err(err(format!("path MTU {} is above the port's {}", n.mtu.bytes(), port_mtu.bytes())));
     }
     let my_ip = s.profile.ipv4().ok_or_else(|| bad("the profile needs net.ipv4"))?;
     let ecfg = EngineConfig {
@@ -338,7 +338,8 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(ecfg);
-    let qps = create_qps(&mut engine, p, test, size, client)?;
+    let max_size = p.sizes.iter().copied().max().unwrap_or(1);
+    let qps = create_qps(&mut engine, p, test, max_size, client)?;
     let out_reads = p.out_reads.unwrap_or(16);
     let mine: Vec<Dest> = qps
         .iter()
@@ -364,7 +365,7 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
         }
     }
     s.port.wait_link_up(timeout.min(Duration::from_secs(10))).map_err(|e| err(format!("link: {e}")))?;
-    let remote = polling(&mut w, || ex.exchange_dests(test, &mine)).map_err(|e| settle(&s, client, err(e)))?;
+    let remote = polling(&mut w, || ex.exchange_dests(test, &mine)).map_err(err)?;
     exchange::check_gid_compatibility(&mine[0], &remote[0]).map_err(err)?;
     let gid = remote[0].gid;
     if gid[..12] != ipv4_gid([0; 4])[..12] {
@@ -390,47 +391,94 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
     }
     polling(&mut w, || ex.connected(test, &mine[0])).map_err(err)?;
     let mut validated = 0u64;
-    let mut lat = None;
-    let result = if matches!(test, TestKind::SendLat | TestKind::WriteLat) {
-        let mut rec = report::LatRecorder::new();
-        pingpong(&mut w, &ex, test, client, &qps[0], &remote[0], size, iters, timeout, &mut rec)?;
-        lat = rec.stats(size, iters, report::rtt_factor(test));
-        let first = mine[0];
-        ex.finish(test, &first, &BwReport::default(), false).map_err(err)?;
-        BwReport::default()
-    } else if client {
-        ex.start_run(test, &mine[0], false).map_err(err)?;
-        let mut rec = (!test.is_bw()).then(report::LatRecorder::new);
-        let elapsed = client_traffic(&mut w, &ex, test, p, &qps, &remote, size, iters, timeout, rec.as_mut())?;
-        if let Some(rec) = &rec {
-            lat = rec.stats(size, iters, report::rtt_factor(test));
-        }
-        if p.data_validation && !test.is_bw() && test.verb() == Verb::Atomic && p.atomic_type == AtomicType::FetchAndAdd
-        {
-            validated += 8 * iters * qps.len() as u64; // each returned value checked in client_traffic
-        }
-        if p.data_validation && test.verb() == Verb::Read {
-            for (i, q) in qps.iter().enumerate() {
-                let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
-                if let Some(at) = first_bad(i, &mem[..size as usize]) {
-                    return Err(err(format!("data validation: READ on QP {i}: byte {at} differs")));
-                }
-                validated += size;
+    let iters = match p.run {
+        RunLength::Iterations(n) => n,
+        _ => 0,
+    };
+    let results = if !test.is_bw() {
+        let rtt = report::rtt_factor(test);
+        let mut rows = Vec::new();
+        if matches!(test, TestKind::SendLat | TestKind::WriteLat) {
+            for &size in &p.sizes {
+                let mut rec = report::LatRecorder::new();
+                pingpong(&mut w, &ex, test, client, &qps[0], &remote[0], size, iters, timeout, &mut rec)?;
+                rows.extend(rec.stats(size, iters, rtt));
             }
+            let first = mine[0];
+            polling(&mut w, move || ex.finish(test, &first, &BwReport::default(), false)).map_err(err)?;
+        } else if client {
+            for &size in &p.sizes {
+                let mut rec = report::LatRecorder::new();
+                client_traffic(&mut w, &ex, test, p, &qps, &remote, size, iters, timeout, Some(&mut rec))?;
+                rows.extend(rec.stats(size, iters, rtt));
+                if p.data_validation && test.verb() == Verb::Atomic && p.atomic_type == AtomicType::FetchAndAdd {
+                    validated += 8 * iters * qps.len() as u64; // each returned value checked in client_traffic
+                }
+                validated += check_read(&w, test, p, &qps, size)?;
+            }
+            let first = mine[0];
+            polling(&mut w, move || ex.finish(test, &first, &BwReport::default(), false)).map_err(err)?;
+        } else {
+            let (_, v) = passive_server(&mut w, ex, test, p, &qps, &mine[0], timeout)?;
+            validated += v;
         }
-        let peak = if p.no_peak { 0.0 } else { -1.0 };
-        let mut r = report::bw_report(size, iters, p.num_qps, false, elapsed, 0.0);
-        if peak < 0.0 {
-            r.bw_peak = r.bw_avg;
+        if !rows.is_empty() {
+            println!("{}", report::RESULT_FMT_LAT);
+            for l in &rows {
+                println!("{}", report::lat_line(l));
+            }
+            println!("{}", report::RESULT_LINE);
         }
-        ex.end_run(test, &mine[0], &r, false, false).map_err(err)?;
-        let first = mine[0];
-        ex.finish(test, &first, &r, false).map_err(err)?;
-        r
+        Results::Lat(rows)
     } else {
-        let (r, v) = server_traffic(&mut w, ex, test, p, &qps, &mine[0], size, iters, timeout)?;
-        validated = v;
-        r
+        // perftest prints the header once the QPs are connected, then a row per message size as each ends.
+        println!("{}", report::bw_header(p.report_gbits));
+        let sender = client || p.duplex;
+        let receiver = test == TestKind::SendBw && (!client || p.duplex);
+        let mut rows = Vec::new();
+        if !sender && !receiver {
+            // write/read/atomic server: the client does everything, then sends its report.
+            let (r, v) = passive_server(&mut w, ex, test, p, &qps, &mine[0], timeout)?;
+            validated += v;
+            if let Some(r) = r {
+                println!("{}", report::bw_line(&r, p.report_gbits));
+                rows.push(r);
+            }
+        } else {
+            let infinite = matches!(p.run, RunLength::Infinitely(_));
+            let mut last = BwReport::default();
+            for &size in &p.sizes {
+                let (rposted, periods) = (vec![0; qps.len()], Vec::new());
+                let (send, recv, remote) = (sender, receiver, &remote[..]);
+                let mut side = BwSide { test, p, qps: &qps, remote, size, send, recv, rposted, validated: 0, periods };
+                side.post_receives(&mut w)?;
+                polling(&mut w, || ex.start_run(test, &mine[0], p.duplex)).map_err(err)?;
+                let mine_r = side.run(&mut w, &ex, timeout)?;
+                validated += side.validated + check_read(&w, test, p, &qps, size)?;
+                last = mine_r;
+                if infinite {
+                    rows.extend(side.periods.iter().copied());
+                    break;
+                }
+                let peer = polling(&mut w, || ex.end_run(test, &mine[0], &mine_r, p.duplex, p.all)).map_err(err)?;
+                // -b: each side measured its own direction; perftest prints the sum of both reports.
+                let row = match peer {
+                    Some(r) if p.duplex => BwReport {
+                        bw_peak: mine_r.bw_peak + r.bw_peak,
+                        bw_avg: mine_r.bw_avg + r.bw_avg,
+                        msg_rate: mine_r.msg_rate + r.msg_rate,
+                        ..mine_r
+                    },
+                    _ => mine_r,
+                };
+                println!("{}", report::bw_line(&row, p.report_gbits));
+                rows.push(row);
+            }
+            let first = mine[0];
+            polling(&mut w, move || ex.finish(test, &first, &last, p.duplex)).map_err(err)?;
+        }
+        println!("{}", report::RESULT_LINE);
+        Results::Bw(rows)
     };
     drop(w);
     if s.memif {
@@ -444,23 +492,10 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
         }
     }
     let _ = s.port.stop();
-    if let Some(l) = &lat {
-        println!("{}", report::RESULT_FMT_LAT);
-        println!("{}", report::lat_line(l));
-        println!("{}", report::RESULT_LINE);
-    } else if test.is_bw() {
-        println!("{}", report::bw_header(p.report_gbits));
-        println!("{}", report::bw_line(&result, p.report_gbits));
-        println!("{}", report::RESULT_LINE);
-    }
     if p.data_validation && validated > 0 {
         println!(" Data validation: {validated} bytes verified");
     }
     if p.out_json || p.out_json_file.is_some() {
-        let results = match lat {
-            Some(l) => Results::Lat(vec![l]),
-            None => Results::Bw(vec![result]),
-        };
         let j = report::json(&banner, &results, p.report_gbits);
         match &p.out_json_file {
             Some(f) => std::fs::write(f, &j).map_err(|e| err(format!("{}: {e}", f.display())))?,
@@ -468,6 +503,20 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
         }
     }
     Ok(())
+}
+
+/// READ with `--data_validation`: the client checks what it read into each QP's region; returns the bytes checked.
+fn check_read(w: &Worker<'_>, test: TestKind, p: &Params, qps: &[Qp], size: u64) -> Result<u64, Fail> {
+    if !(p.data_validation && p.is_client() && test.verb() == Verb::Read) {
+        return Ok(0);
+    }
+    for (i, q) in qps.iter().enumerate() {
+        let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
+        if let Some(at) = first_bad(i, &mem[..size as usize]) {
+            return Err(err(format!("data validation: READ of {size} bytes on QP {i}: byte {at} differs")));
+        }
+    }
+    Ok(size * qps.len() as u64)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -571,100 +620,335 @@ fn client_traffic(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn server_traffic(
+/// One side's part in a BW run of one message size: it posts WRs (the client, and both sides with `-b`), keeps
+/// receives posted (send BW: the server, and both sides with `-b`), or both, for `-n` iterations, `-D` seconds
+/// or until interrupted (`--run_infinitely`).
+struct BwSide<'a> {
+    test: TestKind,
+    p: &'a Params,
+    qps: &'a [Qp],
+    remote: &'a [Dest],
+    size: u64,
+    send: bool,
+    recv: bool,
+    /// Receives posted per QP.
+    rposted: Vec<u64>,
+    /// Payload bytes checked (`--data_validation`, received SENDs).
+    validated: u64,
+    /// `--run_infinitely`: one report per period, as printed.
+    periods: Vec<BwReport>,
+}
+
+impl BwSide<'_> {
+    /// Iterations per QP, or `None` for a timed run.
+    fn limit(&self) -> Option<u64> {
+        match self.p.run {
+            RunLength::Iterations(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    fn post_recv(&mut self, e: &mut Engine, i: usize) -> Result<(), String> {
+        let q = &self.qps[i];
+        let k = self.rposted[i];
+        let sge = Sge { addr: q.va + (k % q.slots) * self.size, len: self.size as u32, lkey: q.mr.lkey };
+        e.post_recv(q.qpn, k, &[sge]).map_err(|x| format!("post_recv: {x}"))?;
+        self.rposted[i] += 1;
+        Ok(())
+    }
+
+    /// The receives before the run (before the barrier that lets the peer send): up to the RX depth.
+    fn post_receives(&mut self, w: &mut Worker<'_>) -> Result<(), Fail> {
+        if !self.recv {
+            return Ok(());
+        }
+        let depth = u64::from(self.p.rx_depth.max(1));
+        let first = self.limit().map_or(depth, |n| n.min(depth));
+        for i in 0..self.qps.len() {
+            while self.rposted[i] < first {
+                self.post_recv(&mut w.engine, i).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One received SEND on QP `i`: checks it (`--data_validation`) and posts the next receive.
+    fn received(&mut self, e: &mut Engine, i: usize, c: &Cqe) -> Result<(), String> {
+        let q = &self.qps[i];
+        if self.p.data_validation {
+            if u64::from(c.byte_len) != self.size {
+                return Err(format!("data validation: SEND of {} bytes, expected {}", c.byte_len, self.size));
+            }
+            let off = ((c.wr_id % q.slots) * self.size) as usize;
+            let mem = e.mr_bytes(q.mr.lkey).expect("own MR");
+            if let Some(at) = first_bad(i, &mem[off..off + self.size as usize]) {
+                return Err(format!("data validation: SEND {} on QP {i}: byte {at} differs", c.wr_id));
+            }
+            self.validated += self.size;
+        }
+        if self.limit().is_none_or(|n| self.rposted[i] < n) {
+            self.post_recv(e, i)?;
+        }
+        Ok(())
+    }
+
+    /// A timed figure as perftest reports it in duration mode: `count` messages in `elapsed`, no peak.
+    fn timed(&self, count: u64, elapsed: Duration, factor: u64) -> BwReport {
+        let secs = elapsed.as_secs_f64().max(1e-9);
+        let msgs = (count * factor) as f64;
+        BwReport {
+            size: self.size,
+            iters: count,
+            bw_peak: 0.0,
+            bw_avg: self.size as f64 * msgs / secs / 1_048_576.0,
+            msg_rate: msgs / secs / 1e6,
+        }
+    }
+
+    /// Runs the traffic; returns this side's report (iterations: first post to last completion, or first to last
+    /// receive on a receive-only side; duration: what completed between the margins; infinitely: the last period).
+    fn run(
+        &mut self,
+        w: &mut Worker<'_>,
+        ex: &Exchange<std::net::TcpStream>,
+        timeout: Duration,
+    ) -> Result<BwReport, Fail> {
+        let (p, qps, size, limit) = (self.p, self.qps, self.size, self.limit());
+        let cas = p.atomic_type == AtomicType::CmpAndSwap;
+        let opcode = match self.test.verb() {
+            Verb::Write => WrOpcode::RdmaWrite,
+            Verb::Read => WrOpcode::RdmaRead,
+            Verb::Atomic if cas => WrOpcode::AtomicCmpSwp,
+            Verb::Atomic => WrOpcode::AtomicFetchAdd,
+            Verb::Send => WrOpcode::Send,
+        };
+        let depth = u64::from(p.tx_depth.max(1));
+        let cq_mod = u64::from(p.cq_mod.max(1));
+        let n = qps.len();
+        let (mut posted, mut done, mut got) = (vec![0u64; n], vec![0u64; n], vec![0u64; n]);
+        let mut peak = (self.send && !p.no_peak).then(PeakMeter::new);
+        let start = Instant::now();
+        let ns = |t: Instant| u64::try_from(t.duration_since(start).as_nanos()).unwrap_or(u64::MAX);
+        let (mut first_post, mut last_done, mut first_recv, mut last_recv) = (None, None, None, None);
+        // Timed runs: the window being measured, the messages counted in it, when it ends.
+        let (mut window_from, mut window_count, mut window_to) = (None::<Instant>, 0u64, None::<Instant>);
+        let (mut next_period, period) = match p.run {
+            RunLength::Infinitely(s) => (Duration::from_secs(u64::from(s)), Duration::from_secs(u64::from(s))),
+            _ => (Duration::MAX, Duration::MAX),
+        };
+        // -b without SEND: perftest doubles the figures of each period (both directions on one side's clock).
+        let factor = if p.duplex && self.test != TestKind::SendBw { 2 } else { 1 };
+        let mut cqes = [NO_CQE; 32];
+        let mut failure: Option<Fail> = None;
+        let (mut last_progress, mut last_check) = (start, start);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let mut spins = 0u64;
+        w.run(&stop, |w| {
+            let now = Instant::now();
+            let el = now.duration_since(start);
+            let mut ending = false;
+            match p.run {
+                RunLength::Iterations(_) => {}
+                RunLength::Duration { secs, margin } => {
+                    let (from, to) = (u64::from(margin), u64::from(secs - margin));
+                    if window_from.is_none() && el >= Duration::from_secs(from) {
+                        window_from = Some(now);
+                    }
+                    if window_to.is_none() && el >= Duration::from_secs(to) {
+                        window_to = Some(now);
+                    }
+                    ending = el >= Duration::from_secs(u64::from(secs));
+                }
+                RunLength::Infinitely(_) => {
+                    window_from.get_or_insert(start);
+                    if el >= next_period {
+                        let r = self.timed(window_count, now.duration_since(window_from.unwrap_or(start)), factor);
+                        println!("{}", report::bw_line(&r, p.report_gbits));
+                        self.periods.push(r);
+                        window_from = Some(now);
+                        window_count = 0;
+                        next_period += period;
+                    }
+                }
+            }
+            if ending {
+                return (false, false);
+            }
+            let counting = window_from.is_some() && window_to.is_none();
+            let mut busy = false;
+            for (i, q) in qps.iter().enumerate() {
+                while self.send && limit.is_none_or(|l| posted[i] < l) && posted[i] - done[i] < depth {
+                    let k = posted[i];
+                    let mut wr = SendWr::new(k, opcode).remote(self.remote[i].vaddr, self.remote[i].rkey);
+                    // perftest's CQ moderation: every cq_mod-th WR of a QP is signaled, and the last one.
+                    wr.signaled = k % cq_mod == cq_mod - 1 || limit == Some(k + 1);
+                    wr.compare_add = u64::from(!cas); // FETCH_AND_ADD adds 1; CMP_AND_SWAP swaps 0 for 0
+                    let sge = Sge { addr: q.va, len: size as u32, lkey: q.mr.lkey };
+                    if let Err(e) = w.engine.post_send(q.qpn, &wr, &[sge]) {
+                        failure = Some(err(format!("post_send: {e}")));
+                        return (false, true);
+                    }
+                    let t = Instant::now();
+                    first_post.get_or_insert(t);
+                    if let Some(m) = peak.as_mut() {
+                        m.post(ns(t));
+                    }
+                    posted[i] += 1;
+                    busy = true;
+                }
+                let k = w.engine.poll_cq(q.cq, &mut cqes);
+                if k == 0 {
+                    continue;
+                }
+                let t = Instant::now();
+                busy = true;
+                last_progress = t;
+                for c in &cqes[..k] {
+                    if c.status != WcStatus::Success {
+                        failure = Some(err(format!("completion with error {:?} on QP {:#x}", c.status, q.qpn)));
+                        return (false, true);
+                    }
+                    if c.opcode == WcOpcode::Recv {
+                        first_recv.get_or_insert(t);
+                        got[i] += 1;
+                        if !self.send && counting {
+                            window_count += 1;
+                        }
+                        if let Err(e) = self.received(&mut w.engine, i, c) {
+                            failure = Some(err(e));
+                            return (false, true);
+                        }
+                        // After the handling, so that a batch polled at once still spans some time.
+                        last_recv = Some(Instant::now());
+                        continue;
+                    }
+                    // A signaled completion covers every earlier WR of the QP.
+                    let upto = c.wr_id + 1;
+                    let delta = upto.saturating_sub(done[i]);
+                    done[i] = done[i].max(upto);
+                    last_done = Some(t);
+                    if counting {
+                        window_count += delta;
+                    }
+                    if let Some(m) = peak.as_mut() {
+                        m.complete(done.iter().sum(), ns(t));
+                    }
+                }
+            }
+            if let Some(l) = limit {
+                let sent = !self.send || done.iter().all(|&d| d >= l);
+                let received = !self.recv || got.iter().all(|&g| g >= l);
+                if sent && received {
+                    return (false, busy);
+                }
+            }
+            spins += 1;
+            if spins.is_multiple_of(256) && now.duration_since(last_check) > Duration::from_millis(20) {
+                last_check = now;
+                if roce_dp::dpdk::signal::stop_requested() {
+                    if !matches!(p.run, RunLength::Infinitely(_)) {
+                        failure = Some(Fail(130, "interrupted".into()));
+                    }
+                    return (false, busy);
+                }
+                match ex.peer_activity() {
+                    PeerActivity::Gone => {
+                        failure = Some(err("the peer closed the out-of-band connection mid-run"));
+                        return (false, busy);
+                    }
+                    // A receive-only side of a timed run ends when the sender moves on to the teardown.
+                    PeerActivity::Sent if !self.send && limit.is_none() => return (false, busy),
+                    _ => {}
+                }
+                if now.duration_since(last_progress) > timeout {
+                    let (d, g): (u64, u64) = (done.iter().sum(), got.iter().sum());
+                    failure = Some(err(format!(
+                        "no completion for {} s ({d} sends and {g} receives completed)",
+                        timeout.as_secs()
+                    )));
+                    return (false, busy);
+                }
+            }
+            (true, busy)
+        });
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        let end = Instant::now();
+        Ok(match p.run {
+            RunLength::Iterations(iters) => {
+                let (a, b) = if self.send { (first_post, last_done) } else { (first_recv, last_recv) };
+                let elapsed = match (a, b) {
+                    (Some(a), Some(b)) => b.duration_since(a),
+                    _ => Duration::ZERO,
+                };
+                let pk = peak.as_ref().map_or(0.0, |m| m.mibs(size));
+                report::bw_report(size, iters, p.num_qps, false, elapsed, pk)
+            }
+            RunLength::Duration { .. } => {
+                let from = window_from.unwrap_or(start);
+                self.timed(window_count, window_to.unwrap_or(end).duration_since(from), 1)
+            }
+            RunLength::Infinitely(_) => self.periods.last().copied().unwrap_or_else(|| self.timed(0, period, 1)),
+        })
+    }
+}
+
+/// The side that only waits (write/read/atomic BW server without `-b`, read/atomic latency server): the peer runs
+/// the test and then the teardown, which this side waits for on a thread (as long as RoCE traffic keeps coming,
+/// up to `timeout` without any), while this thread keeps the data path going. Returns the peer's report (BW)
+/// and the bytes checked (`--data_validation`: the WRITE server's region).
+fn passive_server(
     w: &mut Worker<'_>,
     mut ex: Exchange<std::net::TcpStream>,
     test: TestKind,
     p: &Params,
     qps: &[Qp],
     first: &Dest,
-    size: u64,
-    iters: u64,
     timeout: Duration,
-) -> Result<(BwReport, u64), Fail> {
-    let send = test == TestKind::SendBw;
-    let mut posted = vec![0u64; qps.len()];
-    let mut got = vec![0u64; qps.len()];
-    let post = |e: &mut Engine, q: &Qp, k: u64| {
-        let slot = k % q.slots;
-        let sge = Sge { addr: q.va + slot * size, len: size as u32, lkey: q.mr.lkey };
-        e.post_recv(q.qpn, k, &[sge]).map_err(|x| err(format!("post_recv: {x}")))
+) -> Result<(Option<BwReport>, u64), Fail> {
+    let size = p.sizes.iter().copied().max().unwrap_or(0);
+    let iters = match p.run {
+        RunLength::Iterations(n) => n,
+        _ => 0,
     };
-    if send {
-        for (i, q) in qps.iter().enumerate() {
-            while posted[i] < iters.min(q.slots) {
-                post(&mut w.engine, q, posted[i])?;
-                posted[i] += 1;
-            }
-        }
-    }
-    ex.start_run(test, first, false).map_err(err)?;
-    // The exchange waits through the client's run on its own thread; this one keeps the data path going.
     let first = *first;
     let zero = BwReport { size, iters, ..BwReport::default() };
-    ex.set_timeout(Some(timeout)).map_err(err)?;
+    // The teardown comes when the client is done, however long that takes; the traffic shows it is alive.
+    ex.set_timeout(None).map_err(err)?;
     let th = std::thread::spawn(move || ex.finish(test, &first, &zero, false));
-    let mut cqes = [NO_CQE; 32];
-    let mut failure: Option<String> = None;
-    let mut validated = 0u64;
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut failure = None;
+    let mut seen = w.stats.rx_roce;
+    let mut last_progress = Instant::now();
     let mut spins = 0u64;
-    let (mut t_first, mut t_last) = (None, None);
     w.run(&stop, |w| {
-        let mut busy = false;
-        for (i, q) in qps.iter().enumerate() {
-            let k = w.engine.poll_cq(q.cq, &mut cqes);
-            if k > 0 {
-                let now = Instant::now();
-                t_first.get_or_insert(now);
-                t_last = Some(now);
-            }
-            for c in &cqes[..k] {
-                if c.status != WcStatus::Success {
-                    failure = Some(format!("receive completion with error {:?}", c.status));
-                    return (false, true);
-                }
-                if p.data_validation {
-                    let off = ((c.wr_id % q.slots) * size) as usize;
-                    let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
-                    if u64::from(c.byte_len) != size {
-                        failure = Some(format!("data validation: SEND of {} bytes, expected {size}", c.byte_len));
-                        return (false, true);
-                    }
-                    if let Some(at) = first_bad(i, &mem[off..off + size as usize]) {
-                        failure = Some(format!("data validation: SEND {} on QP {i}: byte {at} differs", c.wr_id));
-                        return (false, true);
-                    }
-                    validated += size;
-                }
-                got[i] += 1;
-                if posted[i] < iters {
-                    if let Err(Fail(_, m)) = post(&mut w.engine, q, posted[i]) {
-                        failure = Some(m);
-                        return (false, true);
-                    }
-                    posted[i] += 1;
-                }
-                busy = true;
-            }
-        }
         spins += 1;
-        if spins.is_multiple_of(256) && th.is_finished() {
-            return (false, busy);
+        if !spins.is_multiple_of(256) {
+            return (true, false);
         }
-        (true, busy)
+        if th.is_finished() {
+            return (false, false);
+        }
+        let now = Instant::now();
+        if w.stats.rx_roce != seen {
+            seen = w.stats.rx_roce;
+            last_progress = now;
+        } else if now.duration_since(last_progress) > timeout {
+            failure = Some(err(format!("no RoCE traffic and no teardown from the peer for {} s", timeout.as_secs())));
+            return (false, false);
+        }
+        if roce_dp::dpdk::signal::stop_requested() {
+            failure = Some(Fail(130, "interrupted".into()));
+            return (false, false);
+        }
+        (true, false)
     });
     if let Some(f) = failure {
-        return Err(err(f));
+        return Err(f);
     }
     let peer = th.join().map_err(|_| err("exchange thread panicked"))?.map_err(err)?;
-    if send {
-        let total: u64 = got.iter().sum();
-        if total != iters * qps.len() as u64 {
-            return Err(err(format!("received {total} of {} messages", iters * qps.len() as u64)));
-        }
-    }
+    let mut validated = 0;
     if p.data_validation && test == TestKind::WriteBw {
         for (i, q) in qps.iter().enumerate() {
             let mem = w.engine.mr_bytes(q.mr.lkey).expect("own MR");
@@ -674,19 +958,7 @@ fn server_traffic(
             validated += size;
         }
     }
-    // send BW: the server reports what it received (first to last receive completion), as perftest's does.
-    let r = match (peer, t_first, t_last) {
-        (Some(r), _, _) => r,
-        (None, Some(a), Some(b)) => {
-            let mut r = report::bw_report(size, iters, p.num_qps, false, b.duration_since(a), 0.0);
-            if !p.no_peak {
-                r.bw_peak = r.bw_avg;
-            }
-            r
-        }
-        _ => report::bw_report(size, iters, p.num_qps, false, Duration::ZERO, 0.0),
-    };
-    Ok((r, validated))
+    Ok((peer, validated))
 }
 
 /// send_lat / write_lat: one message each way per iteration; the client starts, the server answers each message

@@ -14,7 +14,6 @@ mod flow;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -146,20 +145,6 @@ struct Side {
     tx: Burst,
 }
 
-/// Set by SIGINT/SIGTERM: stop polling and shut down cleanly.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    if INTERRUPTED.swap(true, Ordering::SeqCst) {
-        // SAFETY: signal() and raise() are async-signal-safe; with the default action restored, the second signal
-        // terminates the process as if no handler were installed.
-        unsafe {
-            libc::signal(sig, libc::SIG_DFL);
-            libc::raise(sig);
-        }
-    }
-}
-
 /// How the exchange ended.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Outcome {
@@ -173,10 +158,7 @@ enum Outcome {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: on_signal only touches an atomic and calls async-signal-safe functions.
-        unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
-    }
+    dpdk::signal::stop_on_signals();
     let (mode_name, default_lcore) = match &cli.mode {
         Mode::Ring => ("ring", 0),
         Mode::Memif { role: Role::Server, .. } => ("memif_s", 1),
@@ -189,7 +171,7 @@ fn main() -> ExitCode {
     // Everything DPDK is dropped by now (rte_eal_cleanup ran); remove what EAL left in its runtime directory.
     let _ = std::fs::remove_dir_all(PathBuf::from("/var/run/dpdk").join(&prefix));
     match result {
-        Ok(_) if INTERRUPTED.load(Ordering::SeqCst) => {
+        Ok(_) if dpdk::signal::stop_requested() => {
             eprintln!("rdp-porttest: interrupted");
             ExitCode::from(130)
         }
@@ -356,7 +338,7 @@ fn wait_link(port: &Port, up: bool, timeout: Duration) -> Result<dpdk::Link, Dpd
         if link.up == up {
             return Ok(link);
         }
-        if INTERRUPTED.load(Ordering::Relaxed) {
+        if dpdk::signal::stop_requested() {
             return Err(DpdkError::new(op, libc::EINTR));
         }
         if start.elapsed() >= timeout {
@@ -411,7 +393,7 @@ fn exchange(ports: &[Port], sides: &mut [Side], pool: &Mempool, deadline: Instan
         if now >= deadline {
             return Ok(Outcome::TimedOut);
         }
-        if INTERRUPTED.load(Ordering::Relaxed) {
+        if dpdk::signal::stop_requested() {
             return Ok(Outcome::Interrupted);
         }
         if !busy {
