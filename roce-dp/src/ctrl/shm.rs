@@ -704,6 +704,15 @@ pub fn open_memfds(name: &str) -> usize {
     dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok()).filter(|t| t.to_str() == Some(want.as_str())).count()
 }
 
+/// Without blocking: `true` if `sock` has data to read or the peer closed it (end of stream or an error),
+/// `false` if nothing is waiting. One `recv(MSG_PEEK | MSG_DONTWAIT)`; nothing is consumed.
+pub fn readable_or_closed(sock: &UnixStream) -> bool {
+    let mut b = 0u8;
+    // SAFETY: b is a valid one-byte buffer for the call; MSG_PEEK leaves the data in the socket.
+    let n = unsafe { libc::recv(sock.as_raw_fd(), (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    n >= 0 || !matches!(errno(), libc::EAGAIN | libc::EINTR)
+}
+
 /// The most descriptors one message may carry.
 pub const MAX_FDS: usize = 8;
 
