@@ -585,6 +585,8 @@ pub struct ServerConfig {
     pub info: DeviceInfo,
     /// Default depths and SGE limits are the client's; these cap them.
     pub max_depth: u32,
+    /// Print one line per session event (refused open, end of a session) to stderr, prefixed `roce-dpd: `.
+    pub log: bool,
 }
 
 /// Why the server could not start.
@@ -758,17 +760,14 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, jobs: &m
                     continue;
                 }
                 Request::Hello { abi } => {
-                    let _ = reply(
-                        seq,
-                        &err(
-                            ErrorCode::Abi,
-                            format!(
-                                "shared-memory ABI mismatch: roce-dpd speaks v{ABI_VERSION}, the application's \
-                                 library v{abi}: rebuild the application against the daemon's roce-dp version"
-                            ),
-                        ),
-                        None,
+                    let msg = format!(
+                        "shared-memory ABI mismatch: roce-dpd speaks v{ABI_VERSION}, the application's library \
+                         v{abi}: rebuild the application against the daemon's roce-dp version"
                     );
+                    if cfg.log {
+                        eprintln!("roce-dpd: session {id} refused: {msg}");
+                    }
+                    let _ = reply(seq, &err(ErrorCode::Abi, msg), None);
                     break;
                 }
                 _ => {
@@ -785,7 +784,11 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, jobs: &m
         }
     }
     if opened {
-        let _ = ask(jobs, id, Cmd::Reclaim);
+        let r = ask(jobs, id, Cmd::Reclaim);
+        if cfg.log {
+            let how = if matches!(r, Response::Ok) { "its resources reclaimed".to_owned() } else { format!("{r:?}") };
+            eprintln!("roce-dpd: session {id} ended after {objects} requests, {how}");
+        }
     }
 }
 
