@@ -1,10 +1,12 @@
 # Tier 9 (file 85): the appliance. roce-dpd on a loopback net_ring port (conf/daemon-ring.toml, one busy worker on
 # lcore 1, no hugepages) serves client processes through the roce_dp::client library: two pairs of rdp-client
 # processes at once (each client its own session, PD, buffer, CQ and QP; both QPs of a pair in the one daemon) run
-# SEND, WRITE, READ, FETCH_ADD and CMP_SWP with every byte verified. One-line errors: daemon absent, socket
-# permission denied (a client as user nobody on the default 0600 socket), ABI mismatch (both sides say so), socket
-# in use, invalid config, [daemon] missing. SIGTERM: a client mid-transfer gets a clear error instead of hanging,
-# the daemon exits 0, removes its socket and EAL runtime directory.
+# SEND, WRITE, READ, FETCH_ADD and CMP_SWP with every byte verified, while the active client of a third pair is
+# killed with SIGKILL mid-transfer (its session reclaimed within 1 s; at the end the daemon's object counters are
+# back to zero). One-line errors: daemon absent, socket permission denied (a client as user nobody on the default
+# 0600 socket), ABI mismatch (both sides say so), socket in use, invalid config, [daemon] missing. SIGTERM: a
+# client mid-transfer gets a clear error instead of hanging, the daemon exits 0, removes its socket and EAL runtime
+# directory.
 TIERS+=(tier85_daemon)
 
 # dpd_start SOCK PREFIX LOG: starts roce-dpd; DPD_PID. Waits for the socket (10 s).
@@ -42,10 +44,21 @@ tier85_daemon() {
     pass "roce-dpd serves $sock"
     check "socket is owner-only (0600)" test "$(stat -c %a "$sock")" = 600
 
-    # Two pairs of clients at once, all four sessions in the one daemon.
-    local oa="/run/rdp-oob-${RUN_ID}a.sock" ob="/run/rdp-oob-${RUN_ID}b.sock" pa pb aa=0 ab=0 ra=0 rb=0
+    # Two pairs of clients at once, all four sessions in the one daemon, while a third pair's active client is
+    # killed with SIGKILL mid-transfer: its session is reclaimed within a second and the others carry on.
+    local oa="/run/rdp-oob-${RUN_ID}a.sock" ob="/run/rdp-oob-${RUN_ID}b.sock" ok_="/run/rdp-oob-${RUN_ID}k.sock"
+    local pa pb pk qk aa=0 ab=0 ra=0 rb=0 rk=0
     track_path "$oa"
     track_path "$ob"
+    track_path "$ok_"
+    timeout 60 "$client" passive --daemon "$sock" --oob "$ok_" >"$LOG_DIR/tier9-k-passive.log" 2>&1 &
+    pk=$!
+    # Not under timeout(1): the SIGKILL must reach the client itself (cleanup_all stops it if the tier fails).
+    "$client" active --daemon "$sock" --oob "$ok_" --op write --size 65536 --iters 100000000 --timeout 60 \
+        >"$LOG_DIR/tier9-k-active.log" 2>&1 &
+    qk=$!
+    track_pid "$pk"
+    track_pid "$qk"
     timeout 60 "$client" passive --daemon "$sock" --oob "$oa" >"$LOG_DIR/tier9-a-passive.log" 2>&1 &
     pa=$!
     timeout 60 "$client" passive --daemon "$sock" --oob "$ob" >"$LOG_DIR/tier9-b-passive.log" 2>&1 &
@@ -55,6 +68,27 @@ tier85_daemon() {
     timeout 60 "$client" active --daemon "$sock" --oob "$oa" --op all --size 4096 --iters 200 \
         >"$LOG_DIR/tier9-a-active.log" 2>&1 &
     local qa=$!
+    sleep 1
+    check "kill -9: the victim was running" kill -0 "$qk"
+    local ended_before t_kill
+    ended_before=$(grep -c 'ended after' "$dlog")
+    t_kill=$(date +%s%N)
+    kill -KILL "$qk" 2>/dev/null
+    wait "$qk" 2>/dev/null
+    # Its passive peer loses the out-of-band socket and its own session ends too: two sessions reclaimed.
+    local i reclaimed_ms=""
+    for i in $(seq 100); do
+        if [[ $(grep -c 'ended after' "$dlog") -ge $((ended_before + 1)) ]]; then
+            reclaimed_ms=$((($(date +%s%N) - t_kill) / 1000000))
+            break
+        fi
+        sleep 0.02
+    done
+    check "kill -9: the killed client's session is reclaimed within 1 s (${reclaimed_ms:-no} ms)" \
+        test -n "$reclaimed_ms" -a "${reclaimed_ms:-9999}" -le 1000
+    wait_pid "$pk" 10 || rk=$?
+    check "kill -9: its passive peer stops with one line (exit $rk)" test "$rk" -eq 2 -a \
+        "$(grep -c '^rdp-client: out-of-band' "$LOG_DIR/tier9-k-passive.log")" -eq 1
     timeout 60 "$client" active --daemon "$sock" --oob "$ob" --op all --size 10000 --iters 100 \
         >"$LOG_DIR/tier9-b-active.log" 2>&1 || ab=$?
     wait "$qa" || aa=$?
@@ -63,6 +97,15 @@ tier85_daemon() {
     check "pair a (4096 B x 200): both clients exit 0 (active $aa, passive $ra)" test "$aa" -eq 0 -a "$ra" -eq 0
     check "pair b (10000 B x 100, 3 packets each): both clients exit 0 (active $ab, passive $rb)" \
         test "$ab" -eq 0 -a "$rb" -eq 0
+    rc=0
+    timeout 10 "$client" open --daemon "$sock" --stats >"$LOG_DIR/tier9-stats.out" 2>&1 || rc=$?
+    check "stats: every client's QPs, CQs, MRs and PDs are gone" test "$rc" -eq 0 -a -n \
+        "$(grep -q '^STAT daemon 0x0 qps 0$' "$LOG_DIR/tier9-stats.out" &&
+            grep -q '^STAT daemon 0x0 mrs 0$' "$LOG_DIR/tier9-stats.out" &&
+            grep -q '^STAT daemon 0x0 cqs 0$' "$LOG_DIR/tier9-stats.out" &&
+            grep -q '^STAT daemon 0x0 pds 0$' "$LOG_DIR/tier9-stats.out" && echo y)"
+    check "stats: the port and worker counted the traffic" grep -Eq '^STAT worker 0x0 tx_frames [1-9]' \
+        "$LOG_DIR/tier9-stats.out"
     local f
     for f in a-active a-passive b-active b-passive; do
         tool_checks "$LOG_DIR/tier9-$f.log"

@@ -35,6 +35,9 @@ enum Mode {
     Open {
         #[command(flatten)]
         c: Common,
+        /// Also print the daemon's counters, one `STAT scope id name value` line each.
+        #[arg(long)]
+        stats: bool,
     },
     /// The side whose buffer is written, read and counted on; start it first.
     Passive {
@@ -101,7 +104,7 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     let r = match &cli.mode {
-        Mode::Open { c } => open(c).map(|d| {
+        Mode::Open { c, stats } => open(c).and_then(|d| {
             let i = d.info();
             println!(
                 "rdp-client: roce-dpd pid {} ABI v{} mtu {} mac {} gid {}",
@@ -111,7 +114,12 @@ fn main() -> ExitCode {
                 roce_dp::wire::MacAddr(i.mac),
                 std::net::Ipv6Addr::from(d.gid())
             );
-            true
+            if *stats {
+                for r in d.stats()? {
+                    println!("STAT {} {:#x} {} {}", r.scope, r.id, r.name, r.value);
+                }
+            }
+            Ok(true)
         }),
         Mode::Passive { c } => passive(c),
         Mode::Active { c, op, size, iters } => active(c, *op, *size, *iters),
