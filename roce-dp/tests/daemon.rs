@@ -278,3 +278,131 @@ fn open_errors_are_one_actionable_line() {
     s.shutdown("done");
     assert!(!stale.exists());
 }
+
+/// A session that speaks the protocol itself and scribbles on its own QP's rings (the daemon's view of a hostile
+/// process): every bad WQE errors that QP with LOC_QP_OP_ERR and a vendor code, foreign keys fail the engine's PD
+/// checks, a corrupt index stops the ring; the well-behaved pair in the same daemon is untouched and keeps working.
+#[test]
+fn garbage_in_one_sessions_rings_errors_only_its_own_qps() {
+    use roce_dp::ctrl::abi::{self, wr_opcode, RegionHeader, Wqe};
+    use roce_dp::ctrl::proto::{Conn, ModifyQp, Request, Response};
+    use roce_dp::ctrl::shm::{ClientCqRegion, ShmRegion};
+    use roce_dp::QpAttr;
+    use std::os::unix::net::UnixStream;
+
+    let d = start("garbage");
+    let (mut a, mut b) = (side(&d.path), side(&d.path));
+    connect(&a, &b);
+    b.mr.as_mut_slice().fill(0x5a);
+
+    let mut conn = Conn::new(UnixStream::connect(&d.path).unwrap());
+    let mut seq = 0;
+    let mut call = |conn: &mut Conn, q: Request| {
+        seq += 1;
+        conn.send_request(seq, &q, &[]).unwrap();
+        let f = conn.recv_response().unwrap();
+        (f.msg, f.fds)
+    };
+    assert!(matches!(call(&mut conn, Request::Hello { abi: abi::ABI_VERSION }).0, Response::Hello(_)));
+    let Response::Pd { pd } = call(&mut conn, Request::AllocPd).0 else { panic!("pd") };
+    let (Response::Cq { cq }, mut fds) = call(&mut conn, Request::CreateCq { depth: 64 }) else { panic!("cq") };
+    // SAFETY: the only client side of this CQ in the process.
+    let mut hcq = unsafe { ClientCqRegion::open(fds.pop().unwrap()) }.unwrap();
+    let mut qp = |conn: &mut Conn| {
+        let q = Request::CreateQp {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            sq_depth: 16,
+            rq_depth: 16,
+            max_send_sge: 2,
+            max_recv_sge: 1,
+        };
+        let (Response::Qp { qpn }, mut fds) = call(conn, q) else { panic!("qp") };
+        let region = ShmRegion::map(fds.pop().unwrap()).unwrap();
+        let h: RegionHeader = region.read(0).unwrap();
+        (qpn, region, h)
+    };
+    let (q1, mut r1, h1) = qp(&mut conn);
+    let (q2, mut r2, h2) = qp(&mut conn);
+    let (q3, mut r3, h3) = qp(&mut conn);
+    // Q2 and Q3 connect to themselves (loopback), so their WRs really run.
+    for q in [q2, q3] {
+        for attr in [
+            QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() },
+            QpAttr {
+                state: Some(QpState::Rtr),
+                path_mtu: Some(1024),
+                dest_qpn: Some(q),
+                rq_psn: Some(0),
+                max_dest_rd_atomic: Some(4),
+                ..QpAttr::default()
+            },
+            QpAttr {
+                state: Some(QpState::Rts),
+                sq_psn: Some(0),
+                timeout: Some(10),
+                retry_cnt: Some(1),
+                max_rd_atomic: Some(4),
+                ..QpAttr::default()
+            },
+        ] {
+            let gid = Some(std::net::Ipv4Addr::from(IP).to_ipv6_mapped().octets());
+            let m = ModifyQp { attr, gid: if attr.state == Some(QpState::Rtr) { gid } else { None }, mac: None };
+            assert_eq!(call(&mut conn, Request::ModifyQp { qpn: q, m }).0, Response::Ok);
+        }
+    }
+    // Hand-written WQEs: slot `i` of the send ring, then the producer index.
+    let put = |r: &mut ShmRegion, h: &RegionHeader, i: u32, w: Wqe, tail: u32| {
+        let base = h.sq.offset as usize;
+        r.write(base + 256 + (i as usize % h.sq.capacity as usize) * 64, w).unwrap();
+        r.write(base + 128, tail).unwrap();
+    };
+    // Q1: an unknown opcode.
+    put(&mut r1, &h1, 0, Wqe { wr_id: 0xbad1, opcode: 77, num_sge: 1, ..Wqe::default() }, 1);
+    // Q2: a WRITE whose local SGE is the other session's region (A's lkey), aimed at B's buffer with B's rkey.
+    let foreign = abi::Sge { addr: a.mr.addr(), len: 64, lkey: a.mr.lkey() };
+    let w = Wqe {
+        wr_id: 0xbad2,
+        opcode: wr_opcode::RDMA_WRITE,
+        flags: abi::send_flags::SIGNALED,
+        num_sge: 1,
+        remote_addr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+        sge0: foreign,
+        ..Wqe::default()
+    };
+    put(&mut r2, &h2, 0, w, 1);
+    // Q3: a producer index far ahead of anything written (a corrupt ring).
+    put(&mut r3, &h3, 0, Wqe::default(), 1000);
+
+    let mut got = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    let mut out = [Cqe::EMPTY; 8];
+    while got.len() < 3 && Instant::now() < until {
+        let n = hcq.cq.poll(&mut out).unwrap();
+        got.extend_from_slice(&out[..n]);
+        std::thread::yield_now();
+    }
+    let find =
+        |qpn: u32| got.iter().find(|c| c.qpn == qpn).copied().unwrap_or_else(|| panic!("no CQE of {qpn:#x}: {got:?}"));
+    let c1 = find(q1);
+    assert_eq!((c1.wr_id, c1.status), (0xbad1, WcStatus::LocQpOpErr));
+    let c2 = find(q2);
+    assert_eq!((c2.wr_id, c2.status), (0xbad2, WcStatus::LocProtErr), "A's lkey is not in this session's PD");
+    let c3 = find(q3);
+    assert_eq!(c3.status, WcStatus::LocQpOpErr, "corrupt ring");
+    for q in [q1, q3] {
+        let Response::QpInfo(i) = call(&mut conn, Request::QueryQp { qpn: q }).0 else { panic!("query") };
+        assert_eq!(i.state, QpState::Err, "{q:#x}");
+    }
+    // B's memory untouched; A and B still work.
+    assert!(b.mr.as_slice().iter().all(|&x| x == 0x5a));
+    let data = pattern(9, 2000);
+    a.mr.as_mut_slice()[..2000].copy_from_slice(&data);
+    let wr = SendWr::new(9, WrOpcode::RdmaWrite).remote(b.mr.addr() + 100, b.mr.rkey());
+    a.qp.post_send(&wr, &[a.mr.sge(0, 2000)]).unwrap();
+    assert_eq!(wait(&mut a.cq).status, WcStatus::Success);
+    assert_eq!(&b.mr.as_slice()[100..2100], &data[..]);
+    assert_eq!(a.qp.query().unwrap().state, QpState::Rts);
+}
