@@ -9,7 +9,7 @@
 //!
 //! Isolation: every handle a request names (PD, lkey, CQ, QPN) is looked up in the session's own objects; a
 //! handle of another session is "not found". Each session has its own PDs, so the engine's PD check refuses an
-//! SGE or rkey of another session's region (C9-? / o10-?: the key must belong to the QP's PD). A WQE the ring
+//! SGE or rkey of another session's region (a key must belong to the QP's protection domain). A WQE the ring
 //! reader refuses completes with [`Cqe::refused`](super::abi::Cqe::refused) and moves its QP to the error state.
 //! A session whose socket closes (its process exited or was killed) has its QPs moved to the error state and
 //! everything it owned destroyed at once.

@@ -118,7 +118,24 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         mtu: prof.net.mtu,
         hugetlb: backing == Backing::Hugetlb,
     };
-    // Port and EAL next; the server starts once the MAC is known.
+    if prof.worker.workers != 1 {
+        return Err(Fail(format!(
+            "{}: worker.workers = {}: roce-dpd runs one worker for now",
+            cli.config.display(),
+            prof.worker.workers
+        )));
+    }
+    // The control threads start from a thread made before EAL pins this one (the worker) to its lcore, so they
+    // run on any core; the server itself starts once the port's MAC is known.
+    let (cfg_tx, cfg_rx) = mpsc::channel::<ServerConfig>();
+    let (srv_tx, srv_rx) = mpsc::channel();
+    let control_jobs = jobs_tx;
+    std::thread::Builder::new().name("roce-dpd-ctl".into()).spawn(move || {
+        if let Ok(cfg) = cfg_rx.recv() {
+            let _ = srv_tx.send(Server::start(cfg, control_jobs));
+        }
+    })?;
+    // Port and EAL next.
     let lcore = d.worker_lcores.clone();
     let args = prof.eal_args("roce-dpd", lcore.as_deref(), prefix);
     let shown = args.to_vec()[1..].join(" ");
@@ -198,7 +215,8 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     }
     let scfg =
         ServerConfig { path: path.clone(), mode: d.socket_mode, backing, info, max_depth: d.max_depth, log: true };
-    let server = Server::start(scfg, jobs_tx.clone()).map_err(|e| Fail(e.0))?;
+    cfg_tx.send(scfg).map_err(|_| Fail("control thread gone".into()))?;
+    let server = srv_rx.recv().map_err(|_| Fail("control thread gone".into()))?.map_err(|e| Fail(e.0))?;
     println!(
         "roce-dpd: serving {} (mode {:o}) on {} {} mtu {} ({} backing), worker lcore {}",
         path.display(),
