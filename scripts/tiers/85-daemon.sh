@@ -116,9 +116,6 @@ tier85_daemon() {
     done
     check "pair a: passive received and verified 1638400 bytes (SEND + WRITE)" \
         grep -q '^CHECK ok   passive: 1638400 bytes' "$LOG_DIR/tier9-a-passive.log"
-    local note
-    note=$(grep -o 'write: 200 x 4096 B, [0-9]* bytes verified, [0-9.]* us per op' "$LOG_DIR/tier9-a-active.log" |
-        sed 's/.*verified, //')
 
     # One-line errors.
     err="$LOG_DIR/tier9-absent.err" rc=0
@@ -182,10 +179,10 @@ tier85_daemon() {
     check "SIGTERM: the active client stops with exit 2 (got $rq) and one line saying the daemon is gone" \
         test "$rq" -eq 2 -a "$(grep -c '^rdp-client: roce-dpd on .* is gone (it is shutting down: roce-dpd stopped by SIGTERM)' \
         "$LOG_DIR/tier9-c-active.log")" -eq 1
-    grep -h '^rdp-client: ' "$LOG_DIR/tier9-c-active.log" | sed 's/^/    /' | head -n 1
+    [[ -n "${VERBOSE:-}" ]] && grep -h '^rdp-client: ' "$LOG_DIR/tier9-c-active.log" | sed 's/^/       /' | head -n 1
     check "SIGTERM: every session reclaimed, nothing left" grep -q '^roce-dpd: stopped; .* 0 QPs 0 CQs 0 MRs 0 PDs left' "$dlog"
     check "SIGTERM: socket removed" test ! -e "$sock"
     check "SIGTERM: EAL runtime directory removed" test ! -e "/var/run/dpdk/$prefix"
-    TIER_NOTE="(WRITE 4 KiB with an out-of-band check per message: ${note:-?})"
+    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms)"
     tier_end
 }
