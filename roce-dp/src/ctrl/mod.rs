@@ -1,4 +1,4 @@
-//! The application control plane's shared-memory data path: the ABI of the entries applications and the daemon
+//! The appliance's control plane and its shared-memory data path: the ABI of the entries applications and the daemon
 //! exchange ([`abi`]), the single-producer single-consumer rings that carry them ([`ring`]), the memfd regions the
 //! rings live in ([`shm`]) and the daemon-side work-queue readers that validate what applications post ([`wq`]).
 //!
