@@ -53,6 +53,46 @@ pub struct Profile {
     /// Mempool sizing (derived when absent).
     #[serde(default)]
     pub mempool: MempoolSection,
+    /// The appliance `roce-dpd` (its socket and memory); other tools ignore it.
+    #[serde(default)]
+    pub daemon: Option<DaemonSection>,
+}
+
+/// What backs the shared regions of `roce-dpd` (its rings and the clients' buffers).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DaemonBacking {
+    /// Ordinary memfd pages.
+    #[default]
+    Memfd,
+    /// memfd with MFD_HUGETLB (2 MiB pages from the kernel's pool).
+    Hugetlbfs,
+}
+
+/// `[daemon]`: the control socket and shared memory of `roce-dpd`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonSection {
+    /// Path of the Unix socket applications connect to.
+    pub socket: String,
+    /// Its permission bits (default 0o600: the daemon's user only; 0o660 lets its group in).
+    #[serde(default = "socket_mode")]
+    pub socket_mode: u32,
+    /// Backing of the shared regions.
+    #[serde(default)]
+    pub backing: DaemonBacking,
+    /// The worker's lcore (default: the profile's first `[eal] lcores`). One worker for now.
+    pub worker_lcores: Option<String>,
+    /// Largest queue depth a client may ask for.
+    #[serde(default = "max_depth")]
+    pub max_depth: u32,
+}
+
+fn socket_mode() -> u32 {
+    0o600
+}
+fn max_depth() -> u32 {
+    4096
 }
 
 /// The DPDK driver of the port.
@@ -364,6 +404,25 @@ impl Profile {
         }
         if self.eal.hugepages && self.eal.no_huge_mb.is_some() {
             return Err(("eal.no_huge_mb", "cannot be combined with hugepages = true".into()));
+        }
+        if let Some(d) = &self.daemon {
+            if !d.socket.starts_with('/') {
+                return Err(("daemon.socket", format!("{:?} is not an absolute path", d.socket)));
+            }
+            if d.socket_mode > 0o777 || d.socket_mode & 0o600 != 0o600 {
+                return Err((
+                    "daemon.socket_mode",
+                    format!("{:#o} must be 0o600..=0o777 with owner rw", d.socket_mode),
+                ));
+            }
+            if let Some(l) = &d.worker_lcores {
+                if l.parse::<u32>().is_err() {
+                    return Err(("daemon.worker_lcores", format!("{l:?}: one lcore number (one worker for now)")));
+                }
+            }
+            if !(1..=1 << 16).contains(&d.max_depth) {
+                return Err(("daemon.max_depth", format!("{} is not in 1..=65536", d.max_depth)));
+            }
         }
         Ok(())
     }

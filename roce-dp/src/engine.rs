@@ -223,6 +223,24 @@ impl Engine {
         self.mrs.register(pd, va, len, access).ok_or(VerbsError::BadMr("too many regions, or range overflows"))
     }
 
+    /// Registers a region whose bytes live in a client's shared memory (`mem`, mapped by the daemon) at the
+    /// client's virtual address `va`.
+    #[cfg(target_os = "linux")]
+    pub fn reg_mr_shared(
+        &mut self,
+        pd: Pd,
+        va: u64,
+        mem: crate::ctrl::shm::ShmBytes,
+        access: AccessFlags,
+    ) -> Result<MrKeys, VerbsError> {
+        self.mrs.register_shared(pd, va, mem, access).ok_or(VerbsError::BadMr("too many regions, or range overflows"))
+    }
+
+    /// Registered memory regions.
+    pub fn mr_count(&self) -> usize {
+        self.mrs.len()
+    }
+
     /// Deregisters a region.
     pub fn dereg_mr(&mut self, lkey: u32) -> bool {
         self.mrs.deregister(lkey)
@@ -252,6 +270,29 @@ impl Engine {
         }
         self.cqs.push(Some(Cq::new(depth as usize)));
         Ok(CqId(self.cqs.len() as u32 - 1))
+    }
+
+    /// Destroys a completion queue (and the completions still in it). Fails while a QP still uses it.
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        if !matches!(self.cqs.get(cq.0 as usize), Some(Some(_))) {
+            return Err(VerbsError::NoSuchCq(cq.0));
+        }
+        if self.qps.iter().flatten().any(|q| q.send_cq == cq || q.recv_cq == cq) {
+            return Err(VerbsError::InUse("the completion queue (a queue pair completes into it)"));
+        }
+        self.cqs[cq.0 as usize] = None;
+        Ok(())
+    }
+
+    /// Live QPs and CQs (for statistics and leak checks).
+    pub fn counts(&self) -> (usize, usize) {
+        (self.qps.iter().flatten().count(), self.cqs.iter().flatten().count())
+    }
+
+    /// Numbers of every live QP.
+    pub fn qpns(&self) -> impl Iterator<Item = u32> + '_ {
+        let base = self.cfg.qpn_base;
+        self.qps.iter().enumerate().filter(|(_, q)| q.is_some()).map(move |(i, _)| base + i as u32)
     }
 
     /// Polls up to `out.len()` completions; returns how many were written.

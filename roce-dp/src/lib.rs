@@ -8,6 +8,8 @@
 #![deny(unsafe_code)]
 
 pub mod cc;
+#[cfg(target_os = "linux")]
+pub use ctrl::client;
 pub mod config;
 pub mod copy;
 pub mod ctrl;

@@ -5,8 +5,11 @@
 //! array index and a stale key (from a deregistered or re-registered slot) fails on its 8-bit generation. Every
 //! access is bounds-checked against the region.
 //!
-//! The engine owns the bytes of each region (allocated once at registration, never per packet). Applications read
-//! and write them through [`MrTable::bytes`] / [`MrTable::bytes_mut`] (or the engine's wrappers).
+//! A region's bytes are either owned by the engine (allocated once at registration, never per packet; applications
+//! embedding the engine read and write them through [`MrTable::bytes`] / [`MrTable::bytes_mut`]) or live in a
+//! client's shared memory ([`MrTable::register_shared`]: the daemon maps the client's memfd and copies in and out
+//! through the bounds-checked [`ShmBytes`](crate::ctrl::shm::ShmBytes), so no `unsafe` is needed here). The owned
+//! case stays a plain slice copy; the shared case is one branch away.
 
 use core::fmt;
 
@@ -101,7 +104,27 @@ struct Mr {
     /// deregistration.
     valid: bool,
     key: u32,
-    bytes: Box<[u8]>,
+    mem: Mem,
+}
+
+/// Where a region's bytes live.
+enum Mem {
+    /// Owned by the engine.
+    Owned(Box<[u8]>),
+    /// A window of a client's shared region (the daemon).
+    #[cfg(target_os = "linux")]
+    Shared(crate::ctrl::shm::ShmBytes),
+}
+
+impl Mem {
+    #[inline]
+    fn len(&self) -> usize {
+        match self {
+            Mem::Owned(b) => b.len(),
+            #[cfg(target_os = "linux")]
+            Mem::Shared(s) => s.len(),
+        }
+    }
 }
 
 /// All memory regions of an engine, indexed by key.
@@ -128,6 +151,26 @@ impl MrTable {
         if len as u64 > MAX_MR_LEN || va.checked_add(len as u64).is_none() {
             return None;
         }
+        self.insert(pd, va, access, Mem::Owned(vec![0u8; len].into_boxed_slice()))
+    }
+
+    /// Registers a region whose bytes are `mem` (a window of a client's shared memory), at the client's virtual
+    /// address `va`.
+    #[cfg(target_os = "linux")]
+    pub fn register_shared(
+        &mut self,
+        pd: Pd,
+        va: u64,
+        mem: crate::ctrl::shm::ShmBytes,
+        access: AccessFlags,
+    ) -> Option<MrKeys> {
+        if mem.len() as u64 > MAX_MR_LEN || va.checked_add(mem.len() as u64).is_none() {
+            return None;
+        }
+        self.insert(pd, va, access, Mem::Shared(mem))
+    }
+
+    fn insert(&mut self, pd: Pd, va: u64, access: AccessFlags, mem: Mem) -> Option<MrKeys> {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -143,7 +186,7 @@ impl MrTable {
         let gen = self.gens[i];
         self.gens[i] = gen.wrapping_add(1);
         let key = (idx << 8) | u32::from(gen);
-        self.slots[i] = Some(Mr { pd, va, access, valid: true, key, bytes: vec![0u8; len].into_boxed_slice() });
+        self.slots[i] = Some(Mr { pd, va, access, valid: true, key, mem });
         Some(MrKeys { lkey: key, rkey: key })
     }
 
@@ -210,7 +253,15 @@ impl MrTable {
     pub fn read(&self, key: u32, pd: Pd, va: u64, dst: &mut [u8], need: AccessFlags) -> Result<(), AccessError> {
         let mr = self.lookup(key)?;
         let off = check_mr(mr, pd, va, dst.len() as u64, need)?;
-        crate::copy::copy_bytes(dst, &mr.bytes[off..off + dst.len()]);
+        match &mr.mem {
+            Mem::Owned(b) => crate::copy::copy_bytes(dst, &b[off..off + dst.len()]),
+            #[cfg(target_os = "linux")]
+            Mem::Shared(s) => {
+                if !s.read(off, dst) {
+                    return Err(AccessError::OutOfBounds);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -219,34 +270,67 @@ impl MrTable {
     pub fn write(&mut self, key: u32, pd: Pd, va: u64, src: &[u8], need: AccessFlags) -> Result<(), AccessError> {
         let mr = self.lookup_mut(key)?;
         let off = check_mr(mr, pd, va, src.len() as u64, need)?;
-        crate::copy::copy_bytes(&mut mr.bytes[off..off + src.len()], src);
+        match &mut mr.mem {
+            Mem::Owned(b) => crate::copy::copy_bytes(&mut b[off..off + src.len()], src),
+            #[cfg(target_os = "linux")]
+            Mem::Shared(s) => {
+                if !s.write(off, src) {
+                    return Err(AccessError::OutOfBounds);
+                }
+            }
+        }
         Ok(())
     }
 
     /// Executes an 8-byte atomic at `va` (native byte order of the region's u64, as a NIC's host memory is): `f`
     /// maps the original value to the new one. Returns the original value.
-    pub fn atomic(&mut self, key: u32, pd: Pd, va: u64, f: impl FnOnce(u64) -> u64) -> Result<u64, AccessError> {
+    pub fn atomic(&mut self, key: u32, pd: Pd, va: u64, f: impl Fn(u64) -> u64) -> Result<u64, AccessError> {
         let mr = self.lookup_mut(key)?;
         let off = check_mr(mr, pd, va, 8, AccessFlags::REMOTE_ATOMIC)?;
-        let cell: &mut [u8; 8] = (&mut mr.bytes[off..off + 8]).try_into().map_err(|_| AccessError::OutOfBounds)?;
-        let orig = u64::from_le_bytes(*cell);
-        *cell = f(orig).to_le_bytes();
-        Ok(orig)
+        match &mut mr.mem {
+            Mem::Owned(b) => {
+                let cell: &mut [u8; 8] = (&mut b[off..off + 8]).try_into().map_err(|_| AccessError::OutOfBounds)?;
+                let orig = u64::from_le_bytes(*cell);
+                *cell = f(orig).to_le_bytes();
+                Ok(orig)
+            }
+            #[cfg(target_os = "linux")]
+            Mem::Shared(s) => s.atomic(off, f).ok_or(AccessError::OutOfBounds),
+        }
     }
 
-    /// The whole region's bytes (application access through its lkey).
+    /// The whole region's bytes (application access through its lkey); `None` for a shared region (its owner
+    /// reads its own mapping).
     pub fn bytes(&self, lkey: u32) -> Option<&[u8]> {
-        self.lookup(lkey).ok().map(|m| &m.bytes[..])
+        match &self.lookup(lkey).ok()?.mem {
+            Mem::Owned(b) => Some(&b[..]),
+            #[cfg(target_os = "linux")]
+            Mem::Shared(_) => None,
+        }
     }
 
-    /// The whole region's bytes, writable (application access through its lkey).
+    /// The whole region's bytes, writable (application access through its lkey); `None` for a shared region.
     pub fn bytes_mut(&mut self, lkey: u32) -> Option<&mut [u8]> {
-        self.lookup_mut(lkey).ok().map(|m| &mut m.bytes[..])
+        match &mut self.lookup_mut(lkey).ok()?.mem {
+            Mem::Owned(b) => Some(&mut b[..]),
+            #[cfg(target_os = "linux")]
+            Mem::Shared(_) => None,
+        }
     }
 
     /// The region's virtual address and length.
     pub fn extent(&self, lkey: u32) -> Option<(u64, usize)> {
-        self.lookup(lkey).ok().map(|m| (m.va, m.bytes.len()))
+        self.lookup(lkey).ok().map(|m| (m.va, m.mem.len()))
+    }
+
+    /// Live regions (registered and not yet deregistered).
+    pub fn len(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// True when no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -259,7 +343,7 @@ fn check_mr(mr: &Mr, pd: Pd, va: u64, len: u64, need: AccessFlags) -> Result<usi
         return Err(AccessError::NotPermitted);
     }
     let end = va.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-    if va < mr.va || end > mr.va + mr.bytes.len() as u64 {
+    if va < mr.va || end > mr.va + mr.mem.len() as u64 {
         return Err(AccessError::OutOfBounds);
     }
     Ok((va - mr.va) as usize)
@@ -308,5 +392,44 @@ mod tests {
         assert_eq!(t.atomic(k, Pd(0), 8, |v| v + 5), Ok(0));
         assert_eq!(t.atomic(k, Pd(0), 8, |v| v + 5), Ok(5));
         assert_eq!(t.atomic(k, Pd(0), 12, |v| v), Err(AccessError::OutOfBounds));
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
+    fn shared_regions_copy_through_the_client_mapping() {
+        use crate::ctrl::shm::{Backing, ShmRegion};
+        use std::sync::Arc;
+        // The client's buffer, and the daemon's mapping of the same memfd.
+        let mut client = ShmRegion::create("roce-dp-mr-test", 3 * 4096, Backing::Pages).unwrap();
+        let daemon = Arc::new(ShmRegion::map(client.fd().try_clone_to_owned().unwrap()).unwrap());
+        assert!(daemon.window(4096, 8193).is_none(), "window past the mapping");
+        let mut t = MrTable::new(4);
+        let va = 0x7f00_0000_1000;
+        let k = t.register_shared(Pd(3), va, daemon.window(4096, 8000).unwrap(), AccessFlags::ALL).unwrap().rkey;
+        assert_eq!(t.extent(k), Some((va, 8000)));
+        assert!(t.bytes(k).is_none(), "shared bytes are the client's to read");
+        // Every copy size class (system memcpy below 2 KiB, the chunked copy above).
+        for (off, n) in [(0usize, 1usize), (7, 63), (100, 2048), (1, 5000), (8000 - 3000, 3000)] {
+            let src: Vec<u8> = (0..n).map(|i| (i * 7 + off) as u8).collect();
+            t.write(k, Pd(3), va + off as u64, &src, AccessFlags::REMOTE_WRITE).unwrap();
+            assert_eq!(&client.as_mut_slice()[4096 + off..4096 + off + n], &src[..], "{off}+{n}");
+            let mut back = vec![0u8; n];
+            t.read(k, Pd(3), va + off as u64, &mut back, AccessFlags::REMOTE_READ).unwrap();
+            assert_eq!(back, src);
+        }
+        // The client writes, the daemon reads.
+        client.as_mut_slice()[4096 + 16..4096 + 24].copy_from_slice(&41u64.to_le_bytes());
+        assert_eq!(t.atomic(k, Pd(3), va + 16, |v| v + 1), Ok(41));
+        assert_eq!(u64::from_le_bytes(client.as_mut_slice()[4096 + 16..4096 + 24].try_into().unwrap()), 42);
+        // Bounds, PD and alignment hold; nothing before or after the window is touched.
+        let mut b = [0u8; 2];
+        assert_eq!(t.read(k, Pd(3), va + 7999, &mut b, AccessFlags::NONE), Err(AccessError::OutOfBounds));
+        assert_eq!(t.write(k, Pd(4), va, &b, AccessFlags::NONE), Err(AccessError::WrongPd));
+        assert_eq!(t.atomic(k, Pd(3), va + 12, |v| v), Err(AccessError::OutOfBounds), "misaligned");
+        let c = client.as_mut_slice();
+        assert!(c[..4096].iter().all(|&x| x == 0) && c[4096 + 8000..].iter().all(|&x| x == 0));
+        assert!(t.deregister(k));
+        assert!(t.is_empty());
     }
 }

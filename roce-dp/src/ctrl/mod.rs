@@ -1,10 +1,11 @@
-//! The application control plane's shared-memory data path: the ABI of the entries applications and the daemon
+//! The appliance's control plane and its shared-memory data path: the ABI of the entries applications and the daemon
 //! exchange ([`abi`]), the single-producer single-consumer rings that carry them ([`ring`]), the memfd regions the
 //! rings live in ([`shm`]) and the daemon-side work-queue readers that validate what applications post ([`wq`]).
 //!
 //! Trust: the daemon treats every byte in shared memory as hostile. Indices are masked and checked, entries are
 //! copied out before they are validated, and nothing read from shared memory is ever used as a pointer or offset.
-//! `unsafe` is confined to `ring.rs` and `shm.rs`.
+//! `unsafe` is confined to `ring.rs` and `shm.rs` (and two calls in `client.rs` that attach a ring region's client
+//! side).
 //!
 //! # Pieces and who uses them
 //! - Daemon: [`shm::DaemonQpRegion`] / [`shm::DaemonCqRegion`] create a sealed memfd per QP and CQ with its
@@ -18,10 +19,12 @@
 //!   (magic, ABI version and geometry checked; a version mismatch is a one-line [`abi::AbiError::Version`]), then
 //!   `post`/`post_inline` (one Release store each) and [`wq::CqReader::poll`].
 //!
-//! Not here yet (issue 7): the daemon must still check that every SGE's lkey belongs to the posting client (the
-//! engine's per-PD check does it if each client gets its own PD), memory regions backed by client shared memory
-//! (the engine's `MrTable` owns heap bytes today), the socket protocol, and death detection (EOF on the client's
-//! socket, see `tests/shm_ring.rs`).
+//! - Control plane: [`proto`] (the versioned request/reply framing on the daemon's Unix socket, descriptors passed
+//!   with SCM_RIGHTS), [`daemon`] (the daemon's socket server and the worker-side [`daemon::Appliance`] that feeds
+//!   the engine from the rings and the rings from the engine's CQs) and [`client`] (the application library,
+//!   re-exported as `roce_dp::client`). Memory regions live in the client's shared memory: the daemon maps the
+//!   client's memfd and the engine copies through [`shm::ShmBytes`]. Each session has its own PDs, so the engine's
+//!   per-PD key check refuses another client's lkeys and rkeys; a session's socket closing reclaims everything.
 //!
 //! # Checking the unsafe code
 //! The ring, ABI and work-queue unit tests use heap memory and run under Miri (the shm tests, which need
@@ -40,6 +43,12 @@
 //! `tests/shm_ring.rs` puts PROT_NONE guard pages around the region a hostile process scribbles on.
 
 pub mod abi;
+#[cfg(target_os = "linux")]
+pub mod client;
+#[cfg(target_os = "linux")]
+pub mod daemon;
+#[cfg(target_os = "linux")]
+pub mod proto;
 pub mod ring;
 #[cfg(target_os = "linux")]
 pub mod shm;

@@ -328,6 +328,171 @@ impl ShmRegion {
     }
 }
 
+impl ShmRegion {
+    /// The whole mapping as bytes, for the process that created the region and hands it to the daemon as a memory
+    /// region's buffer (the client library's `Mr`).
+    ///
+    /// The daemon writes into the mapping only where the application asked it to (receive buffers, READ and atomic
+    /// results, the targets of a peer's WRITE it granted an rkey for), exactly as a NIC's DMA does: the verbs
+    /// contract, not the borrow checker, keeps the application from reading those bytes before the completion.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` bytes, readable and writable, alive for &mut self; this process holds the
+        // only Rust reference to it. The daemon process may store into it concurrently (see above): plain bytes,
+        // every bit pattern valid, so at worst the application reads a torn value it was told not to read yet.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// A window of `len` bytes at `offset` for the daemon's memory regions; `None` if it does not fit.
+    pub fn window(self: &Arc<Self>, offset: usize, len: usize) -> Option<ShmBytes> {
+        offset.checked_add(len).filter(|&end| end <= self.len)?;
+        Some(ShmBytes { region: self.clone(), offset, len })
+    }
+}
+
+/// A bounds-checked window into a client's shared region: the bytes of a memory region the daemon registered on
+/// the client's behalf (the engine's `MrTable` keeps one per shared region).
+///
+/// The client may change these bytes at any time (as an application may change memory a NIC is reading): the
+/// daemon never forms a reference into them, copies in and out through raw pointers after checking the range
+/// against the window, and never uses what it reads as an index or a length. So a racing or hostile client can
+/// corrupt only its own payload, never make the daemon touch memory outside the mapping.
+#[derive(Clone)]
+pub struct ShmBytes {
+    region: Arc<ShmRegion>,
+    offset: usize,
+    len: usize,
+}
+
+impl fmt::Debug for ShmBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ShmBytes")
+            .field("region", &self.region)
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl ShmBytes {
+    /// Length of the window.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty window.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Pointer to `off .. off + n` of the window, if it lies inside.
+    #[inline]
+    fn at(&self, off: usize, n: usize) -> Option<*mut u8> {
+        off.checked_add(n).filter(|&end| end <= self.len)?;
+        // SAFETY: offset + len <= region.len (checked in `window`) and off + n <= len: inside the mapping.
+        Some(unsafe { self.region.ptr.as_ptr().add(self.offset + off) })
+    }
+
+    /// Copies `dst.len()` bytes at `off` out of the window; false (nothing copied) if the range is not inside.
+    #[inline]
+    pub fn read(&self, off: usize, dst: &mut [u8]) -> bool {
+        let Some(src) = self.at(off, dst.len()) else { return false };
+        // SAFETY: src .. src + dst.len() is inside the mapping (checked), which the Arc keeps alive; dst is a
+        // distinct local buffer. The client may write the source concurrently: bytes, any value is valid.
+        unsafe { copy_in(dst, src) };
+        true
+    }
+
+    /// Copies `src` into the window at `off`; false (nothing copied) if the range is not inside.
+    #[inline]
+    pub fn write(&self, off: usize, src: &[u8]) -> bool {
+        let Some(dst) = self.at(off, src.len()) else { return false };
+        // SAFETY: as in `read`, with the roles swapped; nothing in this process holds a reference into the window.
+        unsafe { copy_out(dst, src) };
+        true
+    }
+
+    /// An 8-byte atomic at `off` (8-byte aligned inside the mapping): `f` maps the original little-endian value to
+    /// the new one, applied with a compare-and-swap loop so a concurrent client atomic is not lost. Returns the
+    /// original value, or `None` if the range is outside or misaligned.
+    pub fn atomic(&self, off: usize, f: impl Fn(u64) -> u64) -> Option<u64> {
+        let p = self.at(off, 8)?;
+        if !(p as usize).is_multiple_of(8) {
+            return None;
+        }
+        // SAFETY: in bounds and 8-byte aligned (checked); AtomicU64 has u64's layout, and the mapping lives as long
+        // as the Arc. Other processes access it only through atomics or plain loads and stores of bytes.
+        let cell = unsafe { &*p.cast::<core::sync::atomic::AtomicU64>() };
+        let mut cur = cell.load(core::sync::atomic::Ordering::Acquire);
+        loop {
+            let new = u64::from_le(f(u64::from_le(cur))).to_le();
+            match cell.compare_exchange_weak(
+                cur,
+                new,
+                core::sync::atomic::Ordering::AcqRel,
+                core::sync::atomic::Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(u64::from_le(cur)),
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+}
+
+/// Copies `dst.len()` bytes from `src` (as `copy::copy_bytes`: 64-byte chunks the compiler vectorises for the mid
+/// sizes where glibc's `rep movsb` is slow here, the system memcpy otherwise).
+///
+/// # Safety
+/// `src .. src + dst.len()` is readable and does not overlap `dst`.
+#[inline]
+unsafe fn copy_in(dst: &mut [u8], src: *const u8) {
+    let n = dst.len();
+    if !(2048..512 * 1024).contains(&n) {
+        // SAFETY: the caller's contract.
+        unsafe { ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) };
+        return;
+    }
+    let mut chunks = dst.chunks_exact_mut(64);
+    let mut at = src;
+    for c in &mut chunks {
+        // SAFETY: at .. at + 64 is inside the caller's readable range (n - 64 * i >= 64 here).
+        let v: [u8; 64] = unsafe { at.cast::<[u8; 64]>().read_unaligned() };
+        c.copy_from_slice(&v);
+        // SAFETY: stays within (or one past) the range.
+        at = unsafe { at.add(64) };
+    }
+    let rest = chunks.into_remainder();
+    // SAFETY: the last `rest.len()` bytes of the caller's range.
+    unsafe { ptr::copy_nonoverlapping(at, rest.as_mut_ptr(), rest.len()) };
+}
+
+/// Copies `src` to `dst` (the chunking of [`copy_in`]).
+///
+/// # Safety
+/// `dst .. dst + src.len()` is writable and does not overlap `src`.
+#[inline]
+unsafe fn copy_out(dst: *mut u8, src: &[u8]) {
+    let n = src.len();
+    if !(2048..512 * 1024).contains(&n) {
+        // SAFETY: the caller's contract.
+        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), dst, n) };
+        return;
+    }
+    let mut chunks = src.chunks_exact(64);
+    let mut at = dst;
+    for c in &mut chunks {
+        let v: [u8; 64] = c.try_into().expect("64-byte chunk");
+        // SAFETY: at .. at + 64 is inside the caller's writable range.
+        unsafe { at.cast::<[u8; 64]>().write_unaligned(v) };
+        // SAFETY: stays within (or one past) the range.
+        at = unsafe { at.add(64) };
+    }
+    let rest = chunks.remainder();
+    // SAFETY: the last `rest.len()` bytes of the caller's range.
+    unsafe { ptr::copy_nonoverlapping(rest.as_ptr(), at, rest.len()) };
+}
+
 impl Drop for ShmRegion {
     fn drop(&mut self) {
         // SAFETY: the mapping was made by `mmap` with this length; every ring half and table view holds an Arc of
@@ -537,6 +702,15 @@ pub fn open_memfds(name: &str) -> usize {
     let want = format!("/memfd:{name} (deleted)");
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return 0 };
     dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok()).filter(|t| t.to_str() == Some(want.as_str())).count()
+}
+
+/// Without blocking: `true` if `sock` has data to read or the peer closed it (end of stream or an error),
+/// `false` if nothing is waiting. One `recv(MSG_PEEK | MSG_DONTWAIT)`; nothing is consumed.
+pub fn readable_or_closed(sock: &UnixStream) -> bool {
+    let mut b = 0u8;
+    // SAFETY: b is a valid one-byte buffer for the call; MSG_PEEK leaves the data in the socket.
+    let n = unsafe { libc::recv(sock.as_raw_fd(), (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    n >= 0 || !matches!(errno(), libc::EAGAIN | libc::EINTR)
 }
 
 /// The most descriptors one message may carry.

@@ -148,6 +148,8 @@ pub enum VerbsError {
     BadState(QpState),
     /// A memory region could not be registered.
     BadMr(&'static str),
+    /// The object is still in use (a CQ that a QP completes into).
+    InUse(&'static str),
 }
 
 impl fmt::Display for VerbsError {
@@ -166,6 +168,7 @@ impl fmt::Display for VerbsError {
             VerbsError::BadLength(n) => write!(f, "message length {n} not allowed for this operation"),
             VerbsError::BadState(s) => write!(f, "QP in state {s:?} cannot accept this request"),
             VerbsError::BadMr(why) => write!(f, "memory registration failed: {why}"),
+            VerbsError::InUse(what) => write!(f, "{what} is still in use"),
         }
     }
 }

@@ -175,18 +175,9 @@ impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli: Cli = match roce_dp_tools::parse_cli("rdp-nic") {
         Ok(c) => c,
-        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            let text = e.to_string();
-            let line = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
-            eprintln!("rdp-nic: {line} (see --help)");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let mode = match cli.mode {
         Mode::Ring => "ring",

@@ -1,0 +1,600 @@
+//! The client library: what an application links to use the soft NIC that `roce-dpd` runs, as it would use a NIC
+//! through libibverbs (re-exported as `roce_dp::client`).
+//!
+//! ```no_run
+//! use roce_dp::client::{Device, QpInit, Remote};
+//! use roce_dp::{AccessFlags, SendWr, WrOpcode};
+//! # fn main() -> Result<(), roce_dp::client::Error> {
+//! let dev = Device::open("/run/roce-dpd.sock")?;           // ABI version checked here
+//! let pd = dev.alloc_pd()?;
+//! let mut mr = pd.reg_mr(1 << 20, AccessFlags::ALL)?;         // a buffer in shared memory the daemon maps too
+//! let mut cq = dev.create_cq(256)?;
+//! let mut qp = dev.create_qp(&pd, &cq, &cq, QpInit::default())?;
+//! qp.to_init(AccessFlags::ALL)?;
+//! # let peer = Remote { qpn: 0, psn: 0, gid: [0; 16], mac: None };
+//! qp.to_rtr(&peer, 4096)?;                                    // peer QPN, PSN and GID from your exchange
+//! qp.to_rts(0x1234)?;
+//! mr.as_mut_slice()[..5].copy_from_slice(b"hello");
+//! qp.post_send(&SendWr::new(1, WrOpcode::Send), &[mr.sge(0, 5)])?;   // an index publish, no system call
+//! let mut wc = [roce_dp::Cqe::EMPTY; 16];
+//! while cq.poll(&mut wc)? == 0 {}
+//! # Ok(()) }
+//! ```
+//!
+//! Only the slow path (open, PD, MR, CQ, QP, modify, query, destroy) talks to the daemon over its socket
+//! ([`super::proto`]); posting and polling touch only the shared rings. Objects are destroyed when dropped (QPs
+//! before the CQs they use, as with verbs). When the daemon goes away, the next control call fails with
+//! [`Error::DaemonGone`], and so does [`Cq::poll`] once it has found its ring empty for a while and looked at the
+//! socket: never a hang.
+
+// Two `unsafe` calls: attaching the client side of a ring region the daemon just sent (one per CQ and QP).
+#![allow(unsafe_code)]
+
+use core::fmt;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::abi::ABI_VERSION;
+use super::proto::{Conn, ProtoError, Request, Response};
+pub use super::proto::{DeviceInfo, ErrorCode, ModifyQp, StatRecord};
+use super::ring::RingError;
+use super::shm::{Backing, ClientCqRegion, ClientQpRegion, ShmError, ShmRegion};
+use super::wq::WqError;
+pub use crate::engine::QpInfo;
+use crate::mr::AccessFlags;
+use crate::qp::{QpAttr, QpState};
+use crate::verbs::{Cqe, SendWr, Sge};
+
+/// What went wrong, with a message a user can act on.
+#[derive(Debug)]
+pub enum Error {
+    /// Nothing listens on the socket.
+    DaemonAbsent {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The socket exists but this user may not connect to it.
+    PermissionDenied {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The daemon and this library disagree on the shared-memory ABI (the daemon's one-line explanation).
+    AbiMismatch(String),
+    /// The daemon stopped, restarted or closed the connection.
+    DaemonGone {
+        /// The socket path.
+        path: PathBuf,
+        /// What the daemon said, or how the connection ended.
+        reason: String,
+    },
+    /// The daemon refused the request.
+    Refused {
+        /// Category.
+        code: ErrorCode,
+        /// The daemon's message.
+        msg: String,
+    },
+    /// A shared region could not be created or mapped here.
+    Shm(ShmError),
+    /// The send or receive queue is full (poll completions first).
+    QueueFull,
+    /// A work request the library refuses to post (too many SGEs, bad lengths).
+    BadRequest(WqError),
+    /// The daemon answered something this library cannot use.
+    Protocol(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::DaemonAbsent { path } => write!(
+                f,
+                "no roce-dpd listening on {}: start it with `roce-dpd --config conf/NAME.toml` (its [daemon] socket)",
+                path.display()
+            ),
+            Error::PermissionDenied { path } => write!(
+                f,
+                "permission denied on {}: the daemon's socket is owner-only by default; run as its user or set \
+                 [daemon] socket_mode",
+                path.display()
+            ),
+            Error::AbiMismatch(msg) => f.write_str(msg),
+            Error::DaemonGone { path, reason } => {
+                write!(
+                    f,
+                    "roce-dpd on {} is gone ({reason}): every QP of this process is lost; reopen the device",
+                    path.display()
+                )
+            }
+            Error::Refused { msg, .. } => write!(f, "roce-dpd refused: {msg}"),
+            Error::Shm(e) => write!(f, "{e}"),
+            Error::QueueFull => f.write_str("work queue full: poll completions before posting more"),
+            Error::BadRequest(e) => write!(f, "work request refused: {e}"),
+            Error::Protocol(what) => write!(f, "unexpected answer from roce-dpd: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<ShmError> for Error {
+    fn from(e: ShmError) -> Error {
+        Error::Shm(e)
+    }
+}
+
+fn wq_err(e: WqError) -> Error {
+    match e {
+        WqError::Ring(RingError::Full) => Error::QueueFull,
+        e => Error::BadRequest(e),
+    }
+}
+
+struct Inner {
+    conn: Mutex<Conn>,
+    seq: AtomicU32,
+    info: DeviceInfo,
+    path: PathBuf,
+    gone: Mutex<Option<String>>,
+    regions: AtomicU32,
+    checking: AtomicBool,
+}
+
+impl Inner {
+    fn gone(&self, reason: String) -> Error {
+        let mut g = self.gone.lock().expect("gone");
+        let reason = g.get_or_insert(reason).clone();
+        Error::DaemonGone { path: self.path.clone(), reason }
+    }
+
+    fn proto(&self, e: ProtoError) -> Error {
+        match e {
+            ProtoError::Io(None) => self.gone("the daemon closed the connection".into()),
+            ProtoError::Io(Some(e)) => self.gone(e.to_string()),
+            ProtoError::Shm(ShmError::Os { op, errno }) => {
+                self.gone(format!("{op}: {}", std::io::Error::from_raw_os_error(errno)))
+            }
+            e => Error::Protocol(e.to_string()),
+        }
+    }
+
+    /// One request, its answer and the descriptors that came with it.
+    fn call(&self, q: &Request, fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<(Response, Vec<OwnedFd>), Error> {
+        if let Some(r) = self.gone.lock().expect("gone").clone() {
+            return Err(Error::DaemonGone { path: self.path.clone(), reason: r });
+        }
+        let mut conn = self.conn.lock().expect("conn");
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = conn.send_request(seq, q, fds) {
+            // The daemon may have said why before it closed the socket.
+            if let Ok(Frame { msg: Response::Shutdown { reason }, .. }) = conn.recv_response() {
+                return Err(self.gone(format!("it is shutting down: {reason}")));
+            }
+            return Err(self.proto(e));
+        }
+        loop {
+            let f = conn.recv_response().map_err(|e| self.proto(e))?;
+            match f.msg {
+                Response::Shutdown { reason } => return Err(self.gone(format!("it is shutting down: {reason}"))),
+                _ if f.seq != seq => continue,
+                Response::Error { code: ErrorCode::Abi, msg } => return Err(Error::AbiMismatch(msg)),
+                Response::Error { code: ErrorCode::ShuttingDown, msg } => return Err(self.gone(msg)),
+                Response::Error { code, msg } => return Err(Error::Refused { code, msg }),
+                r => return Ok((r, f.fds)),
+            }
+        }
+    }
+
+    /// Data-path liveness check: without blocking, has the daemon closed the socket or sent its notice?
+    fn check_alive(&self) -> Result<(), Error> {
+        if let Some(r) = self.gone.lock().expect("gone").clone() {
+            return Err(Error::DaemonGone { path: self.path.clone(), reason: r });
+        }
+        if self.checking.swap(true, Ordering::Acquire) {
+            return Ok(());
+        }
+        let r = match self.conn.try_lock() {
+            Ok(mut conn) if conn.readable_or_closed() => match conn.recv_response() {
+                Ok(Frame { msg: Response::Shutdown { reason }, .. }) => {
+                    Err(self.gone(format!("it is shutting down: {reason}")))
+                }
+                Ok(_) => Ok(()),
+                Err(e) => Err(self.proto(e)),
+            },
+            _ => Ok(()),
+        };
+        self.checking.store(false, Ordering::Release);
+        r
+    }
+
+    /// Destroys a daemon object on drop (errors only matter while the daemon lives; then they are bugs).
+    fn destroy(&self, q: Request) {
+        if self.gone.lock().expect("gone").is_none() {
+            let _ = self.call(&q, &[]);
+        }
+    }
+}
+
+use super::proto::Frame;
+
+/// An open device: the session with the daemon.
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device").field("path", &self.inner.path).field("info", &self.inner.info).finish()
+    }
+}
+
+impl Device {
+    /// Connects to the daemon's socket and opens the device (the shared-memory ABI versions must agree).
+    pub fn open(path: impl AsRef<Path>) -> Result<Device, Error> {
+        Self::open_as(path.as_ref(), ABI_VERSION)
+    }
+
+    /// [`open`](Self::open) claiming another ABI version: for tests of the daemon's mismatch answer.
+    #[doc(hidden)]
+    pub fn open_as(path: &Path, abi: u32) -> Result<Device, Error> {
+        let sock = UnixStream::connect(path).map_err(|e| match e.raw_os_error() {
+            Some(libc::EACCES | libc::EPERM) => Error::PermissionDenied { path: path.to_owned() },
+            Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTSOCK) => Error::DaemonAbsent { path: path.to_owned() },
+            _ => Error::DaemonGone { path: path.to_owned(), reason: format!("connect: {e}") },
+        })?;
+        let mut inner = Inner {
+            conn: Mutex::new(Conn::new(sock)),
+            seq: AtomicU32::new(1),
+            info: DeviceInfo { abi: 0, pid: 0, mac: [0; 6], ipv4: None, ipv6: None, mtu: 0, hugetlb: false },
+            path: path.to_owned(),
+            gone: Mutex::new(None),
+            regions: AtomicU32::new(0),
+            checking: AtomicBool::new(false),
+        };
+        match inner.call(&Request::Hello { abi }, &[])? {
+            (Response::Hello(info), _) => inner.info = info,
+            (r, _) => return Err(Error::Protocol(format!("{r:?} to Hello"))),
+        }
+        Ok(Device { inner: Arc::new(inner) })
+    }
+
+    /// What the daemon told us: addresses, MTU, memory backing.
+    pub fn info(&self) -> DeviceInfo {
+        self.inner.info
+    }
+
+    /// The port's GID: the IPv4-mapped address if it has IPv4, else its IPv6 address.
+    pub fn gid(&self) -> [u8; 16] {
+        match (self.inner.info.ipv4, self.inner.info.ipv6) {
+            (Some(a), _) => std::net::Ipv4Addr::from(a).to_ipv6_mapped().octets(),
+            (None, Some(a)) => a,
+            (None, None) => [0; 16],
+        }
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> Result<Pd, Error> {
+        match self.inner.call(&Request::AllocPd, &[])? {
+            (Response::Pd { pd }, _) => Ok(Pd { dev: self.inner.clone(), pd }),
+            (r, _) => Err(Error::Protocol(format!("{r:?} to AllocPd"))),
+        }
+    }
+
+    /// Creates a completion queue of at least `depth` entries.
+    pub fn create_cq(&self, depth: u32) -> Result<Cq, Error> {
+        let (r, mut fds) = self.inner.call(&Request::CreateCq { depth }, &[])?;
+        let Response::Cq { cq } = r else { return Err(Error::Protocol(format!("{r:?} to CreateCq"))) };
+        let guard = Guard(&self.inner, Some(Request::DestroyCq { cq }));
+        let fd = fds.pop().ok_or_else(|| Error::Protocol("CreateCq answer without its region".into()))?;
+        // SAFETY: the daemon sent this region for this new CQ; this is its only ClientCqRegion in the process.
+        let region = unsafe { ClientCqRegion::open(fd)? };
+        guard.disarm();
+        Ok(Cq { dev: self.inner.clone(), cq, region, empty_polls: 0 })
+    }
+
+    /// Creates an RC QP in the RESET state whose completions go to `send_cq` and `recv_cq`.
+    pub fn create_qp(&self, pd: &Pd, send_cq: &Cq, recv_cq: &Cq, init: QpInit) -> Result<Qp, Error> {
+        let q = Request::CreateQp {
+            pd: pd.pd,
+            send_cq: send_cq.cq,
+            recv_cq: recv_cq.cq,
+            sq_depth: init.sq_depth,
+            rq_depth: init.rq_depth,
+            max_send_sge: init.max_send_sge,
+            max_recv_sge: init.max_recv_sge,
+        };
+        let (r, mut fds) = self.inner.call(&q, &[])?;
+        let Response::Qp { qpn } = r else { return Err(Error::Protocol(format!("{r:?} to CreateQp"))) };
+        let guard = Guard(&self.inner, Some(Request::DestroyQp { qpn }));
+        let fd = fds.pop().ok_or_else(|| Error::Protocol("CreateQp answer without its region".into()))?;
+        // SAFETY: the daemon sent this region for this new QP; this is its only ClientQpRegion in the process.
+        let region = unsafe { ClientQpRegion::open(fd)? };
+        guard.disarm();
+        Ok(Qp { dev: self.inner.clone(), qpn, region })
+    }
+
+    /// Every counter of the daemon (see [`super::proto`]'s statistics section).
+    pub fn stats(&self) -> Result<Vec<StatRecord>, Error> {
+        match self.inner.call(&Request::Stats, &[])? {
+            (Response::Stats(v), _) => Ok(v),
+            (r, _) => Err(Error::Protocol(format!("{r:?} to Stats"))),
+        }
+    }
+
+    /// Closes the connection without destroying anything, as the kernel does when the process dies: for tests of
+    /// the daemon's reclaim.
+    #[doc(hidden)]
+    pub fn abandon(&self) {
+        let _ = self.inner.conn.lock().expect("conn").socket().shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Without blocking: an error if the daemon has closed the connection or announced its shutdown.
+    pub fn check_alive(&self) -> Result<(), Error> {
+        self.inner.check_alive()
+    }
+}
+
+/// Destroys a half-made object if creation fails after the daemon made it.
+struct Guard<'a>(&'a Inner, Option<Request>);
+
+impl Guard<'_> {
+    fn disarm(mut self) {
+        self.1 = None;
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if let Some(q) = self.1.take() {
+            self.0.destroy(q);
+        }
+    }
+}
+
+/// A protection domain.
+pub struct Pd {
+    dev: Arc<Inner>,
+    pd: u32,
+}
+
+impl Pd {
+    /// The handle.
+    pub fn handle(&self) -> u32 {
+        self.pd
+    }
+
+    /// Allocates a `len`-byte buffer in shared memory (memfd; huge pages when the daemon is configured so) and
+    /// registers it with `access`.
+    pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<Mr, Error> {
+        let backing = if self.dev.info.hugetlb { Backing::Hugetlb } else { Backing::Pages };
+        let n = self.dev.regions.fetch_add(1, Ordering::Relaxed);
+        let mut region = ShmRegion::create(&format!("roce-dp-mr-{}-{n}", std::process::id()), len.max(1), backing)?;
+        let va = region.as_mut_slice().as_mut_ptr() as u64;
+        let q = Request::RegMr { pd: self.pd, va, len: len as u64, offset: 0, access: access.0 };
+        let (r, _) = self.dev.call(&q, &[region.fd()])?;
+        let Response::Mr { lkey, rkey } = r else { return Err(Error::Protocol(format!("{r:?} to RegMr"))) };
+        Ok(Mr { dev: self.dev.clone(), region, lkey, rkey, va, len })
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        self.dev.destroy(Request::DeallocPd { pd: self.pd });
+    }
+}
+
+/// A registered buffer in memory shared with the daemon.
+pub struct Mr {
+    dev: Arc<Inner>,
+    region: ShmRegion,
+    lkey: u32,
+    rkey: u32,
+    va: u64,
+    len: usize,
+}
+
+impl Mr {
+    /// The buffer (the daemon writes into it what work requests and peers with its rkey put there).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let len = self.len;
+        &mut self.region.as_mut_slice()[..len]
+    }
+
+    /// The buffer, read-only.
+    pub fn as_slice(&mut self) -> &[u8] {
+        self.as_mut_slice()
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// Remote key (give it to the peer).
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// The buffer's address (what SGEs and a peer's remote address use).
+    pub fn addr(&self) -> u64 {
+        self.va
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// An SGE for `len` bytes at `offset` of this region.
+    pub fn sge(&self, offset: usize, len: u32) -> Sge {
+        Sge { addr: self.va + offset as u64, len, lkey: self.lkey }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.dev.destroy(Request::DeregMr { lkey: self.lkey });
+    }
+}
+
+/// A completion queue: its ring is polled without system calls.
+pub struct Cq {
+    dev: Arc<Inner>,
+    cq: u32,
+    region: ClientCqRegion,
+    empty_polls: u32,
+}
+
+/// Empty polls between two looks at the control socket.
+const ALIVE_CHECK_EVERY: u32 = 1 << 14;
+
+impl Cq {
+    /// The handle.
+    pub fn handle(&self) -> u32 {
+        self.cq
+    }
+
+    /// Up to `out.len()` completions. After many empty polls in a row it looks (one non-blocking `recv`) whether
+    /// the daemon is still there, so a caller spinning on an empty queue gets [`Error::DaemonGone`] instead of
+    /// spinning forever.
+    pub fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, Error> {
+        let n = self.region.cq.poll(out).map_err(|e| Error::Protocol(format!("completion ring: {e}")))?;
+        if n > 0 {
+            self.empty_polls = 0;
+            return Ok(n);
+        }
+        self.empty_polls += 1;
+        if self.empty_polls >= ALIVE_CHECK_EVERY {
+            self.empty_polls = 0;
+            self.dev.check_alive()?;
+        }
+        Ok(0)
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        self.dev.destroy(Request::DestroyCq { cq: self.cq });
+    }
+}
+
+/// Queue sizes of a new QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpInit {
+    /// Send queue depth (rounded up to a power of two).
+    pub sq_depth: u32,
+    /// Receive queue depth (rounded up to a power of two).
+    pub rq_depth: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u8,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u8,
+}
+
+impl Default for QpInit {
+    fn default() -> Self {
+        QpInit { sq_depth: 128, rq_depth: 128, max_send_sge: 4, max_recv_sge: 4 }
+    }
+}
+
+/// The peer of a connection, as learnt out of band.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remote {
+    /// Its QP number.
+    pub qpn: u32,
+    /// Its first send PSN (our expected receive PSN).
+    pub psn: u32,
+    /// Its GID (IPv4-mapped or IPv6).
+    pub gid: [u8; 16],
+    /// Its MAC; `None`: the daemon resolves it with ARP / neighbour discovery.
+    pub mac: Option<[u8; 6]>,
+}
+
+/// An RC queue pair: posting is a write into the shared ring and an index publish.
+pub struct Qp {
+    dev: Arc<Inner>,
+    qpn: u32,
+    region: ClientQpRegion,
+}
+
+impl Qp {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Any attribute change (`ibv_modify_qp`).
+    pub fn modify(&self, m: &ModifyQp) -> Result<(), Error> {
+        match self.dev.call(&Request::ModifyQp { qpn: self.qpn, m: *m }, &[])? {
+            (Response::Ok, _) => Ok(()),
+            (r, _) => Err(Error::Protocol(format!("{r:?} to ModifyQp"))),
+        }
+    }
+
+    /// RESET -> INIT, granting the peer `access`.
+    pub fn to_init(&self, access: AccessFlags) -> Result<(), Error> {
+        let attr = QpAttr { state: Some(QpState::Init), access: Some(access), ..QpAttr::default() };
+        self.modify(&ModifyQp { attr, ..ModifyQp::default() })
+    }
+
+    /// INIT -> RTR towards `r` with path MTU `mtu` (16 outstanding READ/atomics accepted, RNR timer 0.01 ms).
+    pub fn to_rtr(&self, r: &Remote, mtu: u32) -> Result<(), Error> {
+        let attr = QpAttr {
+            state: Some(QpState::Rtr),
+            path_mtu: Some(mtu),
+            dest_qpn: Some(r.qpn),
+            rq_psn: Some(r.psn),
+            max_dest_rd_atomic: Some(16),
+            min_rnr_timer: Some(1),
+            ..QpAttr::default()
+        };
+        self.modify(&ModifyQp { attr, gid: Some(r.gid), mac: r.mac })
+    }
+
+    /// RTR -> RTS with first send PSN `psn` (ACK timeout 4.096 us * 2^14, 7 retries, RNR retries infinite).
+    pub fn to_rts(&self, psn: u32) -> Result<(), Error> {
+        let attr = QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(psn),
+            timeout: Some(14),
+            retry_cnt: Some(7),
+            rnr_retry: Some(7),
+            max_rd_atomic: Some(16),
+            ..QpAttr::default()
+        };
+        self.modify(&ModifyQp { attr, ..ModifyQp::default() })
+    }
+
+    /// A snapshot of the QP (`ibv_query_qp`).
+    pub fn query(&self) -> Result<QpInfo, Error> {
+        match self.dev.call(&Request::QueryQp { qpn: self.qpn }, &[])? {
+            (Response::QpInfo(q), _) => Ok(q),
+            (r, _) => Err(Error::Protocol(format!("{r:?} to QueryQp"))),
+        }
+    }
+
+    /// Posts a send work request (no system call).
+    pub fn post_send(&mut self, wr: &SendWr, sgl: &[Sge]) -> Result<(), Error> {
+        self.region.sq.post(wr, sgl).map_err(wq_err)
+    }
+
+    /// Posts a receive work request (no system call).
+    pub fn post_recv(&mut self, wr_id: u64, sgl: &[Sge]) -> Result<(), Error> {
+        self.region.rq.post(wr_id, sgl).map_err(wq_err)
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.dev.destroy(Request::DestroyQp { qpn: self.qpn });
+    }
+}

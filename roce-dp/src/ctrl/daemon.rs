@@ -1,0 +1,895 @@
+//! The appliance's two halves, without DPDK: [`Server`] (control threads: the Unix socket, sessions, descriptor
+//! passing, region creation) and [`Appliance`] (owned by the worker that owns the engine: it executes the
+//! sessions' commands, feeds the engine from the QPs' shared send and receive rings and moves completions into the
+//! CQ rings). `roce-dpd` joins them to a DPDK port; tests join them to an engine over an in-memory link.
+//!
+//! The two halves talk through an `mpsc` channel of [`Job`]s: the worker drains it between bursts with
+//! `try_recv` (a load when empty: no lock on the packet path) and answers each job on its own reply channel. So
+//! the engine is only ever touched by its worker, and control requests wait at most one poll iteration.
+//!
+//! Isolation: every handle a request names (PD, lkey, CQ, QPN) is looked up in the session's own objects; a
+//! handle of another session is "not found". Each session has its own PDs, so the engine's PD check refuses an
+//! SGE or rkey of another session's region (a key must belong to the QP's protection domain). A WQE the ring
+//! reader refuses completes with [`Cqe::refused`](super::abi::Cqe::refused) and moves its QP to the error state.
+//! A session whose socket closes (its process exited or was killed) has its QPs moved to the error state and
+//! everything it owned destroyed at once.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::abi::{self, SendRequest, SgeList, ABI_VERSION};
+use super::proto::{Conn, DeviceInfo, ErrorCode, ModifyQp, ProtoError, Request, Response, StatRecord};
+use super::shm::{Backing, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmBytes, ShmRegion};
+use super::wq::WqError;
+use crate::engine::Engine;
+use crate::mr::{AccessFlags, Pd};
+use crate::neigh::{NeighIp, Neighbours};
+use crate::qp::{PeerAddr, QpAttr, QpCaps, QpState, VerbsError};
+use crate::verbs::{CqId, WcOpcode, WcStatus};
+use crate::wire::{IpAddrs, MacAddr};
+
+/// A command for the worker, from one session.
+pub enum Cmd {
+    /// Allocate a PD.
+    AllocPd,
+    /// Free a PD.
+    DeallocPd(u32),
+    /// Register a window of the session's shared memory.
+    RegMr {
+        /// PD.
+        pd: u32,
+        /// The client's address of the window's first byte.
+        va: u64,
+        /// The bytes.
+        mem: ShmBytes,
+        /// Rights.
+        access: AccessFlags,
+    },
+    /// Deregister.
+    DeregMr(u32),
+    /// Create a CQ over a region the control thread made.
+    CreateCq(Box<DaemonCqRegion>),
+    /// Destroy a CQ.
+    DestroyCq(u32),
+    /// Create a QP over a region the control thread made.
+    CreateQp {
+        /// PD.
+        pd: u32,
+        /// Send CQ.
+        send_cq: u32,
+        /// Receive CQ.
+        recv_cq: u32,
+        /// Ring region.
+        region: Box<DaemonQpRegion>,
+    },
+    /// Modify a QP.
+    ModifyQp(u32, ModifyQp),
+    /// Query a QP.
+    QueryQp(u32),
+    /// Destroy a QP.
+    DestroyQp(u32),
+    /// Counters.
+    Stats,
+    /// The session ended: error its QPs and free everything it owned.
+    Reclaim,
+    /// The daemon is stopping: every QP of every session to the error state, completions flushed into the rings.
+    Shutdown,
+}
+
+/// A command with its session and the channel its answer goes back on.
+pub struct Job {
+    /// Session id.
+    pub client: u32,
+    /// What to do.
+    pub cmd: Cmd,
+    /// Where the answer goes.
+    pub reply: mpsc::Sender<Response>,
+}
+
+/// Counters of the appliance (scope `daemon` in the statistics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplianceStats {
+    /// Send WQEs taken from the rings and posted to the engine.
+    pub wqes_posted: u64,
+    /// Receive WQEs posted.
+    pub recvs_posted: u64,
+    /// WQEs refused (bad fields, corrupt ring, or refused by the engine); each moved its QP to the error state.
+    pub wqes_refused: u64,
+    /// CQEs written into CQ rings.
+    pub cqes_delivered: u64,
+    /// CQEs dropped because their CQ ring was corrupt.
+    pub cqes_dropped: u64,
+    /// Sessions whose resources were reclaimed.
+    pub sessions_reclaimed: u64,
+    /// Commands served.
+    pub commands: u64,
+}
+
+struct CqSlot {
+    client: u32,
+    region: DaemonCqRegion,
+    /// The client corrupted the ring's indices: completions are dropped.
+    broken: bool,
+}
+
+struct QpSlot {
+    qpn: u32,
+    client: u32,
+    send_cq: CqId,
+    recv_cq: CqId,
+    region: DaemonQpRegion,
+    sq_cap: u32,
+    rq_cap: u32,
+    /// A ring of this QP is corrupt: it is no longer read.
+    broken: bool,
+}
+
+/// The worker's half: the sessions' objects on one engine.
+#[derive(Default)]
+pub struct Appliance {
+    pds: HashMap<u32, u32>,
+    /// lkey -> (client, pd).
+    mrs: HashMap<u32, (u32, u32)>,
+    cqs: Vec<Option<CqSlot>>,
+    qps: Vec<QpSlot>,
+    req: SendRequest,
+    sges: SgeList,
+    /// Counters.
+    pub stats: ApplianceStats,
+}
+
+fn err(code: ErrorCode, msg: impl Into<String>) -> Response {
+    Response::Error { code, msg: msg.into() }
+}
+
+fn verbs_err(e: VerbsError) -> Response {
+    let code = match e {
+        VerbsError::NoSuchQp(_) | VerbsError::NoSuchCq(_) => ErrorCode::NotFound,
+        VerbsError::ResourceExhausted(_) => ErrorCode::Exhausted,
+        VerbsError::InUse(_) => ErrorCode::Busy,
+        _ => ErrorCode::Invalid,
+    };
+    err(code, e.to_string())
+}
+
+/// The CQE of a WQE the daemon refuses (the QP then goes to the error state).
+fn refused(wr_id: u64, qpn: u32, opcode: WcOpcode, vendor_err: u32) -> abi::Cqe {
+    abi::Cqe {
+        wr_id,
+        status: WcStatus::LocQpOpErr.code() as u8,
+        opcode: abi::wc_opcode_code(opcode),
+        qpn,
+        vendor_err,
+        ..abi::Cqe::default()
+    }
+}
+
+/// `vendor_err` of a WQE the engine refused at post time (the ring reader's own codes are below 0x100).
+pub const VENDOR_ENGINE_REFUSED: u32 = 0x100;
+/// `vendor_err` of the WQE that found a ring's indices corrupt.
+pub const VENDOR_RING_CORRUPT: u32 = 0x101;
+
+fn gid_addrs(gid: [u8; 16], local: crate::qp::LocalIp) -> Result<(IpAddrs, NeighIp), Response> {
+    if gid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+        let dst: [u8; 4] = gid[12..].try_into().expect("4 bytes");
+        let src = local.v4.ok_or_else(|| err(ErrorCode::Invalid, "IPv4 GID but the port has no IPv4 address"))?;
+        Ok((IpAddrs::V4 { src, dst }, NeighIp::V4(dst)))
+    } else {
+        let src = local.v6.ok_or_else(|| err(ErrorCode::Invalid, "IPv6 GID but the port has no IPv6 address"))?;
+        Ok((IpAddrs::V6 { src, dst: gid }, NeighIp::V6(gid)))
+    }
+}
+
+impl Appliance {
+    /// An appliance with no sessions.
+    pub fn new() -> Appliance {
+        Appliance::default()
+    }
+
+    /// Live QPs, CQs, MRs and PDs of all sessions.
+    pub fn counts(&self) -> (usize, usize, usize, usize) {
+        (self.qps.len(), self.cqs.iter().flatten().count(), self.mrs.len(), self.pds.len())
+    }
+
+    fn own_pd(&self, client: u32, pd: u32) -> Result<Pd, Response> {
+        match self.pds.get(&pd) {
+            Some(&c) if c == client => Ok(Pd(pd)),
+            _ => Err(err(ErrorCode::NotFound, format!("no protection domain {pd} in this session"))),
+        }
+    }
+
+    fn own_cq(&self, client: u32, cq: u32) -> Result<CqId, Response> {
+        match self.cqs.get(cq as usize) {
+            Some(Some(s)) if s.client == client => Ok(CqId(cq)),
+            _ => Err(err(ErrorCode::NotFound, format!("no completion queue {cq} in this session"))),
+        }
+    }
+
+    fn own_qp(&self, client: u32, qpn: u32) -> Result<usize, Response> {
+        self.qps
+            .iter()
+            .position(|q| q.qpn == qpn && q.client == client)
+            .ok_or_else(|| err(ErrorCode::NotFound, format!("no queue pair {qpn:#x} in this session")))
+    }
+
+    /// Serves one job (the answer goes back on its channel). Returns an address to solicit (ARP/ND) when a
+    /// modify-to-RTR needs a MAC the neighbour table does not have yet; the control thread retries.
+    pub fn serve(
+        &mut self,
+        e: &mut Engine,
+        neigh: &Neighbours,
+        job: Job,
+        extra_stats: &dyn Fn(&mut Vec<StatRecord>),
+    ) -> Option<NeighIp> {
+        self.stats.commands += 1;
+        let mut solicit = None;
+        let r = match self.execute(e, neigh, job.client, job.cmd, extra_stats) {
+            Ok(r) => r,
+            Err((r, s)) => {
+                solicit = s;
+                r
+            }
+        };
+        let _ = job.reply.send(r);
+        solicit
+    }
+
+    fn execute(
+        &mut self,
+        e: &mut Engine,
+        neigh: &Neighbours,
+        client: u32,
+        cmd: Cmd,
+        extra_stats: &dyn Fn(&mut Vec<StatRecord>),
+    ) -> Result<Response, (Response, Option<NeighIp>)> {
+        let no = |r: Response| (r, None);
+        Ok(match cmd {
+            Cmd::AllocPd => {
+                let pd = e.alloc_pd();
+                self.pds.insert(pd.0, client);
+                Response::Pd { pd: pd.0 }
+            }
+            Cmd::DeallocPd(pd) => {
+                self.own_pd(client, pd).map_err(no)?;
+                if self.mrs.values().any(|&(_, p)| p == pd) {
+                    return Err(no(err(ErrorCode::Busy, format!("protection domain {pd} still has memory regions"))));
+                }
+                self.pds.remove(&pd);
+                Response::Ok
+            }
+            Cmd::RegMr { pd, va, mem, access } => {
+                let pd = self.own_pd(client, pd).map_err(no)?;
+                let k = e.reg_mr_shared(pd, va, mem, access).map_err(|x| no(verbs_err(x)))?;
+                self.mrs.insert(k.lkey, (client, pd.0));
+                Response::Mr { lkey: k.lkey, rkey: k.rkey }
+            }
+            Cmd::DeregMr(lkey) => {
+                match self.mrs.get(&lkey) {
+                    Some(&(c, _)) if c == client => {}
+                    _ => {
+                        return Err(no(err(ErrorCode::NotFound, format!("no memory region {lkey:#x} in this session"))))
+                    }
+                }
+                e.dereg_mr(lkey);
+                self.mrs.remove(&lkey);
+                Response::Ok
+            }
+            Cmd::CreateCq(region) => {
+                // The engine's CQ holds what the ring cannot take yet.
+                let cq = e.create_cq(region.header.sq.capacity).map_err(|x| no(verbs_err(x)))?;
+                let i = cq.0 as usize;
+                if self.cqs.len() <= i {
+                    self.cqs.resize_with(i + 1, || None);
+                }
+                self.cqs[i] = Some(CqSlot { client, region: *region, broken: false });
+                Response::Cq { cq: cq.0 }
+            }
+            Cmd::DestroyCq(cq) => {
+                let id = self.own_cq(client, cq).map_err(no)?;
+                e.destroy_cq(id).map_err(|x| no(verbs_err(x)))?;
+                self.cqs[cq as usize] = None;
+                Response::Ok
+            }
+            Cmd::CreateQp { pd, send_cq, recv_cq, region } => {
+                let pd = self.own_pd(client, pd).map_err(no)?;
+                let scq = self.own_cq(client, send_cq).map_err(no)?;
+                let rcq = self.own_cq(client, recv_cq).map_err(no)?;
+                let h = region.header;
+                let caps = QpCaps {
+                    max_send_wr: h.sq.capacity,
+                    max_recv_wr: h.rq.capacity,
+                    max_send_sge: h.sq_sges.per_slot + 1,
+                    max_recv_sge: h.rq_sges.per_slot + 1,
+                    max_inline: 0,
+                };
+                let qpn = e.create_qp(pd, scq, rcq, caps).map_err(|x| no(verbs_err(x)))?;
+                self.qps.push(QpSlot {
+                    qpn,
+                    client,
+                    send_cq: scq,
+                    recv_cq: rcq,
+                    region: *region,
+                    sq_cap: caps.max_send_wr,
+                    rq_cap: caps.max_recv_wr,
+                    broken: false,
+                });
+                Response::Qp { qpn }
+            }
+            Cmd::ModifyQp(qpn, m) => {
+                self.own_qp(client, qpn).map_err(no)?;
+                let mut attr = QpAttr { peer: None, ..m.attr };
+                if let Some(gid) = m.gid {
+                    let cfg = e.config();
+                    let (ip, nip) = gid_addrs(gid, cfg.local_ip).map_err(no)?;
+                    let own = match nip {
+                        NeighIp::V4(a) => cfg.local_ip.v4 == Some(a),
+                        NeighIp::V6(a) => cfg.local_ip.v6 == Some(a),
+                    };
+                    let mac = match m.mac {
+                        Some(mac) => MacAddr(mac),
+                        None if own => cfg.local_mac,
+                        None => match neigh.lookup(nip) {
+                            Some(mac) => mac,
+                            None => {
+                                return Err((
+                                    err(ErrorCode::Unresolved, "peer MAC not resolved yet (ARP/ND sent)"),
+                                    Some(nip),
+                                ))
+                            }
+                        },
+                    };
+                    attr.peer = Some(PeerAddr { ip, mac });
+                }
+                e.modify_qp(qpn, &attr).map_err(|x| no(verbs_err(x)))?;
+                Response::Ok
+            }
+            Cmd::QueryQp(qpn) => {
+                self.own_qp(client, qpn).map_err(no)?;
+                Response::QpInfo(e.query_qp(qpn).map_err(|x| no(verbs_err(x)))?)
+            }
+            Cmd::DestroyQp(qpn) => {
+                let i = self.own_qp(client, qpn).map_err(no)?;
+                let _ = e.destroy_qp(qpn);
+                self.qps.swap_remove(i);
+                Response::Ok
+            }
+            Cmd::Stats => Response::Stats(self.stat_records(e, extra_stats)),
+            Cmd::Reclaim => {
+                self.reclaim(e, client);
+                Response::Ok
+            }
+            Cmd::Shutdown => {
+                let err_attr = QpAttr { state: Some(QpState::Err), ..QpAttr::default() };
+                for q in &self.qps {
+                    let _ = e.modify_qp(q.qpn, &err_attr);
+                }
+                self.deliver(e);
+                Response::Ok
+            }
+        })
+    }
+
+    /// Moves the session's QPs to the error state and destroys everything it owned.
+    fn reclaim(&mut self, e: &mut Engine, client: u32) {
+        let err_attr = QpAttr { state: Some(QpState::Err), ..QpAttr::default() };
+        self.qps.retain(|q| {
+            if q.client != client {
+                return true;
+            }
+            let _ = e.modify_qp(q.qpn, &err_attr);
+            let _ = e.destroy_qp(q.qpn);
+            false
+        });
+        for (i, slot) in self.cqs.iter_mut().enumerate() {
+            if slot.as_ref().is_some_and(|s| s.client == client) {
+                let _ = e.destroy_cq(CqId(i as u32));
+                *slot = None;
+            }
+        }
+        self.mrs.retain(|&lkey, &mut (c, _)| {
+            if c == client {
+                e.dereg_mr(lkey);
+            }
+            c != client
+        });
+        self.pds.retain(|_, c| *c != client);
+        self.stats.sessions_reclaimed += 1;
+    }
+
+    fn stat_records(&self, e: &Engine, extra: &dyn Fn(&mut Vec<StatRecord>)) -> Vec<StatRecord> {
+        let mut v = Vec::new();
+        let mut rec = |scope: &str, id: u32, name: &str, value: u64| {
+            v.push(StatRecord { scope: scope.into(), id, name: name.into(), value })
+        };
+        let (qps, cqs, mrs, pds) = self.counts();
+        let s = &self.stats;
+        let sessions: std::collections::HashSet<u32> = self.pds.values().copied().collect();
+        for (n, val) in [
+            ("sessions_with_objects", sessions.len() as u64),
+            ("qps", qps as u64),
+            ("cqs", cqs as u64),
+            ("mrs", mrs as u64),
+            ("pds", pds as u64),
+            ("wqes_posted", s.wqes_posted),
+            ("recvs_posted", s.recvs_posted),
+            ("wqes_refused", s.wqes_refused),
+            ("cqes_delivered", s.cqes_delivered),
+            ("cqes_dropped", s.cqes_dropped),
+            ("sessions_reclaimed", s.sessions_reclaimed),
+            ("commands", s.commands),
+        ] {
+            rec("daemon", 0, n, val);
+        }
+        for (n, val) in e.stats().iter() {
+            rec("engine", 0, n, val);
+        }
+        for q in &self.qps {
+            rec("qp", q.qpn, "client", u64::from(q.client));
+            if let Ok(info) = e.query_qp(q.qpn) {
+                rec("qp", q.qpn, "state", u64::from(info.state as u8));
+            }
+            if let Some(cc) = e.qp_cc_state(q.qpn) {
+                rec("qp", q.qpn, "rate_kbps", cc.rate_kbps);
+            }
+            if let Some(c) = e.qp_counters(q.qpn) {
+                for (n, val) in c.iter() {
+                    rec("qp", q.qpn, n, val);
+                }
+            }
+        }
+        extra(&mut v);
+        v
+    }
+
+    /// One pass over every QP's rings (new WQEs to the engine) and every CQ (engine completions to the ring).
+    /// Returns whether anything moved.
+    pub fn poll(&mut self, e: &mut Engine) -> bool {
+        let mut busy = false;
+        for i in 0..self.qps.len() {
+            busy |= self.poll_qp(e, i);
+        }
+        busy | self.deliver(e)
+    }
+
+    fn poll_qp(&mut self, e: &mut Engine, i: usize) -> bool {
+        let q = &mut self.qps[i];
+        if q.broken {
+            return false;
+        }
+        let Ok(info) = e.query_qp(q.qpn) else { return false };
+        let mut moved = false;
+        let mut failed: Option<abi::Cqe> = None;
+        // Send queue: only as many as the engine's queue has room for; the rest wait in the ring.
+        let mut room = q.sq_cap.saturating_sub(info.sq_outstanding);
+        while room > 0 {
+            match q.region.sq.poll_into(&mut self.req, &mut []) {
+                Ok(false) => break,
+                Ok(true) => {
+                    moved = true;
+                    room -= 1;
+                    match e.post_send(q.qpn, &self.req.wr, self.req.sges.as_slice()) {
+                        Ok(()) => self.stats.wqes_posted += 1,
+                        Err(_) => {
+                            failed = Some(refused(self.req.wr.wr_id, q.qpn, WcOpcode::Send, VENDOR_ENGINE_REFUSED));
+                            break;
+                        }
+                    }
+                }
+                Err(WqError::Wqe { wr_id, error, .. }) => {
+                    failed = Some(abi::Cqe::refused(wr_id, q.qpn, WcOpcode::Send, &error));
+                    break;
+                }
+                Err(_) => {
+                    q.broken = true;
+                    failed = Some(refused(0, q.qpn, WcOpcode::Send, VENDOR_RING_CORRUPT));
+                    break;
+                }
+            }
+        }
+        q.region.sq.release();
+        let mut room = q.rq_cap.saturating_sub(info.rq_posted);
+        while room > 0 && failed.is_none() {
+            match q.region.rq.poll_into(&mut self.sges) {
+                Ok(None) => break,
+                Ok(Some(wr_id)) => {
+                    moved = true;
+                    room -= 1;
+                    match e.post_recv(q.qpn, wr_id, self.sges.as_slice()) {
+                        Ok(()) => self.stats.recvs_posted += 1,
+                        Err(_) => failed = Some(refused(wr_id, q.qpn, WcOpcode::Recv, VENDOR_ENGINE_REFUSED)),
+                    }
+                }
+                Err(WqError::Wqe { wr_id, error, .. }) => {
+                    failed = Some(abi::Cqe::refused(wr_id, q.qpn, WcOpcode::Recv, &error));
+                }
+                Err(_) => {
+                    q.broken = true;
+                    failed = Some(refused(0, q.qpn, WcOpcode::Recv, VENDOR_RING_CORRUPT));
+                }
+            }
+        }
+        let _ = q.region.rq.sync();
+        if let Some(cqe) = failed {
+            self.stats.wqes_refused += 1;
+            let cq = if cqe.opcode == abi::wc_opcode::RECV { q.recv_cq } else { q.send_cq };
+            let qpn = q.qpn;
+            // The refusal goes first, then the flush of everything the engine held.
+            if let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) {
+                if slot.broken || slot.region.cq.push_publish(cqe).is_err() {
+                    self.stats.cqes_dropped += 1;
+                } else {
+                    self.stats.cqes_delivered += 1;
+                }
+            }
+            let _ = e.modify_qp(qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+            moved = true;
+        }
+        moved
+    }
+
+    /// Engine completions into the CQ rings, as far as each ring has room.
+    fn deliver(&mut self, e: &mut Engine) -> bool {
+        let mut moved = false;
+        for (i, slot) in self.cqs.iter_mut().enumerate() {
+            let Some(s) = slot else { continue };
+            let id = CqId(i as u32);
+            if e.cq_len(id) == 0 {
+                continue;
+            }
+            let mut pushed = false;
+            loop {
+                if !s.broken {
+                    match s.region.cq.reserve() {
+                        Ok(()) => {}
+                        Err(super::ring::RingError::Full) => break,
+                        Err(_) => s.broken = true,
+                    }
+                }
+                let Some(c) = e.poll_cq_one(id) else { break };
+                moved = true;
+                if s.broken {
+                    self.stats.cqes_dropped += 1;
+                    continue;
+                }
+                let _ = s.region.cq.push(abi::Cqe::from(&c));
+                pushed = true;
+                self.stats.cqes_delivered += 1;
+            }
+            if pushed {
+                s.region.cq.publish();
+            }
+        }
+        moved
+    }
+}
+
+// ------------------------------------------------------------------------------------------------ the server
+
+/// How the daemon serves its socket.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Socket path.
+    pub path: PathBuf,
+    /// Its permission bits (0o600: the owner only).
+    pub mode: u32,
+    /// Backing of the ring regions (and, as told to clients, of their buffers).
+    pub backing: Backing,
+    /// What `Hello` answers.
+    pub info: DeviceInfo,
+    /// Default depths and SGE limits are the client's; these cap them.
+    pub max_depth: u32,
+    /// Print one line per session event (refused open, end of a session) to stderr, prefixed `roce-dpd: `.
+    pub log: bool,
+}
+
+/// Why the server could not start.
+#[derive(Debug)]
+pub struct ServeError(pub String);
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ServeError {}
+
+struct Session {
+    writer: Mutex<Conn>,
+}
+
+/// The control half: listens, runs one thread per session, forwards commands to the worker.
+pub struct Server {
+    cfg: ServerConfig,
+    listener: UnixListener,
+    jobs: mpsc::Sender<Job>,
+    sessions: Arc<Mutex<HashMap<u32, Arc<Session>>>>,
+    stop: Arc<AtomicBool>,
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accept: Option<JoinHandle<()>>,
+}
+
+/// How long a session thread waits for the worker's answer before it gives up on the request.
+const WORKER_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Server {
+    /// Binds the socket (refusing a path another daemon answers on; replacing a stale socket file), sets its
+    /// mode, and starts accepting. Commands go to `jobs`.
+    pub fn start(cfg: ServerConfig, jobs: mpsc::Sender<Job>) -> Result<Server, ServeError> {
+        let path = cfg.path.clone();
+        let path = path.as_path();
+        let shown = path.display();
+        if std::fs::symlink_metadata(path).is_ok() {
+            if UnixStream::connect(path).is_ok() {
+                return Err(ServeError(format!(
+                    "socket {shown} is in use by a running daemon (stop it, or set [daemon] socket to another path)"
+                )));
+            }
+            let meta = std::fs::symlink_metadata(path).map_err(|e| ServeError(format!("{shown}: {e}")))?;
+            if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+                return Err(ServeError(format!("{shown} exists and is not a socket: refusing to replace it")));
+            }
+            std::fs::remove_file(path).map_err(|e| ServeError(format!("remove stale socket {shown}: {e}")))?;
+        }
+        let listener = UnixListener::bind(path).map_err(|e| ServeError(format!("bind {shown}: {e}")))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.mode))
+            .map_err(|e| ServeError(format!("chmod {:o} {shown}: {e}", cfg.mode)))?;
+        listener.set_nonblocking(true).map_err(|e| ServeError(format!("{shown}: {e}")))?;
+        let mut s = Server {
+            cfg,
+            listener,
+            jobs,
+            sessions: Arc::default(),
+            stop: Arc::default(),
+            threads: Arc::default(),
+            accept: None,
+        };
+        s.spawn_accept().map_err(|e| ServeError(format!("{shown}: {e}")))?;
+        Ok(s)
+    }
+
+    fn spawn_accept(&mut self) -> std::io::Result<()> {
+        let listener = self.listener.try_clone()?;
+        let (cfg, jobs, sessions, stop, threads) =
+            (self.cfg.clone(), self.jobs.clone(), self.sessions.clone(), self.stop.clone(), self.threads.clone());
+        let next = Arc::new(AtomicU32::new(1));
+        self.accept = Some(std::thread::Builder::new().name("roce-dpd-accept".into()).spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((sock, _)) => {
+                        let _ = sock.set_nonblocking(false);
+                        let id = next.fetch_add(1, Ordering::Relaxed);
+                        let Ok(w) = sock.try_clone() else { continue };
+                        let sess = Arc::new(Session { writer: Mutex::new(Conn::new(w)) });
+                        sessions.lock().expect("sessions").insert(id, sess.clone());
+                        let (cfg, jobs, sessions) = (cfg.clone(), jobs.clone(), sessions.clone());
+                        let h = std::thread::Builder::new().name(format!("roce-dpd-s{id}")).spawn(move || {
+                            session(id, Conn::new(sock), &sess, &cfg, &jobs);
+                            sessions.lock().expect("sessions").remove(&id);
+                        });
+                        if let Ok(h) = h {
+                            threads.lock().expect("threads").push(h);
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        })?);
+        Ok(())
+    }
+
+    /// Sessions currently connected.
+    pub fn sessions(&self) -> usize {
+        self.sessions.lock().expect("sessions").len()
+    }
+
+    /// Stops accepting, tells every session why (a [`Response::Shutdown`] notice), closes their sockets, waits
+    /// for their threads (each reclaims its session through the worker, which must still be polling), and removes
+    /// the socket file.
+    pub fn shutdown(mut self, reason: &str) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+        let sessions: Vec<Arc<Session>> = self.sessions.lock().expect("sessions").values().cloned().collect();
+        for s in sessions {
+            let w = s.writer.lock().expect("writer");
+            let _ = w.send_response(0, &Response::Shutdown { reason: reason.into() }, &[]);
+            let _ = w.socket().shutdown(std::net::Shutdown::Both);
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().expect("threads"));
+        for h in threads {
+            let _ = h.join();
+        }
+        let _ = std::fs::remove_file(&self.cfg.path);
+    }
+
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.cfg.path
+    }
+}
+
+/// Sends `cmd` to the worker and waits for the answer.
+fn ask(jobs: &mpsc::Sender<Job>, client: u32, cmd: Cmd) -> Response {
+    let (tx, rx) = mpsc::channel();
+    if jobs.send(Job { client, cmd, reply: tx }).is_err() {
+        return err(ErrorCode::ShuttingDown, "the daemon's worker has stopped");
+    }
+    rx.recv_timeout(WORKER_TIMEOUT)
+        .unwrap_or_else(|_| err(ErrorCode::ShuttingDown, "the daemon's worker did not answer"))
+}
+
+/// One session: `Hello` first, then requests until the socket closes; then the worker reclaims what it owned.
+fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, jobs: &mpsc::Sender<Job>) {
+    let reply = |seq: u32, r: &Response, fd: Option<std::os::fd::BorrowedFd<'_>>| -> bool {
+        let w = sess.writer.lock().expect("writer");
+        let fds: Vec<_> = fd.into_iter().collect();
+        w.send_response(seq, r, &fds).is_ok()
+    };
+    let mut opened = false;
+    let mut objects = 0u32;
+    loop {
+        let f = match conn.recv_request() {
+            Ok(f) => f,
+            Err(ProtoError::Io(_)) => break,
+            Err(e) => {
+                // One line to the client (it may be of another protocol version), then close.
+                let _ = reply(0, &err(ErrorCode::Protocol, format!("roce-dpd: {e}")), None);
+                break;
+            }
+        };
+        let seq = f.seq;
+        if !opened {
+            match f.msg {
+                Request::Hello { abi } if abi == ABI_VERSION => {
+                    opened = true;
+                    if !reply(seq, &Response::Hello(cfg.info), None) {
+                        break;
+                    }
+                    continue;
+                }
+                Request::Hello { abi } => {
+                    let msg = format!(
+                        "shared-memory ABI mismatch: roce-dpd speaks v{ABI_VERSION}, the application's library \
+                         v{abi}: rebuild the application against the daemon's roce-dp version"
+                    );
+                    if cfg.log {
+                        eprintln!("roce-dpd: session {id} refused: {msg}");
+                    }
+                    let _ = reply(seq, &err(ErrorCode::Abi, msg), None);
+                    break;
+                }
+                _ => {
+                    let _ = reply(seq, &err(ErrorCode::Protocol, "the first request must be Hello"), None);
+                    break;
+                }
+            }
+        }
+        objects += 1;
+        let (r, fd) = handle(id, objects, f.msg, f.fds, cfg, jobs);
+        let ok = reply(seq, &r, fd.as_ref().map(|f| f.as_fd()));
+        if !ok {
+            break;
+        }
+    }
+    if opened {
+        let r = ask(jobs, id, Cmd::Reclaim);
+        if cfg.log {
+            let how = if matches!(r, Response::Ok) { "its resources reclaimed".to_owned() } else { format!("{r:?}") };
+            eprintln!("roce-dpd: session {id} ended after {objects} requests, {how}");
+        }
+    }
+}
+
+/// Builds the worker command for a request (mapping the client's memfd, creating ring regions here, off the
+/// worker), asks the worker, and returns the answer with the descriptor it carries.
+fn handle(
+    id: u32,
+    n: u32,
+    q: Request,
+    mut fds: Vec<OwnedFd>,
+    cfg: &ServerConfig,
+    jobs: &mpsc::Sender<Job>,
+) -> (Response, Option<OwnedFd>) {
+    let max = cfg.max_depth;
+    let cmd = match q {
+        Request::Hello { .. } => return (err(ErrorCode::Protocol, "Hello was already sent"), None),
+        Request::AllocPd => Cmd::AllocPd,
+        Request::DeallocPd { pd } => Cmd::DeallocPd(pd),
+        Request::RegMr { pd, va, len, offset, access } => {
+            if fds.len() != 1 {
+                return (err(ErrorCode::Protocol, "RegMr needs exactly one memfd"), None);
+            }
+            let region = match ShmRegion::map(fds.remove(0)) {
+                Ok(r) => Arc::new(r),
+                Err(e) => return (err(ErrorCode::Invalid, format!("memory registration: {e}")), None),
+            };
+            let window = usize::try_from(offset).ok().zip(usize::try_from(len).ok());
+            let Some(mem) = window.and_then(|(o, l)| region.window(o, l)) else {
+                return (
+                    err(
+                        ErrorCode::Invalid,
+                        format!(
+                            "memory registration: {len} bytes at offset {offset} exceed the {}-byte buffer",
+                            region.len()
+                        ),
+                    ),
+                    None,
+                );
+            };
+            Cmd::RegMr { pd, va, mem, access: AccessFlags(access & AccessFlags::ALL.0) }
+        }
+        Request::DeregMr { lkey } => Cmd::DeregMr(lkey),
+        Request::CreateCq { depth } => {
+            if depth == 0 || depth > max {
+                return (err(ErrorCode::Invalid, format!("CQ depth {depth} not in 1..={max}")), None);
+            }
+            match DaemonCqRegion::create(&format!("roce-dpd-cq-s{id}-{n}"), depth, cfg.backing) {
+                Ok(r) => Cmd::CreateCq(Box::new(r)),
+                Err(e) => return (err(ErrorCode::Exhausted, format!("CQ region: {e}")), None),
+            }
+        }
+        Request::DestroyCq { cq } => Cmd::DestroyCq(cq),
+        Request::CreateQp { pd, send_cq, recv_cq, sq_depth, rq_depth, max_send_sge, max_recv_sge } => {
+            for (what, d) in [("send queue depth", sq_depth), ("receive queue depth", rq_depth)] {
+                if d == 0 || d > max {
+                    return (err(ErrorCode::Invalid, format!("{what} {d} not in 1..={max}")), None);
+                }
+            }
+            let caps = QpRegionCaps {
+                sq_depth,
+                rq_depth,
+                max_send_sge: max_send_sge.max(1),
+                max_recv_sge: max_recv_sge.max(1),
+                max_inline: 0,
+            };
+            match DaemonQpRegion::create(&format!("roce-dpd-qp-s{id}-{n}"), caps, cfg.backing) {
+                Ok(region) => Cmd::CreateQp { pd, send_cq, recv_cq, region: Box::new(region) },
+                Err(e) => return (err(ErrorCode::Invalid, format!("QP region: {e}")), None),
+            }
+        }
+        Request::ModifyQp { qpn, m } => {
+            // Resolving the peer's MAC may take a few ARP/ND rounds: retry while the worker solicits.
+            let until = std::time::Instant::now() + Duration::from_secs(3);
+            loop {
+                let r = ask(jobs, id, Cmd::ModifyQp(qpn, m));
+                match r {
+                    Response::Error { code: ErrorCode::Unresolved, .. } if std::time::Instant::now() < until => {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    Response::Error { code: ErrorCode::Unresolved, .. } => {
+                        let ip = m.gid.map(|g| std::net::Ipv6Addr::from(g).to_string()).unwrap_or_default();
+                        return (
+                            err(ErrorCode::Unresolved, format!("no ARP/ND answer from the peer {ip} in 3 s")),
+                            None,
+                        );
+                    }
+                    r => return (r, None),
+                }
+            }
+        }
+        Request::QueryQp { qpn } => Cmd::QueryQp(qpn),
+        Request::DestroyQp { qpn } => Cmd::DestroyQp(qpn),
+        Request::Stats => Cmd::Stats,
+    };
+    // The ring region's descriptor goes back with the reply (a duplicate: the region stays the worker's).
+    let fd = match &cmd {
+        Cmd::CreateCq(r) => r.fd().try_clone_to_owned().ok(),
+        Cmd::CreateQp { region, .. } => region.fd().try_clone_to_owned().ok(),
+        _ => None,
+    };
+    let r = ask(jobs, id, cmd);
+    let fd = if matches!(r, Response::Cq { .. } | Response::Qp { .. }) { fd } else { None };
+    (r, fd)
+}

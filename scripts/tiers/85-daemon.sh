@@ -1,0 +1,188 @@
+# Tier 9 (file 85): the appliance. roce-dpd on a loopback net_ring port (conf/daemon-ring.toml, one busy worker on
+# lcore 1, no hugepages) serves client processes through the roce_dp::client library: two pairs of rdp-client
+# processes at once (each client its own session, PD, buffer, CQ and QP; both QPs of a pair in the one daemon) run
+# SEND, WRITE, READ, FETCH_ADD and CMP_SWP with every byte verified, while the active client of a third pair is
+# killed with SIGKILL mid-transfer (its session reclaimed within 1 s; at the end the daemon's object counters are
+# back to zero). One-line errors: daemon absent, socket permission denied (a client as user nobody on the default
+# 0600 socket), ABI mismatch (both sides say so), socket in use, invalid config, [daemon] missing. SIGTERM: a
+# client mid-transfer gets a clear error instead of hanging, the daemon exits 0, removes its socket and EAL runtime
+# directory.
+TIERS+=(tier85_daemon)
+
+# dpd_start SOCK PREFIX LOG: starts roce-dpd; DPD_PID. Waits for the socket (10 s).
+dpd_start() {
+    local sock="$1" prefix="$2" log="$3" i
+    track_prefix "$prefix"
+    track_path "$sock"
+    "$ROOT/target/release/roce-dpd" --config "$ROOT/conf/daemon-ring.toml" --socket "$sock" --file-prefix "$prefix" \
+        >"$log" 2>&1 &
+    DPD_PID=$!
+    track_pid "$DPD_PID"
+    for i in $(seq 100); do
+        [[ -S $sock ]] && grep -q '^roce-dpd: serving' "$log" && return 0
+        kill -0 "$DPD_PID" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+# one_line FILE PATTERN: FILE has exactly one line and it matches PATTERN (extended regex).
+one_line() {
+    [[ $(wc -l <"$1") -eq 1 ]] && grep -Eq "$2" "$1"
+}
+
+tier85_daemon() {
+    tier_begin "tier 9 roce-dpd + client processes (net_ring loopback)"
+    if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
+    local client="$ROOT/target/release/rdp-client" sock="/run/roce-dpd-${RUN_ID}.sock" prefix="${RUN_ID}dpd"
+    local dlog="$LOG_DIR/tier9-daemon.log" rc err
+    if ! dpd_start "$sock" "$prefix" "$dlog"; then
+        fail "roce-dpd starts: $(tail -n 2 "$dlog")"
+        tier_end
+        return
+    fi
+    pass "roce-dpd serves $sock"
+    check "socket is owner-only (0600)" test "$(stat -c %a "$sock")" = 600
+
+    # Two pairs of clients at once, all four sessions in the one daemon, while a third pair's active client is
+    # killed with SIGKILL mid-transfer: its session is reclaimed within a second and the others carry on.
+    local oa="/run/rdp-oob-${RUN_ID}a.sock" ob="/run/rdp-oob-${RUN_ID}b.sock" ok_="/run/rdp-oob-${RUN_ID}k.sock"
+    local pa pb pk qk aa=0 ab=0 ra=0 rb=0 rk=0
+    track_path "$oa"
+    track_path "$ob"
+    track_path "$ok_"
+    timeout 60 "$client" passive --daemon "$sock" --oob "$ok_" >"$LOG_DIR/tier9-k-passive.log" 2>&1 &
+    pk=$!
+    # Not under timeout(1): the SIGKILL must reach the client itself (cleanup_all stops it if the tier fails).
+    "$client" active --daemon "$sock" --oob "$ok_" --op write --size 65536 --iters 100000000 --timeout 60 \
+        >"$LOG_DIR/tier9-k-active.log" 2>&1 &
+    qk=$!
+    track_pid "$pk"
+    track_pid "$qk"
+    timeout 60 "$client" passive --daemon "$sock" --oob "$oa" >"$LOG_DIR/tier9-a-passive.log" 2>&1 &
+    pa=$!
+    timeout 60 "$client" passive --daemon "$sock" --oob "$ob" >"$LOG_DIR/tier9-b-passive.log" 2>&1 &
+    pb=$!
+    track_pid "$pa"
+    track_pid "$pb"
+    timeout 60 "$client" active --daemon "$sock" --oob "$oa" --op all --size 4096 --iters 200 \
+        >"$LOG_DIR/tier9-a-active.log" 2>&1 &
+    local qa=$!
+    sleep 1
+    check "kill -9: the victim was running" kill -0 "$qk"
+    local ended_before t_kill
+    ended_before=$(grep -c 'ended after' "$dlog")
+    t_kill=$(date +%s%N)
+    kill -KILL "$qk" 2>/dev/null
+    wait "$qk" 2>/dev/null
+    # Its passive peer loses the out-of-band socket and its own session ends too: two sessions reclaimed.
+    local i reclaimed_ms=""
+    for i in $(seq 100); do
+        if [[ $(grep -c 'ended after' "$dlog") -ge $((ended_before + 1)) ]]; then
+            reclaimed_ms=$((($(date +%s%N) - t_kill) / 1000000))
+            break
+        fi
+        sleep 0.02
+    done
+    check "kill -9: the killed client's session is reclaimed within 1 s (${reclaimed_ms:-no} ms)" \
+        test -n "$reclaimed_ms" -a "${reclaimed_ms:-9999}" -le 1000
+    wait_pid "$pk" 10 || rk=$?
+    check "kill -9: its passive peer stops with one line (exit $rk)" test "$rk" -eq 2 -a \
+        "$(grep -c '^rdp-client: out-of-band' "$LOG_DIR/tier9-k-passive.log")" -eq 1
+    timeout 60 "$client" active --daemon "$sock" --oob "$ob" --op all --size 10000 --iters 100 \
+        >"$LOG_DIR/tier9-b-active.log" 2>&1 || ab=$?
+    wait "$qa" || aa=$?
+    wait_pid "$pa" 20 || ra=$?
+    wait_pid "$pb" 20 || rb=$?
+    check "pair a (4096 B x 200): both clients exit 0 (active $aa, passive $ra)" test "$aa" -eq 0 -a "$ra" -eq 0
+    check "pair b (10000 B x 100, 3 packets each): both clients exit 0 (active $ab, passive $rb)" \
+        test "$ab" -eq 0 -a "$rb" -eq 0
+    rc=0
+    timeout 10 "$client" open --daemon "$sock" --stats >"$LOG_DIR/tier9-stats.out" 2>&1 || rc=$?
+    check "stats: every client's QPs, CQs, MRs and PDs are gone" test "$rc" -eq 0 -a -n \
+        "$(grep -q '^STAT daemon 0x0 qps 0$' "$LOG_DIR/tier9-stats.out" &&
+            grep -q '^STAT daemon 0x0 mrs 0$' "$LOG_DIR/tier9-stats.out" &&
+            grep -q '^STAT daemon 0x0 cqs 0$' "$LOG_DIR/tier9-stats.out" &&
+            grep -q '^STAT daemon 0x0 pds 0$' "$LOG_DIR/tier9-stats.out" && echo y)"
+    check "stats: the port and worker counted the traffic" grep -Eq '^STAT worker 0x0 tx_frames [1-9]' \
+        "$LOG_DIR/tier9-stats.out"
+    local f
+    for f in a-active a-passive b-active b-passive; do
+        tool_checks "$LOG_DIR/tier9-$f.log"
+        grep -h '^rdp-client: ' "$LOG_DIR/tier9-$f.log" | sed 's/^/    /'
+    done
+    for f in send write read fadd cswap; do
+        check "pair a: $f verified" grep -q "^CHECK ok   $f: 200 x .* bytes verified" "$LOG_DIR/tier9-a-active.log"
+    done
+    check "pair a: passive received and verified 1638400 bytes (SEND + WRITE)" \
+        grep -q '^CHECK ok   passive: 1638400 bytes' "$LOG_DIR/tier9-a-passive.log"
+
+    # One-line errors.
+    err="$LOG_DIR/tier9-absent.err" rc=0
+    timeout 10 "$client" open --daemon "/run/roce-dpd-${RUN_ID}-absent.sock" >/dev/null 2>"$err" || rc=$?
+    check "daemon absent: exit 2 (got $rc), one line naming the fix" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" '^rdp-client: no roce-dpd listening on /run/roce-dpd-.*-absent.sock: start it with' && echo y)"
+    err="$LOG_DIR/tier9-perm.err" rc=0
+    timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups "$client" open --daemon "$sock" >/dev/null 2>"$err" ||
+        rc=$?
+    check "permission denied (user nobody, socket 0600): exit 2 (got $rc), one line" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" "^rdp-client: permission denied on $sock: " && echo y)"
+    err="$LOG_DIR/tier9-abi.err" rc=0
+    timeout 10 "$client" open --daemon "$sock" --abi-version 99 >/dev/null 2>"$err" || rc=$?
+    check "ABI mismatch: exit 2 (got $rc), one line naming both versions" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" '^rdp-client: shared-memory ABI mismatch: roce-dpd speaks v1, .* library v99' && echo y)"
+    check "ABI mismatch: the daemon logs one line too" \
+        test "$(grep -c 'refused: shared-memory ABI mismatch.*v99' "$dlog")" -eq 1
+    rc=0
+    timeout 10 "$client" open --daemon "$sock" >"$LOG_DIR/tier9-open.out" 2>&1 || rc=$?
+    check "open: exit 0 (got $rc), ABI and GID shown" grep -q 'ABI v1 mtu 4096 .* gid ::ffff:10.0.0.1' \
+        "$LOG_DIR/tier9-open.out"
+    err="$LOG_DIR/tier9-inuse.err" rc=0
+    track_prefix "${prefix}2"
+    timeout 20 "$ROOT/target/release/roce-dpd" --config "$ROOT/conf/daemon-ring.toml" --socket "$sock" \
+        --file-prefix "${prefix}2" >/dev/null 2>"$err" || rc=$?
+    check "second daemon on the socket: exit 2 (got $rc), one line" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" "^roce-dpd: socket $sock is in use by a running daemon" && echo y)"
+    rc=0
+    timeout 10 "$client" open --daemon "$sock" >/dev/null 2>&1 || rc=$?
+    check "second daemon: the first still serves (open exit $rc)" test "$rc" -eq 0
+    local bad="$LOG_DIR/tier9-bad.toml"
+    sed 's/^socket_mode = 0o600/socket_mode = 0o400/' "$ROOT/conf/daemon-ring.toml" >"$bad"
+    err="$LOG_DIR/tier9-badconf.err" rc=0
+    timeout 10 "$ROOT/target/release/roce-dpd" --config "$bad" >/dev/null 2>"$err" || rc=$?
+    check "invalid config: exit 2 (got $rc), one line naming the key" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" '^roce-dpd: .*tier9-bad.toml: daemon.socket_mode: ' && echo y)"
+    err="$LOG_DIR/tier9-nodaemon.err" rc=0
+    timeout 10 "$ROOT/target/release/roce-dpd" --config "$ROOT/conf/net-ring.toml" >/dev/null 2>"$err" || rc=$?
+    check "config without [daemon]: exit 2 (got $rc), one line" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" '^roce-dpd: .*net-ring.toml: \[daemon\] section missing' && echo y)"
+
+    # SIGTERM while a pair is mid-transfer: the clients fail with one line within seconds, the daemon exits 0 and
+    # leaves nothing behind.
+    local oc="/run/rdp-oob-${RUN_ID}c.sock" pc qc rp=0 rq=0 rd=0 t0
+    track_path "$oc"
+    timeout 60 "$client" passive --daemon "$sock" --oob "$oc" >"$LOG_DIR/tier9-c-passive.log" 2>&1 &
+    pc=$!
+    timeout 60 "$client" active --daemon "$sock" --oob "$oc" --op write --size 4096 --iters 100000000 \
+        >"$LOG_DIR/tier9-c-active.log" 2>&1 &
+    qc=$!
+    track_pid "$pc"
+    track_pid "$qc"
+    sleep 2
+    check "SIGTERM: the pair was running" kill -0 "$qc"
+    t0=$SECONDS
+    kill -TERM "$DPD_PID"
+    wait_pid "$DPD_PID" 15 || rd=$?
+    wait_pid "$qc" 10 || rq=$?
+    wait_pid "$pc" 10 || rp=$?
+    check "SIGTERM: roce-dpd exits 0 (got $rd) within 5 s ($((SECONDS - t0)) s)" test "$rd" -eq 0 -a $((SECONDS - t0)) -le 5
+    check "SIGTERM: the active client stops with exit 2 (got $rq) and one line saying the daemon is gone" \
+        test "$rq" -eq 2 -a "$(grep -c '^rdp-client: roce-dpd on .* is gone (it is shutting down: roce-dpd stopped by SIGTERM)' \
+        "$LOG_DIR/tier9-c-active.log")" -eq 1
+    [[ -n "${VERBOSE:-}" ]] && grep -h '^rdp-client: ' "$LOG_DIR/tier9-c-active.log" | sed 's/^/       /' | head -n 1
+    check "SIGTERM: every session reclaimed, nothing left" grep -q '^roce-dpd: stopped; .* 0 QPs 0 CQs 0 MRs 0 PDs left' "$dlog"
+    check "SIGTERM: socket removed" test ! -e "$sock"
+    check "SIGTERM: EAL runtime directory removed" test ! -e "/var/run/dpdk/$prefix"
+    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms)"
+    tier_end
+}
