@@ -564,6 +564,38 @@ fn garbage_client_errors_only_its_own_qps() {
         assert!(Instant::now() < until, "the completion for a corrupt CQ ring was not dropped");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // A stream of structured-random WQEs (honest indices, hostile fields: keys of both clients, any address and
+    // length, random opcode, flags and SGE count) on fresh pairs, completions drained meanwhile.
+    let keys = [lkey, rkey, v_lkey, v_rkey];
+    for _ in 0..4 {
+        let (mut x, _y) = raw_pair(&mut s, pd, cq.id);
+        for i in 0..500u32 {
+            while x.tail.wrapping_sub(x.r.read::<u32>(x.h.sq.offset as usize).unwrap()) >= x.h.sq.capacity {
+                while cq.poll(Duration::ZERO).is_some() {}
+                std::thread::yield_now();
+            }
+            let pick = |rng: &mut SimRng| keys[rng.below(4) as usize] ^ (rng.below(2) as u32 * rng.next_u64() as u32);
+            let addr = [win, v_addr, base, rng.next_u64()][rng.below(4) as usize] + rng.below(3 * PAGE as u64);
+            let sge = Sge {
+                addr,
+                len: [8, 4096, u32::MAX, rng.next_u64() as u32][rng.below(4) as usize],
+                lkey: pick(&mut rng),
+            };
+            let op = [WrOpcode::RdmaWrite, WrOpcode::RdmaRead, WrOpcode::Send, WrOpcode::AtomicCmpSwp]
+                [rng.below(4) as usize];
+            let mut w = Wqe::encode(&SendWr::new(u64::from(i), op).remote(addr ^ 0x40, pick(&mut rng)), &[sge], 0);
+            match rng.below(4) {
+                0 => w.opcode = rng.next_u64() as u8,
+                1 => w.num_sge = rng.next_u64() as u8,
+                2 => w.flags = rng.next_u64() as u8,
+                _ => {}
+            }
+            x.post(w);
+        }
+        while cq.poll(Duration::from_millis(50)).is_some() {}
+        assert_eq!(s.state(x.qpn), QpState::Err, "QP {:#x} after 500 random WQEs", x.qpn);
+        errored.push(x.qpn);
+    }
     // Random bytes over whole QP regions (header, rings, side tables), indices included, several times.
     for _ in 0..20 {
         let (mut x, _y) = raw_pair(&mut s, pd, cq.id);

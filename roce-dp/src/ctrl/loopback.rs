@@ -93,6 +93,19 @@ pub fn engine_config() -> EngineConfig {
     }
 }
 
+fn server_config(cfg: &LoopbackConfig) -> ServerConfig {
+    let info = DeviceInfo {
+        abi: super::abi::ABI_VERSION,
+        pid: std::process::id(),
+        mac: MAC,
+        ipv4: Some(IPV4),
+        ipv6: None,
+        mtu: cfg.mtu,
+        hugetlb: false,
+    };
+    ServerConfig { path: cfg.path.clone(), mode: cfg.mode, backing: Backing::Pages, info, max_depth: cfg.max_depth }
+}
+
 /// A running loopback daemon; dropping it shuts it down as [`shutdown`](Self::shutdown) does.
 pub struct LoopbackDaemon {
     server: Option<Server>,
@@ -113,23 +126,7 @@ impl LoopbackDaemon {
             .name("roce-dpd-lo-worker".into())
             .spawn(move || worker(&rx, &st, idle))
             .map_err(|e| ServeError(format!("worker thread: {e}")))?;
-        let info = DeviceInfo {
-            abi: super::abi::ABI_VERSION,
-            pid: std::process::id(),
-            mac: MAC,
-            ipv4: Some(IPV4),
-            ipv6: None,
-            mtu: cfg.mtu,
-            hugetlb: false,
-        };
-        let scfg = ServerConfig {
-            path: cfg.path.clone(),
-            mode: cfg.mode,
-            backing: Backing::Pages,
-            info,
-            max_depth: cfg.max_depth,
-        };
-        let server = match Server::start(scfg, tx.clone()) {
+        let server = match Server::start(server_config(&cfg), tx.clone()) {
             Ok(s) => s,
             Err(e) => {
                 stop.store(true, Ordering::Relaxed);
@@ -138,6 +135,15 @@ impl LoopbackDaemon {
             }
         };
         Ok(LoopbackDaemon { server: Some(server), stop, worker: Some(worker), jobs: tx, path: cfg.path })
+    }
+
+    /// Starts the server only: the worker is the returned [`Stepper`], which the caller steps. Control calls (a
+    /// client opening its session, [`shutdown`](Self::shutdown)) wait for steps, so make them on another thread.
+    pub fn start_stepped(cfg: LoopbackConfig) -> Result<(LoopbackDaemon, Stepper), ServeError> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let server = Server::start(server_config(&cfg), tx.clone())?;
+        let d = LoopbackDaemon { server: Some(server), stop: Arc::default(), worker: None, jobs: tx, path: cfg.path };
+        Ok((d, Stepper { w: LoopWorker::new(), jobs: rx }))
     }
 
     /// The socket path.
@@ -152,17 +158,16 @@ impl LoopbackDaemon {
 
     /// Stops as `roce-dpd` does on SIGTERM: every QP to the error state and flushed into its CQ ring, every session
     /// told `reason` and closed (and reclaimed), the socket removed, the worker stopped. Returns the appliance, for
-    /// its counts.
+    /// its counts (`None` if the worker panicked, or for a stepped daemon, whose stepper must keep stepping while
+    /// this runs).
     pub fn shutdown(&mut self, reason: &str) -> Option<Appliance> {
-        let worker = self.worker.take()?;
+        let server = self.server.take()?;
         let (tx, rx) = mpsc::channel();
         let _ = self.jobs.send(Job { client: 0, cmd: Cmd::Shutdown, reply: tx });
         let _ = rx.recv_timeout(Duration::from_secs(5));
-        if let Some(s) = self.server.take() {
-            s.shutdown(reason);
-        }
+        server.shutdown(reason);
         self.stop.store(true, Ordering::Relaxed);
-        worker.join().ok()
+        self.worker.take()?.join().ok()
     }
 }
 
@@ -172,19 +177,41 @@ impl Drop for LoopbackDaemon {
     }
 }
 
-fn worker(jobs: &mpsc::Receiver<Job>, stop: &AtomicBool, idle_sleep_us: Option<u64>) -> Appliance {
-    let mut e = Engine::new(engine_config());
-    let neigh = Neighbours::new(MacAddr(MAC), Some(IPV4), None);
-    let mut app = Appliance::new();
-    let t0 = std::time::Instant::now();
-    let mut buf = frame_buf();
-    let mut port = PumpStats::default();
-    let (mut loops, mut busy_loops, mut served) = (0u64, 0u64, 0u64);
-    while !stop.load(Ordering::Relaxed) {
-        loops += 1;
+/// The worker's state: the engine, the appliance and the loopback port's counters.
+struct LoopWorker {
+    e: Engine,
+    neigh: Neighbours,
+    app: Appliance,
+    buf: Vec<u8>,
+    port: PumpStats,
+    loops: u64,
+    busy_loops: u64,
+    served: u64,
+    t0: std::time::Instant,
+}
+
+impl LoopWorker {
+    fn new() -> LoopWorker {
+        LoopWorker {
+            e: Engine::new(engine_config()),
+            neigh: Neighbours::new(MacAddr(MAC), Some(IPV4), None),
+            app: Appliance::new(),
+            buf: frame_buf(),
+            port: PumpStats::default(),
+            loops: 0,
+            busy_loops: 0,
+            served: 0,
+            t0: std::time::Instant::now(),
+        }
+    }
+
+    /// One iteration of the worker loop: control jobs, the QPs' rings, the loopback. Returns whether anything moved.
+    fn step(&mut self, jobs: &mpsc::Receiver<Job>) -> bool {
+        self.loops += 1;
         let mut busy = false;
         while let Ok(job) = jobs.try_recv() {
-            served += 1;
+            self.served += 1;
+            let (loops, busy_loops, served, port) = (self.loops, self.busy_loops, self.served, self.port);
             let extra = |v: &mut Vec<StatRecord>| {
                 let mut rec = |scope: &str, name: &str, value: u64| {
                     v.push(StatRecord { scope: scope.into(), id: 0, name: name.into(), value })
@@ -195,19 +222,47 @@ fn worker(jobs: &mpsc::Receiver<Job>, stop: &AtomicBool, idle_sleep_us: Option<u
                 rec("port", "frames", port.frames);
                 rec("port", "bytes", port.bytes);
             };
-            app.serve(&mut e, &neigh, job, &extra);
+            self.app.serve(&mut self.e, &self.neigh, job, &extra);
             busy = true;
         }
-        let now = Instant(t0.elapsed().as_nanos() as u64);
-        busy |= app.poll(&mut e);
-        busy |= pump(&mut e, now, &mut buf, &mut port);
+        let now = Instant(self.t0.elapsed().as_nanos() as u64);
+        busy |= self.app.poll(&mut self.e);
+        if pump(&mut self.e, now, &mut self.buf, &mut self.port) {
+            // Completions the frames just made go into the CQ rings in this iteration, not the next.
+            self.app.poll(&mut self.e);
+            busy = true;
+        }
         if busy {
-            busy_loops += 1;
-        } else if let Some(us) = idle_sleep_us {
-            std::thread::sleep(Duration::from_micros(us));
+            self.busy_loops += 1;
+        }
+        busy
+    }
+}
+
+fn worker(jobs: &mpsc::Receiver<Job>, stop: &AtomicBool, idle_sleep_us: Option<u64>) -> Appliance {
+    let mut w = LoopWorker::new();
+    while !stop.load(Ordering::Relaxed) {
+        if !w.step(jobs) {
+            if let Some(us) = idle_sleep_us {
+                std::thread::sleep(Duration::from_micros(us));
+            }
         }
     }
-    app
+    w.app
+}
+
+/// The worker of a daemon started with [`LoopbackDaemon::start_stepped`]: the caller runs its iterations on its own
+/// thread (a benchmark of the appliance's work without the core crossing between client and worker).
+pub struct Stepper {
+    w: LoopWorker,
+    jobs: mpsc::Receiver<Job>,
+}
+
+impl Stepper {
+    /// One worker iteration; whether anything moved.
+    pub fn step(&mut self) -> bool {
+        self.w.step(&self.jobs)
+    }
 }
 
 /// A client session for loopback tests and benchmarks: one buffer, one CQ and two RC QPs connected to each other
