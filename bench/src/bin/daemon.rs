@@ -213,6 +213,32 @@ fn through_stepped<T>(f: impl FnOnce(&mut Stepped) -> T) -> T {
     r
 }
 
+/// The floor of any two-thread path on this machine now: nanoseconds per round trip of one atomic between two
+/// spinning threads (what a post and its completion cost at least when client and worker are on two cores).
+fn crossing_floor(n: u64) -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let ping = std::sync::Arc::new(AtomicU64::new(0));
+    let p2 = ping.clone();
+    let echo = std::thread::spawn(move || {
+        for i in 0..n {
+            while p2.load(Ordering::Acquire) != 2 * i + 1 {
+                std::hint::spin_loop();
+            }
+            p2.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    let t = Instant::now();
+    for i in 0..n {
+        ping.store(2 * i + 1, Ordering::Release);
+        while ping.load(Ordering::Acquire) != 2 * i + 2 {
+            std::hint::spin_loop();
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    echo.join().expect("echo thread");
+    ns
+}
+
 /// Runs `f` on a fresh loopback daemon (worker busy-polling) and a client session of it; the daemon stops after.
 fn through_daemon<T>(f: impl FnOnce(&mut LoopPair) -> T) -> T {
     let path = std::env::temp_dir().join(format!("roce-dp-bench-daemon-{}.sock", std::process::id()));
@@ -248,11 +274,13 @@ fn main() {
     let sizes = [4096u32, 65536];
     // Per path (embedded, daemon on 2 threads, daemon stepped in 1 thread): latencies, then MiB/s per size.
     let mut lat: [Vec<f64>; 3] = Default::default();
+    let mut floor = Vec::new();
     let mut bw: [Vec<Vec<f64>>; 3] = Default::default();
     for b in &mut bw {
         b.resize(sizes.len(), Vec::new());
     }
     for round in 0..runs {
+        floor.push(crossing_floor(lat_n));
         // Rotate which path goes first, so a drift in machine load hits all alike.
         for k in 0..3 {
             let path = (round + k) % 3;
@@ -284,6 +312,8 @@ fn main() {
         l[2],
         l[0] / l[2]
     );
+    let floor = median(&mut floor);
+    println!("| two threads, one atomic round trip (the floor of any core crossing now) | | {floor:.0} ns | | | |");
     let mut summary = format!(
         "bench: post_to_completion_ns embedded={:.0} daemon={:.0} stepped={:.0} ratio={:.3} stepped_ratio={:.3}",
         l[0],

@@ -8,7 +8,7 @@
 //! let dev = Device::open("/run/roce-dpd.sock")?;           // ABI version checked here
 //! let pd = dev.alloc_pd()?;
 //! let mut mr = pd.reg_mr(1 << 20, AccessFlags::ALL)?;         // a buffer in shared memory the daemon maps too
-//! let cq = dev.create_cq(256)?;
+//! let mut cq = dev.create_cq(256)?;
 //! let mut qp = dev.create_qp(&pd, &cq, &cq, QpInit::default())?;
 //! qp.to_init(AccessFlags::ALL)?;
 //! # let peer = Remote { qpn: 0, psn: 0, gid: [0; 16], mac: None };
