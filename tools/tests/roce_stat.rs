@@ -231,17 +231,23 @@ fn absent_forbidden_and_foreign_daemons_are_one_line_errors() {
     let d = daemon("perm");
     let path = d.path().to_str().unwrap();
     let o = if libc_uid() == 0 {
-        Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                env!("CARGO_BIN_EXE_roce-stat"),
-                "--socket",
-                path,
-            ])
+        // A copy nobody can execute whatever the permissions on the way to target/.
+        let dir = std::env::temp_dir().join(format!("roce-stat-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("roce-stat");
+        std::fs::copy(env!("CARGO_BIN_EXE_roce-stat"), &exe).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        for p in [&dir, &exe] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let o = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .args(["--socket", path])
             .output()
-            .expect("setpriv (util-linux) runs roce-stat as nobody")
+            .expect("setpriv (util-linux) runs roce-stat as nobody");
+        std::fs::remove_dir_all(&dir).unwrap();
+        o
     } else {
         std::fs::set_permissions(d.path(), std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
         roce_stat(&["--socket", path])
