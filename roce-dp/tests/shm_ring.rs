@@ -9,6 +9,8 @@
 //!
 //! Run: `cargo test -p roce-dp --no-default-features --test shm_ring`.
 
+mod own_main;
+
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::{Command, ExitStatus};
@@ -566,26 +568,5 @@ fn main() {
             client_killed_mid_stream_leaves_the_daemon_side_sound,
         ),
     ];
-    // Honour a name filter as the default harness does (`cargo test --test shm_ring NAME`), and report in its
-    // format (scripts/tiers/10-cargo.sh counts "test result:" lines and lists "test ... FAILED" ones).
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let (mut passed, mut failed) = (0, 0);
-    for (name, f) in tests {
-        if !filter.is_empty() && !filter.iter().any(|p| name.contains(p.as_str())) {
-            continue;
-        }
-        println!("test {name} ...");
-        if std::panic::catch_unwind(f).is_ok() {
-            println!("test {name} ... ok");
-            passed += 1;
-        } else {
-            println!("test {name} ... FAILED");
-            failed += 1;
-        }
-    }
-    let verdict = if failed == 0 { "ok" } else { "FAILED" };
-    println!("test result: {verdict}. {passed} passed; {failed} failed");
-    if failed > 0 {
-        std::process::exit(101);
-    }
+    own_main::run_tests(&tests);
 }

@@ -239,7 +239,7 @@ fn raw_icrc(raw: &[u8], f: &RoceFrame<'_>) -> u32 {
 }
 
 /// A JSON string literal (escapes quotes, backslashes and control characters).
-pub(crate) fn json_str(out: &mut String, s: &str) {
+pub fn json_str(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {

@@ -48,6 +48,8 @@ pub mod client;
 #[cfg(target_os = "linux")]
 pub mod daemon;
 #[cfg(target_os = "linux")]
+pub mod loopback;
+#[cfg(target_os = "linux")]
 pub mod proto;
 pub mod ring;
 #[cfg(target_os = "linux")]

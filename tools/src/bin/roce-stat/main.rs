@@ -1,0 +1,270 @@
+//! roce-stat: the counters of a running `roce-dpd`, as `rdma statistic` and rxe's hw_counters show a NIC's.
+//!
+//! `roce-stat --socket PATH` opens the daemon's socket (as any client does: ABI version checked), asks for every
+//! counter (the control protocol's `Stats` request) and prints one line per object, `SCOPE ID: name value ...`:
+//! the daemon (sessions and objects, WQEs moved through the rings), each port, each worker, each worker's engine
+//! (the cause-named drop and transmit counters) and each QP (its session, state, DCQCN rate in kb/s, CNPs sent and
+//! received, every cause-named counter). Counters that are zero are left out unless `--all`; the identity fields
+//! of a QP (`client`, `state`, `rate_kbps`) and the daemon's object counts always show.
+//!
+//! `--json` prints one JSON object instead (`{"pid":..,"socket":..,"objects":[{"scope","id","counters":{..}}]}`).
+//! `--watch SECS` prints, every SECS seconds until SIGINT or SIGTERM (then exit 0), what changed: counters as
+//! `name +delta (rate/s)`, gauges (object counts, QP state and rate) as their current value, QPs that appeared
+//! (`new`) or went away (`gone`); with `--json`, one JSON object per interval (JSON lines).
+//!
+//! Exit status: 0, or 2 with one line on stderr (daemon absent, permission denied on its socket, ABI or protocol
+//! mismatch, the daemon went away during --watch, bad arguments).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use roce_dp::client::{Device, StatRecord};
+
+#[derive(Parser)]
+#[command(name = "roce-stat", version, about = "Counters of a running roce-dpd (ports, workers, engines, QPs)")]
+struct Cli {
+    /// The daemon's socket (its [daemon] socket).
+    #[arg(long)]
+    socket: PathBuf,
+    /// Machine-readable output (one JSON object; one per interval with --watch).
+    #[arg(long)]
+    json: bool,
+    /// Every SECS seconds, print what changed (deltas and rates) until interrupted.
+    #[arg(long, value_name = "SECS")]
+    watch: Option<f64>,
+    /// Show counters that are zero (or, with --watch, unchanged) too.
+    #[arg(long)]
+    all: bool,
+}
+
+/// Set by SIGINT/SIGTERM: stop watching, exit 0.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_sig: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Values that are states or levels, not running totals: printed as they are, never as deltas.
+fn is_gauge(scope: &str, name: &str) -> bool {
+    match scope {
+        "daemon" => matches!(name, "sessions_with_objects" | "qps" | "cqs" | "mrs" | "pds"),
+        "qp" => matches!(name, "client" | "state" | "rate_kbps"),
+        _ => false,
+    }
+}
+
+/// Order of the scopes in the output.
+fn scope_rank(scope: &str) -> u8 {
+    match scope {
+        "daemon" => 0,
+        "port" => 1,
+        "worker" => 2,
+        "engine" => 3,
+        "qp" => 4,
+        _ => 5,
+    }
+}
+
+/// QP state names, by the number the daemon reports (`QpState as u8`).
+const STATES: [&str; 7] = ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"];
+
+/// An object's counters in the daemon's order.
+type Counters = Vec<(String, u64)>;
+
+/// Objects keyed by (scope rank, scope, id).
+type Snapshot = BTreeMap<(u8, String, u32), Counters>;
+
+fn snapshot(records: Vec<StatRecord>) -> Snapshot {
+    let mut s = Snapshot::new();
+    for r in records {
+        s.entry((scope_rank(&r.scope), r.scope, r.id)).or_default().push((r.name, r.value));
+    }
+    s
+}
+
+fn object_name(scope: &str, id: u32) -> String {
+    if scope == "qp" {
+        format!("qp {id:#08x}")
+    } else {
+        format!("{scope} {id}")
+    }
+}
+
+fn value_text(scope: &str, name: &str, v: u64) -> String {
+    if scope == "qp" && name == "state" {
+        STATES.get(v as usize).map_or_else(|| v.to_string(), |s| (*s).to_string())
+    } else {
+        v.to_string()
+    }
+}
+
+fn print_snapshot(s: &Snapshot, all: bool) -> String {
+    let mut out = String::new();
+    for ((_, scope, id), counters) in s {
+        let _ = write!(out, "{}:", object_name(scope, *id));
+        for (name, v) in counters {
+            if all || *v != 0 || is_gauge(scope, name) {
+                let _ = write!(out, " {name} {}", value_text(scope, name, *v));
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    roce_dp_tools::dump::json_str(&mut o, s);
+    o
+}
+
+fn json_object(scope: &str, id: u32, fields: &str) -> String {
+    format!("{{\"scope\":{},\"id\":{id},{fields}}}", json_str(scope))
+}
+
+fn json_map<'a>(kv: impl Iterator<Item = (&'a str, String)>) -> String {
+    let items: Vec<String> = kv.map(|(k, v)| format!("{}:{v}", json_str(k))).collect();
+    format!("{{{}}}", items.join(","))
+}
+
+fn json_snapshot(s: &Snapshot, dev: &Device, socket: &str) -> String {
+    let objects: Vec<String> = s
+        .iter()
+        .map(|((_, scope, id), c)| {
+            let counters = json_map(c.iter().map(|(n, v)| (n.as_str(), v.to_string())));
+            json_object(scope, *id, &format!("\"counters\":{counters}"))
+        })
+        .collect();
+    format!("{{\"pid\":{},\"socket\":{},\"objects\":[{}]}}", dev.info().pid, json_str(socket), objects.join(","))
+}
+
+/// What changed between two snapshots `secs` apart, as text (`--watch`).
+fn print_delta(old: &Snapshot, new: &Snapshot, secs: f64, all: bool) -> String {
+    let mut out = String::new();
+    for (key, counters) in new {
+        let (_, scope, id) = key;
+        let prev = old.get(key);
+        let mut line = String::new();
+        for (name, v) in counters {
+            if is_gauge(scope, name) {
+                let was = prev.and_then(|p| p.iter().find(|(n, _)| n == name)).map(|(_, v)| *v);
+                if all || was != Some(*v) || name == "state" {
+                    let _ = write!(line, " {name} {}", value_text(scope, name, *v));
+                }
+                continue;
+            }
+            let was = prev.and_then(|p| p.iter().find(|(n, _)| n == name)).map_or(0, |(_, v)| *v);
+            let d = v.saturating_sub(was);
+            if all || d != 0 {
+                let _ = write!(line, " {name} +{d} ({:.0}/s)", d as f64 / secs);
+            }
+        }
+        if prev.is_none() {
+            let _ = writeln!(out, "{}: new{line}", object_name(scope, *id));
+        } else if !line.is_empty() {
+            let _ = writeln!(out, "{}:{line}", object_name(scope, *id));
+        }
+    }
+    for (_, scope, id) in old.keys().filter(|k| !new.contains_key(*k)) {
+        let _ = writeln!(out, "{}: gone", object_name(scope, *id));
+    }
+    out
+}
+
+/// What changed between two snapshots, as one JSON line (`--watch --json`).
+fn json_delta(old: &Snapshot, new: &Snapshot, secs: f64) -> String {
+    let mut objects = Vec::new();
+    for (key, counters) in new {
+        let (_, scope, id) = key;
+        let prev = old.get(key);
+        let was = |name: &str| prev.and_then(|p| p.iter().find(|(n, _)| n == name)).map_or(0, |(_, v)| *v);
+        let deltas = json_map(counters.iter().map(|(n, v)| {
+            let d = if is_gauge(scope, n) { *v } else { v.saturating_sub(was(n)) };
+            (n.as_str(), d.to_string())
+        }));
+        let rates = json_map(
+            counters
+                .iter()
+                .filter(|(n, _)| !is_gauge(scope, n))
+                .map(|(n, v)| (n.as_str(), format!("{:.3}", v.saturating_sub(was(n)) as f64 / secs))),
+        );
+        let status = if prev.is_none() { "new" } else { "live" };
+        objects.push(json_object(scope, *id, &format!("\"status\":\"{status}\",\"delta\":{deltas},\"rate\":{rates}")));
+    }
+    for (_, scope, id) in old.keys().filter(|k| !new.contains_key(*k)) {
+        objects.push(json_object(scope, *id, "\"status\":\"gone\""));
+    }
+    format!("{{\"interval_s\":{secs:.3},\"objects\":[{}]}}", objects.join(","))
+}
+
+/// Parses the command line: --help/--version exit 0, bad arguments one line and exit 2.
+fn main() -> ExitCode {
+    let cli = match roce_dp_tools::parse_cli::<Cli>("roce-stat") {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("roce-stat: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), String> {
+    if let Some(s) = cli.watch {
+        if !(s.is_finite() && s > 0.0) {
+            return Err(format!("--watch {s}: the interval must be a positive number of seconds"));
+        }
+    }
+    let dev = Device::open(&cli.socket).map_err(|e| e.to_string())?;
+    let socket = cli.socket.display().to_string();
+    let mut prev = snapshot(dev.stats().map_err(|e| e.to_string())?);
+    let Some(secs) = cli.watch else {
+        if cli.json {
+            println!("{}", json_snapshot(&prev, &dev, &socket));
+        } else {
+            print!("{}", print_snapshot(&prev, cli.all));
+        }
+        return Ok(());
+    };
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: on_signal only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+    if !cli.json {
+        println!("roce-stat: roce-dpd pid {} on {socket}, every {secs} s (Ctrl-C stops)", dev.info().pid);
+        print!("{}", print_snapshot(&prev, cli.all));
+    }
+    let mut t_prev = Instant::now();
+    let interval = Duration::from_secs_f64(secs);
+    loop {
+        let until = t_prev + interval;
+        while Instant::now() < until {
+            if STOP.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            std::thread::sleep((until - Instant::now()).min(Duration::from_millis(50)));
+        }
+        if STOP.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let now_snap = snapshot(dev.stats().map_err(|e| e.to_string())?);
+        let t = Instant::now();
+        let dt = (t - t_prev).as_secs_f64();
+        if cli.json {
+            println!("{}", json_delta(&prev, &now_snap, dt));
+        } else {
+            println!("--- {dt:.3} s");
+            print!("{}", print_delta(&prev, &now_snap, dt, cli.all));
+        }
+        prev = now_snap;
+        t_prev = t;
+    }
+}

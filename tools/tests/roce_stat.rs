@@ -1,0 +1,286 @@
+//! roce-stat end to end: the built binary against an in-process daemon (`roce_dp::ctrl::loopback`: the control
+//! server and the appliance on one loopback engine, no DPDK) after known transfers, its text parsed line by line,
+//! its `--json` parsed as JSON, `--watch` deltas summed and stopped with SIGINT; and the one-line errors for a
+//! daemon that is absent, a socket this user may not open, and a daemon of another ABI or protocol version.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use roce_dp::ctrl::loopback::{wait_cqe, LoopPair, LoopbackConfig, LoopbackDaemon};
+use roce_dp::ctrl::proto::{self, Conn, ErrorCode, Response};
+use roce_dp::{SendWr, WcStatus, WrOpcode};
+
+fn sock(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("roce-stat-test-{}-{tag}.sock", std::process::id()))
+}
+
+fn daemon(tag: &str) -> LoopbackDaemon {
+    LoopbackDaemon::start(LoopbackConfig::new(sock(tag))).expect("loopback daemon starts")
+}
+
+fn roce_stat(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_roce-stat")).args(args).output().expect("run roce-stat")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8(b.to_vec()).expect("utf-8 output")
+}
+
+/// `n` WRITEs of `len` bytes from the pair's QP a into its own buffer through QP b; every byte checked.
+fn writes(p: &mut LoopPair, n: u32, len: u32, seed: u8) {
+    let half = p.mr.len() / 2;
+    for i in 0..n {
+        let data: Vec<u8> = (0..len).map(|k| (k as u8).wrapping_mul(7).wrapping_add(seed ^ i as u8)).collect();
+        p.mr.as_mut_slice()[..len as usize].copy_from_slice(&data);
+        let wr = SendWr::new(u64::from(i), WrOpcode::RdmaWrite).remote(p.mr.addr() + half as u64, p.mr.rkey());
+        p.a.post_send(&wr, &[p.mr.sge(0, len)]).unwrap();
+        let c = wait_cqe(&mut p.cq, Duration::from_secs(10)).unwrap().expect("WRITE completes");
+        assert_eq!((c.wr_id, c.status), (u64::from(i), WcStatus::Success));
+        assert_eq!(&p.mr.as_slice()[half..half + len as usize], &data[..]);
+    }
+}
+
+/// Text output: `SCOPE ID: name value ...` -> {(scope, id): {name: value}}.
+fn parse(out: &str) -> HashMap<(String, String), HashMap<String, String>> {
+    let mut m = HashMap::new();
+    for line in out.lines() {
+        let (head, rest) = line.split_once(": ").unwrap_or_else(|| (line.trim_end_matches(':'), ""));
+        let (scope, id) = head.split_once(' ').unwrap_or_else(|| panic!("no `SCOPE ID:` in {line:?}"));
+        let words: Vec<&str> = rest.split_whitespace().collect();
+        assert!(words.len().is_multiple_of(2), "odd name/value list: {line:?}");
+        let kv = words.chunks(2).map(|c| (c[0].to_string(), c[1].to_string())).collect();
+        assert!(m.insert((scope.to_string(), id.to_string()), kv).is_none(), "object twice: {line:?}");
+    }
+    m
+}
+
+fn qp_id(qpn: u32) -> String {
+    format!("{qpn:#08x}")
+}
+
+#[test]
+fn snapshot_and_json_show_every_scope_and_the_qps_counters() {
+    let d = daemon("snap");
+    let mut p = LoopPair::open(d.path(), 64 * 1024, 32, 1024).unwrap();
+    // 10 WRITEs of 4096 bytes at MTU 1024: 40 request packets from a, 40 accepted by b, 40960 payload bytes.
+    writes(&mut p, 10, 4096, 1);
+    let path = d.path().to_str().unwrap();
+
+    let o = roce_stat(&["--socket", path]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let m = parse(&out);
+    let get = |scope: &str, id: &str, name: &str| -> Option<&str> {
+        m.get(&(scope.to_string(), id.to_string())).and_then(|c| c.get(name)).map(String::as_str)
+    };
+    for (name, want) in [("qps", "2"), ("cqs", "1"), ("mrs", "1"), ("pds", "1")] {
+        assert_eq!(get("daemon", "0", name), Some(want), "daemon {name}\n{out}");
+    }
+    assert_eq!(get("daemon", "0", "wqes_posted"), Some("10"), "{out}");
+    for scope in ["port", "worker", "engine"] {
+        assert!(m.contains_key(&(scope.to_string(), "0".to_string())), "no {scope} 0 line\n{out}");
+    }
+    let (a, b) = (qp_id(p.a.qpn()), qp_id(p.b.qpn()));
+    assert_eq!(get("qp", &a, "state"), Some("RTS"), "{out}");
+    assert_eq!(get("qp", &b, "state"), Some("RTS"), "{out}");
+    assert_eq!(get("qp", &a, "client"), get("qp", &b, "client"), "one session owns both");
+    assert!(get("qp", &a, "rate_kbps").is_some(), "DCQCN rate shown\n{out}");
+    assert_eq!(get("qp", &a, "tx_packets"), Some("40"), "{out}");
+    assert_eq!(get("qp", &b, "rx_packets"), Some("40"), "{out}");
+    assert_eq!(get("qp", &b, "rx_bytes"), Some("40960"), "{out}");
+    assert_eq!(get("qp", &a, "send_completions"), Some("10"), "{out}");
+    // Zero counters are left out by default and shown with --all (CNPs: none on a lossless loopback).
+    assert_eq!(get("qp", &a, "cnp_rcvd"), None, "{out}");
+    assert_eq!(get("engine", "0", "rx_drop_icrc"), None, "{out}");
+    let all = parse(&text(&roce_stat(&["--socket", path, "--all"]).stdout));
+    let q = &all[&("qp".to_string(), a.clone())];
+    assert_eq!((q["cnp_rcvd"].as_str(), q["cnp_sent"].as_str(), q["tx_packets"].as_str()), ("0", "0", "40"));
+
+    let o = roce_stat(&["--socket", path, "--json"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json is JSON");
+    assert_eq!(v["pid"], std::process::id());
+    assert_eq!(v["socket"], path);
+    let objs = v["objects"].as_array().unwrap();
+    let find = |scope: &str, id: u32| {
+        objs.iter().find(|x| x["scope"] == scope && x["id"] == id).unwrap_or_else(|| panic!("no {scope} {id}: {v}"))
+    };
+    let qa = &find("qp", p.a.qpn())["counters"];
+    assert_eq!(
+        (qa["tx_packets"].as_u64(), qa["state"].as_u64(), qa["cnp_rcvd"].as_u64()),
+        (Some(40), Some(3), Some(0))
+    );
+    assert_eq!(find("qp", p.b.qpn())["counters"]["rx_bytes"], 40960);
+    assert_eq!(find("daemon", 0)["counters"]["qps"], 2);
+    for scope in ["port", "worker", "engine"] {
+        assert!(find(scope, 0)["counters"].as_object().is_some_and(|c| !c.is_empty()), "{scope}");
+    }
+}
+
+#[test]
+fn watch_prints_deltas_until_sigint() {
+    let d = daemon("watch");
+    let mut p = LoopPair::open(d.path(), 64 * 1024, 32, 1024).unwrap();
+    writes(&mut p, 3, 1024, 2);
+    for json in [false, true] {
+        let mut args = vec!["--socket", d.path().to_str().unwrap(), "--watch", "0.2"];
+        if json {
+            args.push("--json");
+        }
+        let mut child = Command::new(env!("CARGO_BIN_EXE_roce-stat"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        // 25 WRITEs of 2048 bytes (50 packets from a) and a second session that comes and goes while it watches.
+        writes(&mut p, 25, 2048, 3);
+        let other = LoopPair::open(d.path(), 4096, 4, 1024).unwrap();
+        let other_qpn = other.a.qpn();
+        std::thread::sleep(Duration::from_millis(500));
+        drop(other);
+        std::thread::sleep(Duration::from_millis(500));
+        let st = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+        assert!(st.success());
+        let until = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < until, "roce-stat --watch did not stop on SIGINT");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut out = String::new();
+        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        let mut err = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert_eq!(status.code(), Some(0), "exit 0 on SIGINT; stderr {err}");
+        let a = p.a.qpn();
+        let (mut tx, mut new, mut gone) = (0u64, false, false);
+        if json {
+            for line in out.lines() {
+                let v: serde_json::Value = serde_json::from_str(line).expect("one JSON object per interval");
+                assert!(v["interval_s"].as_f64().unwrap() > 0.1);
+                for o in v["objects"].as_array().unwrap() {
+                    if o["scope"] == "qp" && o["id"] == a {
+                        tx += o["delta"]["tx_packets"].as_u64().unwrap();
+                        assert!(o["rate"]["tx_packets"].as_f64().is_some());
+                    }
+                    if o["scope"] == "qp" && o["id"] == other_qpn {
+                        new |= o["status"] == "new";
+                        gone |= o["status"] == "gone";
+                    }
+                }
+            }
+        } else {
+            let (ida, ido) = (format!("qp {}:", qp_id(a)), format!("qp {}:", qp_id(other_qpn)));
+            let mut blocks = 0;
+            for line in out.lines() {
+                if line.starts_with("--- ") {
+                    blocks += 1;
+                    continue;
+                }
+                if blocks > 0 && line.starts_with(&ida) {
+                    let w: Vec<&str> = line.split_whitespace().collect();
+                    if let Some(i) = w.iter().position(|x| *x == "tx_packets") {
+                        tx += w[i + 1].strip_prefix('+').expect("delta with +").parse::<u64>().unwrap();
+                        assert!(w[i + 2].ends_with("/s)"), "{line}");
+                    }
+                }
+                new |= blocks > 0 && line.starts_with(&ido) && line.contains(": new");
+                gone |= blocks > 0 && line == format!("{ido} gone");
+            }
+            assert!(blocks >= 3, "several intervals in 1.3 s at 0.2 s:\n{out}");
+        }
+        assert_eq!(tx, 50, "deltas add up to the 50 packets sent while watching (json {json}):\n{out}");
+        assert!(new && gone, "the second session's QP appears and goes (json {json}):\n{out}");
+    }
+}
+
+fn one_line_error(o: &Output) -> String {
+    assert_eq!(o.status.code(), Some(2), "exit 2; stdout {}", text(&o.stdout));
+    let err = text(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.starts_with("roce-stat: "), "{err}");
+    err
+}
+
+/// A fake daemon that accepts one connection on `path` and answers its first frame with `answer`.
+fn fake_daemon(path: &Path, answer: impl FnOnce(&Conn) + Send + 'static) -> std::thread::JoinHandle<()> {
+    let _ = std::fs::remove_file(path);
+    let l = UnixListener::bind(path).unwrap();
+    std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut c = Conn::new(s);
+        let _ = c.recv_request();
+        answer(&c);
+    })
+}
+
+#[test]
+fn absent_forbidden_and_foreign_daemons_are_one_line_errors() {
+    let e = one_line_error(&roce_stat(&["--socket", sock("absent").to_str().unwrap()]));
+    assert!(e.contains("no roce-dpd listening on") && e.contains("absent"), "{e}");
+
+    // Owner-only socket, other user. As root (which may open any socket) the tool runs as nobody.
+    let d = daemon("perm");
+    let path = d.path().to_str().unwrap();
+    let o = if libc_uid() == 0 {
+        // A copy nobody can execute whatever the permissions on the way to target/.
+        let dir = std::env::temp_dir().join(format!("roce-stat-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("roce-stat");
+        std::fs::copy(env!("CARGO_BIN_EXE_roce-stat"), &exe).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        for p in [&dir, &exe] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let o = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&exe)
+            .args(["--socket", path])
+            .output()
+            .expect("setpriv (util-linux) runs roce-stat as nobody");
+        std::fs::remove_dir_all(&dir).unwrap();
+        o
+    } else {
+        std::fs::set_permissions(d.path(), std::os::unix::fs::PermissionsExt::from_mode(0o000)).unwrap();
+        roce_stat(&["--socket", path])
+    };
+    let e = one_line_error(&o);
+    assert!(e.contains("permission denied on") && e.contains("socket_mode"), "{e}");
+    drop(d);
+
+    // A daemon of another shared-memory ABI: its refusal, as roce-dpd words it, is passed on in one line.
+    let p = sock("abi");
+    let h = fake_daemon(&p, |c| {
+        let msg = "shared-memory ABI mismatch: roce-dpd speaks v7, the application's library v1: rebuild".into();
+        c.send_response(1, &Response::Error { code: ErrorCode::Abi, msg }, &[]).unwrap();
+    });
+    let e = one_line_error(&roce_stat(&["--socket", p.to_str().unwrap()]));
+    assert!(e.contains("ABI mismatch") && e.contains("v7"), "{e}");
+    h.join().unwrap();
+    // A daemon speaking another control-protocol version.
+    let h = fake_daemon(&p, |c| proto::send_raw_frame(c.socket(), proto::PROTO_VERSION + 1, 0x101, 0, &[]).unwrap());
+    let e = one_line_error(&roce_stat(&["--socket", p.to_str().unwrap()]));
+    assert!(e.contains(&format!("v{}", proto::PROTO_VERSION + 1)), "{e}");
+    h.join().unwrap();
+    let _ = std::fs::remove_file(&p);
+
+    // Bad arguments.
+    let e = one_line_error(&roce_stat(&["--socket", "/x", "--watch", "0"]));
+    assert!(e.contains("--watch"), "{e}");
+    let e = one_line_error(&roce_stat(&["--bogus"]));
+    assert!(e.contains("--bogus") && e.contains("--help"), "{e}");
+}
+
+fn libc_uid() -> u32 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let l = s.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
