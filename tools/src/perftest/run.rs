@@ -608,11 +608,15 @@ fn server_traffic(
         }
     }
     ex.start_run(test, first, false).map_err(err)?;
-    // The exchange waits through the client's run on its own thread; this one keeps the data path going.
+    // The exchange waits through the client's run on its own thread, as long as the client runs (perftest's
+    // server waits forever); this one keeps the data path going and gives up once no RoCE frame has come from
+    // the peer for `timeout` (a run longer than the timeout is no stall: against Linux rxe with 5% loss one took
+    // over 30 s). A peer that closes the connection ends the wait at once.
     let first = *first;
     let zero = BwReport { size, iters, ..BwReport::default() };
-    ex.set_timeout(Some(timeout)).map_err(err)?;
+    ex.set_timeout(None).map_err(err)?;
     let th = std::thread::spawn(move || ex.finish(test, &first, &zero, false));
+    let mut last_rx = (w.stats.rx_roce, Instant::now());
     let mut cqes = [NO_CQE; 32];
     let mut failure: Option<String> = None;
     let mut validated = 0u64;
@@ -658,8 +662,17 @@ fn server_traffic(
             }
         }
         spins += 1;
-        if spins.is_multiple_of(256) && th.is_finished() {
-            return (false, busy);
+        if spins.is_multiple_of(256) {
+            if th.is_finished() {
+                return (false, busy);
+            }
+            let now = Instant::now();
+            if w.stats.rx_roce != last_rx.0 {
+                last_rx = (w.stats.rx_roce, now);
+            } else if now.duration_since(last_rx.1) > timeout {
+                failure = Some(format!("no RoCE frame from the peer for {} s during the run", timeout.as_secs()));
+                return (false, busy);
+            }
         }
         (true, busy)
     });
