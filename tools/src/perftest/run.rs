@@ -531,7 +531,18 @@ fn client_traffic(
             let k = w.engine.poll_cq(q.cq, &mut cqes);
             for c in &cqes[..k] {
                 if c.status != WcStatus::Success {
-                    failure = Some(format!("completion with error {:?} on QP {:#x}", c.status, q.qpn));
+                    let n = w.engine.qp_counters(q.qpn).unwrap_or_default();
+                    failure = Some(format!(
+                        "completion with error {:?} on QP {:#x} (retry_timeouts={} rewinds={} nak_psn_seq_rcvd={} \
+                         acks_rcvd={} retransmitted_packets={})",
+                        c.status,
+                        q.qpn,
+                        n.retry_timeouts,
+                        n.rewinds,
+                        n.nak_psn_seq_rcvd,
+                        n.acks_rcvd,
+                        n.retransmitted_packets
+                    ));
                     return (false, true);
                 }
                 if let Some(rec) = lat.as_deref_mut() {
