@@ -9,6 +9,10 @@
 
 MATRIX_TESTS=(send_bw write_bw read_bw atomic_bw send_lat write_lat read_lat atomic_lat)
 MATRIX_SIZES=(64 4096 65536)
+# REPEAT=N runs every selected row N times in a row (for flaky rows; logs numbered).
+ROW_SEQ=0
+# Our tools give up after this many seconds without progress (--timeout); also how long a server may linger.
+IOP_STALL=30
 
 # row_args TEST SIZE: perftest arguments of one row.
 row_args() {
@@ -28,27 +32,41 @@ guest_perftest_done() {
     return 1
 }
 
-# our_listening: our server accepts perftest's TCP exchange (port 18515 = 0x4853 in LISTEN state).
-our_listening() { grep -q ':4853 00000000:0000 0A' /proc/net/tcp /proc/net/tcp6 2>/dev/null; }
+# our_listening: our server accepts perftest's TCP exchange (port 18515 = 0x4853 in LISTEN state; our tools listen
+# on [::], a line of /proc/net/tcp6 with 32-digit addresses).
+our_listening() { grep -Eq ':4853 0+:0000 0A' /proc/net/tcp /proc/net/tcp6 2>/dev/null; }
+
+# row_name TEST SIZE DIR MTU [LOSS]: a row's name (atomics: 8 B, perftest's fixed size).
+row_name() {
+    local size="$2"
+    [[ $1 == atomic_* ]] && size=8
+    echo "$1 $3 $size mtu$4${5:+ loss$5%}"
+}
+
+# row_selected NAME: the row is in ROWS (all rows when ROWS is empty).
+row_selected() { [[ -z "${ROWS:-}" || $1 =~ $ROWS ]]; }
 
 # run_row TEST SIZE DIR MTU CONF [LOSS]: one matrix row. DIR is "rdp->perftest" (our client) or "perftest->rdp".
 run_row() {
     local test="$1" size="$2" dir="$3" mtu="$4" conf="$5" loss="${6:-}" bin args dv name log t=$SECONDS
-    local ours theirs orc=0 prc pid dropped0
+    local ours theirs orc=0 prc pid dropped0 limit
     bin="$RDP_BIN_DIR/rdp_$test"
     [[ $test == atomic_* ]] && size=8
-    name="$test $dir $size mtu$mtu${loss:+ loss$loss%}"
-    if [[ -n "${ROWS:-}" && ! $name =~ $ROWS ]]; then return; fi
+    name=$(row_name "$test" "$size" "$dir" "$mtu" "$loss")
+    row_selected "$name" || return
     if [[ ! -x "$bin" ]]; then
         row "$name" FAILED "${bin#"$ROOT"/} not built"
         return
     fi
     args=$(row_args "$test" "$size")
+    # A row's time limit: perftest runs have no timeout of their own; a stuck row must not hold the matrix.
+    limit=90
+    [[ -n "$loss" ]] && limit=240
     dv=""
     # Our --data_validation checks our own payload pattern, which only an rdp_* peer writes; perftest 4.5 has no
     # data validation, so against it the check does not apply (a row passes when both sides finish and report).
     [[ $test != atomic_* && -n "${RDP_BOTH:-}" ]] && dv="--data_validation"
-    log="$LOG_DIR/row-${test}-${dir/->/-}-$size-mtu$mtu${loss:+-loss$loss}"
+    log="$LOG_DIR/row-${test}-${dir/->/-}-$size-mtu$mtu${loss:+-loss$loss}${REPEAT:+-$((++ROW_SEQ))}"
     ours="$log.rdp.log"
     track_prefix "$RUN_ID"
     theirs="$log.perftest.log"
@@ -61,17 +79,20 @@ run_row() {
         iop_vmrun "$GUEST_H" "(ib_$test -d rxe0 -x 1 $args >/tmp/srv.log 2>&1; echo rc=\$? >>/tmp/srv.log) </dev/null >/dev/null 2>&1 &" \
             10 >/dev/null
         sleep 1
-        timeout 300 "$bin" --port-conf "$conf" --file-prefix "$RUN_ID" $args $dv "$GUEST_H" >"$ours" 2>&1 || orc=$?
+        timeout "$limit" "$bin" --port-conf "$conf" --file-prefix "$RUN_ID" --timeout "$IOP_STALL" $args $dv "$GUEST_H" \
+            >"$ours" 2>&1 || orc=$?
         # Our client failed: the server will not see a client, give it 3 s rather than 30.
         if [[ $orc -eq 0 ]]; then guest_perftest_done "$test"; else guest_perftest_done "$test" 3; fi
         iop_vmrun "$GUEST_H" 'cat /tmp/srv.log' 10 >"$theirs" 2>&1
     else
-        "$bin" --port-conf "$conf" --file-prefix "$RUN_ID" $args $dv >"$ours" 2>&1 &
+        "$bin" --port-conf "$conf" --file-prefix "$RUN_ID" --timeout "$IOP_STALL" $args $dv >"$ours" 2>&1 &
         pid=$!
         track_pid "$pid"
         for _ in $(seq 100); do our_listening && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-        iop_vmrun "$GUEST_H" "ib_$test -d rxe0 -x 1 $args $HOST_MGMT; echo rc=\$?" 300 >"$theirs" 2>&1
-        wait_pid "$pid" 60 || orc=$?
+        iop_vmrun "$GUEST_H" "ib_$test -d rxe0 -x 1 $args $HOST_MGMT; echo rc=\$?" "$limit" >"$theirs" 2>&1
+        wait_pid "$pid" "$IOP_STALL" || orc=$?
+        # perftest has no timeout of its own: a client still running past the limit is stopped.
+        grep -q '^rc=' "$theirs" || guest_perftest_done "$test" 3
     fi
     prc=$(grep -o '^rc=[0-9]*' "$theirs" | tail -n 1)
     prc=${prc#rc=}
@@ -101,12 +122,35 @@ run_row() {
     fi
 }
 
-# phase MTU NETDEV_MTU [with_loss]: boot guest h at NETDEV_MTU, run every row at path MTU MTU, stop the guest.
+# phase_rows MTU [with_loss]: the phase's rows as "TEST SIZE DIR [LOSS]", in run order, only those ROWS selects.
+phase_rows() {
+    local test size dir
+    for test in "${MATRIX_TESTS[@]}"; do
+        for size in "${MATRIX_SIZES[@]}"; do
+            [[ $test == atomic_* && $size -ne ${MATRIX_SIZES[0]} ]] && continue
+            for dir in "rdp->perftest" "perftest->rdp"; do
+                row_selected "$(row_name "$test" "$size" "$dir" "$1")" && echo "$test $size $dir"
+            done
+        done
+    done
+    [[ -n "${2:-}" ]] || return 0
+    for test in write_bw read_bw; do
+        for dir in "rdp->perftest" "perftest->rdp"; do
+            row_selected "$(row_name "$test" 65536 "$dir" "$1" 5)" && echo "$test 65536 $dir 5"
+        done
+    done
+}
+
+# phase MTU NETDEV_MTU [with_loss]: boot guest h at NETDEV_MTU, run the phase's selected rows at path MTU MTU, stop
+# the guest. A phase with no selected row boots nothing.
 phase() {
-    local mtu="$1" nmtu="$2" conf="$LOG_DIR/rxe-peer-mtu$1.toml" test size dir active
+    local mtu="$1" nmtu="$2" conf="$LOG_DIR/rxe-peer-mtu$1.toml" rows r test size dir loss active bridged=0
+    mapfile -t rows < <(phase_rows "$mtu" "${3:-}" | awk -v n="${REPEAT:-1}" '{ for (i = 0; i < n; i++) print }')
+    [[ ${#rows[@]} -gt 0 ]] || return 0
     sed "s/^mtu = .*/mtu = $mtu/" "$PORT_CONF" >"$conf"
+    sed 's/^iface = .*/iface = "vh1"/' "$conf" >"$LOG_DIR/rxe-peer-mtu$mtu-loss.toml"
     ip link set tap-h0 mtu "$nmtu"
-    echo "matrix: path MTU $mtu (guest h netdev MTU $nmtu)"
+    echo "matrix: path MTU $mtu (guest h netdev MTU $nmtu), ${#rows[@]} rows"
     if ! boot h tap-h0 10.50.1.1/24 tap-h1 10.51.0.3/24 03 "rxe_mtu=$nmtu"; then
         row "guest h boot mtu$mtu" FAILED "see $LOG_DIR/run/h.console"
         return
@@ -117,26 +161,26 @@ phase() {
     else
         row "guest h rxe0 active_mtu mtu$mtu" FAILED "active_mtu ${active:-?}, want $mtu"
     fi
-    for test in "${MATRIX_TESTS[@]}"; do
-        for size in "${MATRIX_SIZES[@]}"; do
-            [[ $test == atomic_* && $size -ne 64 ]] && continue
-            for dir in "rdp->perftest" "perftest->rdp"; do run_row "$test" "$size" "$dir" "$mtu" "$conf"; done
-        done
-    done
-    if [[ -n "${3:-}" ]]; then
-        # Loss rows: the wire goes through br-h (tap-h0 + veth vh0), our port is vh1, nftables drops on the bridge.
-        sed 's/^iface = .*/iface = "vh1"/' "$conf" >"$LOG_DIR/rxe-peer-mtu$mtu-loss.toml"
-        if iop_wire_bridged on "$nmtu" >>"$LOG_DIR/net.log" 2>&1; then
-            for test in write_bw read_bw; do
-                for dir in "rdp->perftest" "perftest->rdp"; do
-                    run_row "$test" 65536 "$dir" "$mtu" "$LOG_DIR/rxe-peer-mtu$mtu-loss.toml" 5
-                done
-            done
-        else
-            row "loss wire br-h mtu$mtu" FAILED "bridge/veth setup: $(tail -n 1 "$LOG_DIR/net.log")"
+    for r in "${rows[@]}"; do
+        read -r test size dir loss <<<"$r"
+        if [[ -z "$loss" ]]; then
+            run_row "$test" "$size" "$dir" "$mtu" "$conf"
+            continue
         fi
-        iop_wire_bridged off
-    fi
+        # Loss rows: the wire goes through br-h (tap-h0 + veth vh0), our port is vh1, nftables drops on the bridge.
+        if [[ $bridged -eq 0 ]]; then
+            if ! iop_wire_bridged on "$nmtu" >>"$LOG_DIR/net.log" 2>&1; then
+                row "loss wire br-h mtu$mtu" FAILED "bridge/veth setup: $(tail -n 1 "$LOG_DIR/net.log")"
+                break
+            fi
+            bridged=1
+            # Our address now answers from vh1's MAC: the guest's neighbour entry still names tap-h0's (rxe would
+            # ACK to it, unseen, until the entry aged: the first loss row then failed with RetryExcErr).
+            iop_vmrun "$GUEST_H" '/usr/sbin/ip neigh flush dev eth0' 10 >>"$LOG_DIR/net.log" 2>&1
+        fi
+        run_row "$test" "$size" "$dir" "$mtu" "$LOG_DIR/rxe-peer-mtu$mtu-loss.toml" "$loss"
+    done
+    iop_wire_bridged off
     iop_vm_stop h
     sleep 1
 }

@@ -186,6 +186,22 @@ tier8_perftest_memif() {
     check "MTU mismatch: the server says so in one line" test "$(grep -ci 'mtu' "$PF_SLOG")" -ge 1 \
         -a "$(grep -c '^rdp_write_bw: ' "$PF_SLOG")" -eq 1
 
+    # A run longer than the server's --timeout is no stall: the server waits as long as RoCE frames come. One
+    # message in flight makes the run RTT-bound; it is repeated 4x longer until it outlasts the timeout.
+    local secs="" n
+    PF_SEXTRA=(--timeout 3)
+    for n in 100000 400000 1600000 6400000; do
+        pf_pair "long-run-$n" rdp_write_bw -s 64 -t 1 -n "$n"
+        secs=$(awk '/^ #bytes/ {getline; if ($5 > 0) printf "%.1f", $2 / ($5 * 1e6)}' "$PF_CLOG")
+        [[ $PF_SRC -eq 0 && $PF_CRC -eq 0 ]] && awk -v s="${secs:-0}" 'BEGIN {exit !(s > 3)}' && break
+        [[ $PF_SRC -ne 0 || $PF_CRC -ne 0 ]] && break
+    done
+    PF_SEXTRA=()
+    check "run of ${secs:-?} s, server --timeout 3: both exit 0 (server $PF_SRC, client $PF_CRC)" \
+        test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "run of ${secs:-?} s: longer than the server's --timeout" awk -v s="${secs:-0}" 'BEGIN {exit !(s > 3)}'
+
+
     # A client, then a server, killed mid-run: the other side exits non-zero within its timeout.
     pf_vanish client
     pf_vanish server

@@ -759,3 +759,103 @@ fn peer_gone_sees_a_closed_peer_without_blocking() {
     let mut ex = ex;
     assert!(matches!(ex.exchange_versions(), Err(ExchangeError::PeerClosed { .. })));
 }
+
+/// The remote offsets a perftest 4.5 BW client touches in our region over `iters` posts of `size` bytes: its
+/// documented walk (the address moves by the size rounded up to the cache line after each post, back to the base
+/// once it reaches base + cycle buffer; messages above half the cycle buffer stay at the base).
+fn perftest_walk(sys: SysData, size: u64, iters: u64) -> u64 {
+    let (cycle, line) = (u64::from(sys.cycle_buffer), u64::from(sys.cache_line));
+    let step = size.div_ceil(line) * line;
+    let (mut off, mut end) = (0u64, 0u64);
+    for _ in 0..iters {
+        end = end.max(off + size);
+        if size <= cycle / 2 {
+            off += step;
+            if off >= cycle {
+                off = 0;
+            }
+        }
+    }
+    end
+}
+
+#[test]
+fn regions_hold_every_address_a_perftest_client_walks_through() {
+    // The interop run that found it: ib_write_bw / ib_read_bw -s 64 -n 1000 against our server, cycle buffer 4096
+    // and cache line 64 from the exchange: perftest reached offset 4032 of a 64-byte region (remote access error).
+    let sys = SysData::default();
+    assert_eq!(perftest_walk(sys, 64, 1000), 4096);
+    assert!(sys.region_len(64, 1) >= 4096);
+    for cycle in [4096u32, 8192, 65536] {
+        let sys = SysData { cycle_buffer: cycle, cache_line: 64 };
+        for size in [1u64, 2, 8, 63, 64, 65, 100, 1000, 1500, 2047, 2048, 2049, 4095, 4096, 4097, 65536, 1 << 20] {
+            let need = perftest_walk(sys, size, 3 * u64::from(cycle));
+            assert!(sys.region_len(size, 1) >= need, "cycle {cycle} size {size}: need {need}");
+        }
+    }
+    // A send server's receive slots still fit, and nothing is smaller than one atomic operand.
+    assert!(sys.region_len(65536, 128) >= 128 * 65536);
+    assert_eq!(sys.region_len(0, 1), 4096);
+    assert!(SysData { cycle_buffer: 0, cache_line: 0 }.region_len(0, 1) >= 8);
+    // A hostile peer's cycle buffer (positive i32, "both keep the larger") cannot make us allocate gigabytes.
+    assert_eq!(SysData { cycle_buffer: i32::MAX as u32, cache_line: 64 }.region_len(64, 1), (1 << 20) + 64);
+}
+
+/// The requests (opcode, source IPv4, RETH va, last payload byte) of a captured perftest run, retransmissions
+/// dropped (a PSN seen before from the same source).
+fn captured_requests(name: &str) -> Vec<(roce_dp::wire::Opcode, [u8; 4], Option<u64>, u8)> {
+    use roce_dp::wire::{parse_frame, IpAddrs};
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    roce_dp_tools::capture::for_each_frame(&common::vectors().join(name), |f| {
+        let Ok(fr) = parse_frame(f.data) else { return };
+        let IpAddrs::V4 { src, .. } = fr.repr.ip.addrs else { return };
+        let op = fr.repr.bth.opcode;
+        if fr.payload.is_empty() || !seen.insert((src, fr.repr.bth.psn)) {
+            return;
+        }
+        out.push((op, src, fr.repr.ext.reth.map(|r| r.va), *fr.payload.last().expect("payload")));
+    })
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    out
+}
+
+#[test]
+fn latency_tests_follow_the_captured_perftest_ping_pong() {
+    use roce_dp::wire::Opcode;
+    // ib_write_lat -s 64 -n 20, client 10.50.0.1 -> server 10.50.0.2: the server writes first; every write goes to
+    // the address in the receiver's QP record as given and ends in the marker the receiver polls for.
+    let segs = oob_segments("rc_write_lat_64.pcap");
+    let (client_rec, _) = captured_values(&segs, true);
+    let (server_rec, _) = captured_values(&segs, false);
+    let server_ip = [10, 50, 0, 2];
+    let writes = captured_requests("rc_write_lat_64.pcap");
+    assert_eq!(writes.len(), 40, "20 writes each way");
+    assert_eq!(writes[0].1 == server_ip, !TestKind::WriteLat.client_posts_first(), "who writes first");
+    for from_server in [true, false] {
+        let (dest, mine): (Dest, Vec<_>) = if from_server {
+            (client_rec, writes.iter().filter(|w| w.1 == server_ip).collect())
+        } else {
+            (server_rec, writes.iter().filter(|w| w.1 != server_ip).collect())
+        };
+        assert_eq!(mine.len(), 20);
+        for (k, (op, _, va, last)) in mine.iter().enumerate() {
+            assert_eq!(*op, Opcode::RC_RDMA_WRITE_ONLY);
+            assert_eq!(*va, Some(dest.vaddr), "write {k}: to the record's address");
+            assert_eq!(*last, roce_dp_tools::perftest::exchange::latency_marker(k as u64), "write {k}: marker");
+        }
+    }
+    // The strict alternation: the sides take turns, starting with the one that posts first.
+    for (k, w) in writes.iter().enumerate() {
+        assert_eq!(w.1 == server_ip, k % 2 == 0, "write {k} out of turn");
+    }
+    // ib_send_lat -s 64 -n 20: the client sends first.
+    let sends = captured_requests("rc_send_lat_64.pcap");
+    assert_eq!(sends.len(), 40, "20 sends each way");
+    assert_eq!(sends[0].0, Opcode::RC_SEND_ONLY);
+    assert_eq!(sends[0].1 == [10, 50, 0, 1], TestKind::SendLat.client_posts_first(), "who sends first");
+    // Message 255 ends in 0 (perftest's counter is a C char).
+    assert_eq!(roce_dp_tools::perftest::exchange::latency_marker(254), 255);
+    assert_eq!(roce_dp_tools::perftest::exchange::latency_marker(255), 0);
+    assert_eq!(roce_dp_tools::perftest::exchange::latency_marker(256), 1);
+}

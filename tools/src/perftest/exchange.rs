@@ -127,6 +127,12 @@ impl TestKind {
         }
     }
 
+    /// send_lat / write_lat: whether the client posts the first message (perftest 4.5: send_lat's client; in
+    /// write_lat the server writes first and its client waits for that write). The other side answers each one.
+    pub fn client_posts_first(self) -> bool {
+        self != TestKind::WriteLat
+    }
+
     /// Destination records exchanged before the traffic starts, with `num_qps` QPs (non-duplex; `-b` adds one
     /// for write/read/atomic BW). Captured with one QP: 3 for write/read/atomic BW, 4 for the others.
     pub fn records_before_traffic(self, num_qps: usize, duplex: bool) -> usize {
@@ -292,6 +298,31 @@ pub struct SysData {
 impl Default for SysData {
     fn default() -> Self {
         SysData { cycle_buffer: 4096, cache_line: 64 }
+    }
+}
+
+/// The last byte of write_lat message `k` (from 0), which the receiver polls for, as perftest 4.5 writes it: the
+/// message's number counted from 1, as a byte (message 255 ends in 0). A peer writes a message to the address in
+/// our QP record as given.
+pub fn latency_marker(k: u64) -> u8 {
+    (k + 1) as u8
+}
+
+/// The largest cycle buffer [`SysData::region_len`] makes room for (perftest uses the page size: 4 KiB, 64 KiB).
+pub const MAX_WALKED_CYCLE: u64 = 1 << 20;
+
+impl SysData {
+    /// Bytes a QP's registered region needs so that a perftest peer's accesses stay inside it: `slots` messages of
+    /// `size` (receive slots of a send server), and at least what a perftest 4.5 BW client walks through. For
+    /// messages of at most half the cycle buffer, perftest moves its remote address by the size rounded up to the
+    /// cache line after every post and wraps once it reaches the base plus the cycle buffer, so it touches up to
+    /// `cycle_buffer + size` bytes of ours (a 64 B write_bw/read_bw against a 64 B region ended in a remote access
+    /// error at Linux rxe's client). The peer's cycle buffer counts up to [`MAX_WALKED_CYCLE`] only: a peer that
+    /// claims more cannot make us allocate it (its accesses beyond are refused by the responder's rkey checks).
+    pub fn region_len(&self, size: u64, slots: u64) -> u64 {
+        let cycle = u64::from(self.cycle_buffer).min(MAX_WALKED_CYCLE);
+        let walked = if size <= cycle / 2 { cycle + size } else { size };
+        (slots.max(1) * size).max(walked).max(8)
     }
 }
 

@@ -202,9 +202,16 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
 /// The most a send BW receiver's region takes per QP with many or large receives.
 const RECV_REGION: u64 = 32 << 20;
 
-fn create_qps(e: &mut Engine, p: &Params, test: TestKind, size: u64, client: bool) -> Result<Vec<Qp>, Fail> {
+fn create_qps(
+    e: &mut Engine,
+    p: &Params,
+    test: TestKind,
+    size: u64,
+    client: bool,
+    sys: SysData,
+) -> Result<Vec<Qp>, Fail> {
     let pingpong = matches!(test, TestKind::SendLat | TestKind::WriteLat);
-    // send_lat/write_lat: the first half sends, the second half receives (the peer writes there).
+    // send_lat/write_lat: the first half receives (the peer writes there), the second half sends.
     // Receive slots of a send BW receiver: one per posted receive up to RECV_REGION (more receives share them,
     // as perftest's do; the pattern is the same in every message, so validation still holds).
     let slots = match test {
@@ -218,7 +225,7 @@ fn create_qps(e: &mut Engine, p: &Params, test: TestKind, size: u64, client: boo
         let depth = p.tx_depth.max(p.rx_depth).max(1);
         let cq = e.create_cq(depth * 2 + 16).map_err(|x| err(format!("create_cq: {x}")))?;
         let va = (u64::from(client) + 1) << 40 | (q as u64) << 32;
-        let len = (slots * size).max(8) as usize;
+        let len = sys.region_len(size, slots) as usize;
         let mr = e.reg_mr(pd, va, len, AccessFlags::ALL).map_err(|x| err(format!("reg_mr: {x}")))?;
         let caps = QpCaps { max_send_wr: p.tx_depth.max(1), max_recv_wr: p.rx_depth.max(1), ..QpCaps::default() };
         let qpn = e.create_qp(pd, cq, cq, caps).map_err(|x| err(format!("create_qp: {x}")))?;
@@ -226,7 +233,8 @@ fn create_qps(e: &mut Engine, p: &Params, test: TestKind, size: u64, client: boo
         e.modify_qp(qpn, &init).map_err(|x| err(format!("modify_qp INIT: {x}")))?;
         // The source of the data holds the pattern; the sink starts zeroed, so validation sees what arrived.
         if pingpong {
-            fill(q, &mut e.mr_bytes_mut(mr.lkey).expect("own MR")[..size as usize], size as usize);
+            let send_area = size as usize..2 * size as usize;
+            fill(q, &mut e.mr_bytes_mut(mr.lkey).expect("own MR")[send_area], size as usize);
         } else if client != (test.verb() == Verb::Read) {
             fill(q, e.mr_bytes_mut(mr.lkey).expect("own MR"), size as usize);
         }
@@ -339,7 +347,7 @@ fn session(test: TestKind, p: &Params, s: &mut Port_, stream: TcpStream, timeout
     };
     let mut engine = Engine::new(ecfg);
     let max_size = p.sizes.iter().copied().max().unwrap_or(1);
-    let qps = create_qps(&mut engine, p, test, max_size, client)?;
+    let qps = create_qps(&mut engine, p, test, max_size, client, n.sys)?;
     let out_reads = p.out_reads.unwrap_or(16);
     let mine: Vec<Dest> = qps
         .iter()
@@ -572,7 +580,18 @@ fn client_traffic(
             let k = w.engine.poll_cq(q.cq, &mut cqes);
             for c in &cqes[..k] {
                 if c.status != WcStatus::Success {
-                    failure = Some(format!("completion with error {:?} on QP {:#x}", c.status, q.qpn));
+                    let n = w.engine.qp_counters(q.qpn).unwrap_or_default();
+                    failure = Some(format!(
+                        "completion with error {:?} on QP {:#x} (retry_timeouts={} rewinds={} nak_psn_seq_rcvd={} \
+                         acks_rcvd={} retransmitted_packets={})",
+                        c.status,
+                        q.qpn,
+                        n.retry_timeouts,
+                        n.rewinds,
+                        n.nak_psn_seq_rcvd,
+                        n.acks_rcvd,
+                        n.retransmitted_packets
+                    ));
                     return (false, true);
                 }
                 if let Some(rec) = lat.as_deref_mut() {
@@ -961,9 +980,11 @@ fn passive_server(
     Ok((peer, validated))
 }
 
-/// send_lat / write_lat: one message each way per iteration; the client starts, the server answers each message
-/// it received; both time from their post to the peer's next message. write_lat sees a message land by its last
-/// byte (the iteration's marker) in the receive half of the region, as perftest polls memory.
+/// send_lat / write_lat: one message each way per iteration; the side that posts first is perftest's
+/// ([`TestKind::client_posts_first`]), the other answers each message it received. Each side times from its post
+/// to the peer's next message. Region layout (both tests): the receive area at offset 0 (the address in our QP
+/// record, which a peer writes to as given), the send area at `size`. write_lat sees a message land by its last
+/// byte, the [`exchange::latency_marker`] the sender put there, as perftest polls memory.
 #[allow(clippy::too_many_arguments)]
 fn pingpong(
     w: &mut Worker<'_>,
@@ -978,9 +999,9 @@ fn pingpong(
     rec: &mut report::LatRecorder,
 ) -> Result<(), Fail> {
     let send = test == TestKind::SendLat;
-    let marker = |k: u64| (k % 255) as u8 + 1;
-    let last = (2 * size - 1) as usize;
-    let recv_sge = Sge { addr: q.va + size, len: size as u32, lkey: q.mr.lkey };
+    let leader = client == test.client_posts_first();
+    let last = size as usize - 1;
+    let recv_sge = Sge { addr: q.va, len: size as u32, lkey: q.mr.lkey };
     let mut recv_posted = 0u64;
     if send {
         while recv_posted < iters.min(16) {
@@ -988,7 +1009,8 @@ fn pingpong(
             recv_posted += 1;
         }
     }
-    let (mut k, mut got, mut send_out, mut posted) = (0u64, 0u64, 0u32, false);
+    // k: messages we posted; got: the peer's messages that arrived; awaiting: our last post is not timed yet.
+    let (mut k, mut got, mut send_out, mut awaiting) = (0u64, 0u64, 0u32, false);
     let mut t0 = Instant::now();
     let mut last_progress = Instant::now();
     let mut failure = None;
@@ -997,6 +1019,7 @@ fn pingpong(
     let mut spins = 0u64;
     w.run(&stop, |w| {
         let n = w.engine.poll_cq(q.cq, &mut cqes);
+        let before = got;
         for c in &cqes[..n] {
             if c.status != WcStatus::Success {
                 failure = Some(format!("completion with error {:?}", c.status));
@@ -1015,39 +1038,35 @@ fn pingpong(
                 send_out -= 1;
             }
         }
-        if !send && got == k && w.engine.mr_bytes(q.mr.lkey).expect("own MR")[last] == marker(k) {
-            got = k + 1;
+        if !send && got < iters && w.engine.mr_bytes(q.mr.lkey).expect("own MR")[last] == exchange::latency_marker(got)
+        {
+            got += 1;
         }
-        // The peer's message k arrived (the server answers it; the client's round trip ends).
-        if posted && got > k {
-            if client {
-                rec.record(t0.elapsed());
-            }
-            k += 1;
-            posted = false;
+        if got > before {
             last_progress = Instant::now();
+            if awaiting {
+                rec.record(t0.elapsed());
+                awaiting = false;
+            }
         }
-        let may_post = if client { true } else { got > k };
-        if k < iters && !posted && send_out == 0 && may_post {
+        // The leader posts message k once the peer answered all before it; the follower once message k arrived.
+        let may_post = if leader { got == k } else { got > k };
+        if k < iters && send_out == 0 && may_post {
             let mem = w.engine.mr_bytes_mut(q.mr.lkey).expect("own MR");
-            mem[size as usize - 1] = marker(k);
+            mem[size as usize + last] = exchange::latency_marker(k);
             let op = if send { WrOpcode::Send } else { WrOpcode::RdmaWrite };
-            let wr = SendWr::new(k, op).remote(r.vaddr + size, r.rkey);
-            let sge = Sge { addr: q.va, len: size as u32, lkey: q.mr.lkey };
+            let wr = SendWr::new(k, op).remote(r.vaddr, r.rkey);
+            let sge = Sge { addr: q.va + size, len: size as u32, lkey: q.mr.lkey };
             if let Err(x) = w.engine.post_send(q.qpn, &wr, &[sge]) {
                 failure = Some(format!("post_send: {x}"));
                 return (false, true);
             }
             t0 = Instant::now();
             send_out += 1;
-            if client {
-                posted = true;
-            } else {
-                k += 1;
-                last_progress = Instant::now();
-            }
+            k += 1;
+            awaiting = true;
         }
-        if k == iters && send_out == 0 {
+        if k == iters && got == iters && send_out == 0 {
             return (false, n > 0);
         }
         spins += 1;
@@ -1058,7 +1077,7 @@ fn pingpong(
                 return (false, true);
             }
             if now.duration_since(last_progress) > timeout {
-                failure = Some(format!("no progress for {} s ({k}/{iters} round trips)", timeout.as_secs()));
+                failure = Some(format!("no progress for {} s ({got}/{iters} messages in, {k} out)", timeout.as_secs()));
                 return (false, true);
             }
         }
