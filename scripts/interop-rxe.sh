@@ -32,6 +32,9 @@
 # client walks its remote address through the peer's cycle buffer (our regions hold it); ib_write_lat's server
 # writes first, to the record's address as given; a BW server waits as long as RoCE frames come.
 set -uo pipefail
+# The whole script is one brace group, parsed before it runs: editing this file during a long run (a git checkout
+# or merge) cannot change what the running shell executes (bash reads a plain script as it goes).
+{
 
 # shellcheck source=scripts/lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -183,3 +186,5 @@ echo "interop matrix:"
 printf '  %s\n' "${MATRIX[@]}"
 echo "interop: passed=$NPASS failed=$NFAIL"
 [[ $NFAIL -eq 0 ]]
+exit
+}
