@@ -3,7 +3,8 @@
 # processes at once (each client its own session, PD, buffer, CQ and QP; both QPs of a pair in the one daemon) run
 # SEND, WRITE, READ, FETCH_ADD and CMP_SWP with every byte verified, while the active client of a third pair is
 # killed with SIGKILL mid-transfer (its session reclaimed within 1 s; at the end the daemon's object counters are
-# back to zero). One-line errors: daemon absent, socket permission denied (a client as user nobody on the default
+# back to zero). rdp_write_bw and rdp_read_bw with --daemon (server and client both in this daemon,
+# --data_validation, perftest's result line parsed); --daemon with --port-conf and with no daemon: one line each. One-line errors: daemon absent, socket permission denied (a client as user nobody on the default
 # 0600 socket), ABI mismatch (both sides say so), socket in use, invalid config, [daemon] missing. SIGTERM: a
 # client mid-transfer gets a clear error instead of hanging, the daemon exits 0, removes its socket and EAL runtime
 # directory.
@@ -116,6 +117,44 @@ tier85_daemon() {
     done
     check "pair a: passive received and verified 1638400 bytes (SEND + WRITE)" \
         grep -q '^CHECK ok   passive: 1638400 bytes' "$LOG_DIR/tier9-a-passive.log"
+
+    # The perftest tools through the daemon (--daemon): server and client are two processes with their QPs in this
+    # one roce-dpd; the result line is perftest's, every byte of the sink checked (WRITE: the server's region;
+    # READ: what the client read).
+    local tool pf pfs pfc rs rc_ pport
+    for tool in rdp_write_bw rdp_read_bw; do
+        pf="$LOG_DIR/tier9-$tool" pport=$((40000 + ($$ % 10000) + ${#tool}))
+        rs=0 rc_=0
+        timeout 60 "$ROOT/target/release/$tool" --daemon "$sock" -p "$pport" -s 65536 -n 2000 --data_validation \
+            >"$pf-server.log" 2>&1 &
+        pfs=$!
+        track_pid "$pfs"
+        sleep 0.3
+        timeout 60 "$ROOT/target/release/$tool" --daemon "$sock" -p "$pport" -s 65536 -n 2000 --data_validation \
+            127.0.0.1 >"$pf-client.log" 2>&1 &
+        pfc=$!
+        track_pid "$pfc"
+        wait_pid "$pfc" 60 || rc_=$?
+        wait_pid "$pfs" 10 || rs=$?
+        check "$tool --daemon: server and client exit 0 (server $rs, client $rc_)" test "$rs" -eq 0 -a "$rc_" -eq 0
+        for f in server client; do
+            check "$tool --daemon: the $f prints perftest's result line (65536 B x 2000)" \
+                grep -Eq '^ 65536 +2000 +[0-9]+\.[0-9]{2} +[0-9]*[1-9][0-9]*\.[0-9]{2}[[:space:]]+[0-9]+\.[0-9]{6}$' "$pf-$f.log"
+        done
+        [[ $tool == rdp_write_bw ]] && f=server || f=client
+        check "$tool --daemon: the $f verified the data" grep -q '^ Data validation: 65536 bytes verified$' "$pf-$f.log"
+        [[ -n "${VERBOSE:-}" ]] && grep -E '^ 65536 ' "$pf-client.log" | sed "s/^/       $tool:/"
+    done
+    err="$LOG_DIR/tier9-pf-both.err" rc=0
+    timeout 10 "$ROOT/target/release/rdp_write_bw" --daemon "$sock" --port-conf "$ROOT/conf/memif-server.toml" \
+        >/dev/null 2>"$err" || rc=$?
+    check "rdp_write_bw --daemon with --port-conf: exit 2 (got $rc), one line" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" '^rdp_write_bw: --daemon SOCKET and --port-conf FILE exclude each other' && echo y)"
+    err="$LOG_DIR/tier9-pf-absent.err" rc=0
+    timeout 10 "$ROOT/target/release/rdp_write_bw" --daemon "/run/roce-dpd-${RUN_ID}-absent.sock" 127.0.0.1 \
+        >/dev/null 2>"$err" || rc=$?
+    check "rdp_write_bw --daemon, daemon absent: exit 2 (got $rc), one line" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" '^rdp_write_bw: no roce-dpd listening on /run/roce-dpd-.*-absent.sock: start it with' && echo y)"
 
     # One-line errors.
     err="$LOG_DIR/tier9-absent.err" rc=0

@@ -47,6 +47,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "dpdk")]
+mod daemon;
 pub mod exchange;
 pub mod params;
 pub mod report;

@@ -13,9 +13,9 @@
 //! `--report_gbits`, `--out_json`, `--out_json_file`, `--data_validation` (not for send_lat/write_lat, nor with
 //! `-b`). The BW peak is perftest's ([`PeakMeter`]).
 //!
-//! Flags of ours, before or among perftest's: `--port-conf FILE` (required), `--lcore N` (EAL main lcore,
-//! default the profile's), `--file-prefix P` (EAL prefix, default `rdpp_PID`), `--socket PATH` (override the
-//! memif socket), `--timeout S` (give up after S seconds of no progress: connect, exchange, the run; default 60).
+//! Flags of ours, before or among perftest's: `--port-conf FILE` (or `--daemon SOCKET`: [`super::daemon`]),
+//! `--lcore N` (EAL main lcore, default the profile's), `--file-prefix P` (EAL prefix, default `rdpp_PID`),
+//! `--socket PATH` (override the memif socket), `--timeout S` (give up after S seconds of no progress: connect, exchange, the run; default 60).
 //!
 //! `--data_validation` (the side that checks needs it; the source always fills its region with the pattern, the
 //! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;
@@ -42,6 +42,7 @@ use super::report::{self, Banner, PeakMeter, Results};
 #[derive(Debug, Default)]
 struct Ours {
     port_conf: Option<PathBuf>,
+    daemon: Option<PathBuf>,
     lcore: Option<String>,
     file_prefix: Option<String>,
     socket: Option<String>,
@@ -57,7 +58,8 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
             Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
             _ => (a.clone(), None),
         };
-        if !matches!(name.as_str(), "--port-conf" | "--lcore" | "--file-prefix" | "--socket" | "--timeout") {
+        if !matches!(name.as_str(), "--port-conf" | "--daemon" | "--lcore" | "--file-prefix" | "--socket" | "--timeout")
+        {
             rest.push(a);
             continue;
         }
@@ -67,6 +69,7 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
         };
         match name.as_str() {
             "--port-conf" => ours.port_conf = Some(PathBuf::from(v)),
+            "--daemon" => ours.daemon = Some(PathBuf::from(v)),
             "--lcore" => ours.lcore = Some(v),
             "--file-prefix" => ours.file_prefix = Some(v),
             "--socket" => ours.socket = Some(v),
@@ -101,13 +104,13 @@ pub fn main(test: TestKind) -> ! {
 }
 
 /// Exit status and one line.
-struct Fail(i32, String);
+pub(super) struct Fail(pub(super) i32, pub(super) String);
 
-fn bad(msg: impl Into<String>) -> Fail {
+pub(super) fn bad(msg: impl Into<String>) -> Fail {
     Fail(2, msg.into())
 }
 
-fn err(msg: impl std::fmt::Display) -> Fail {
+pub(super) fn err(msg: impl std::fmt::Display) -> Fail {
     Fail(1, msg.to_string())
 }
 
@@ -116,7 +119,7 @@ fn pattern(q: usize, i: usize) -> u8 {
     ((i as u64).wrapping_mul(0x9e37_79b9) >> 7) as u8 ^ (q as u8).wrapping_mul(131) ^ 0xa5
 }
 
-fn fill(q: usize, buf: &mut [u8], size: usize) {
+pub(super) fn fill(q: usize, buf: &mut [u8], size: usize) {
     for chunk in buf.chunks_mut(size.max(1)) {
         for (i, b) in chunk.iter_mut().enumerate() {
             *b = pattern(q, i);
@@ -124,7 +127,7 @@ fn fill(q: usize, buf: &mut [u8], size: usize) {
     }
 }
 
-fn first_bad(q: usize, buf: &[u8]) -> Option<usize> {
+pub(super) fn first_bad(q: usize, buf: &[u8]) -> Option<usize> {
     buf.iter().enumerate().position(|(i, b)| *b != pattern(q, i))
 }
 
@@ -301,8 +304,11 @@ fn polling<T: Send>(w: &mut Worker<'_>, step: impl FnOnce() -> T + Send) -> T {
 fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail> {
     roce_dp::dpdk::signal::stop_on_signals();
     let timeout = Duration::from_secs(ours.timeout.unwrap_or(60).max(1));
-    if ours.port_conf.is_none() {
-        return Err(bad("--port-conf FILE.toml is required (see --help)"));
+    match (&ours.port_conf, &ours.daemon) {
+        (Some(_), Some(_)) => return Err(bad("--daemon SOCKET and --port-conf FILE exclude each other: give one")),
+        (None, Some(sock)) => return super::daemon::run(test, p, sock, timeout),
+        (None, None) => return Err(bad("--port-conf FILE.toml or --daemon SOCKET is required (see --help)")),
+        (Some(_), None) => {}
     }
     // The server's port exists (memif: its socket) before it accepts; the client connects first, then starts.
     let (mut s, stream) = if let Some(host) = &p.host {
@@ -349,19 +355,8 @@ fn session(test: TestKind, p: &Params, s: &mut Port_, stream: TcpStream, timeout
     let max_size = p.sizes.iter().copied().max().unwrap_or(1);
     let qps = create_qps(&mut engine, p, test, max_size, client, n.sys)?;
     let out_reads = p.out_reads.unwrap_or(16);
-    let mine: Vec<Dest> = qps
-        .iter()
-        .map(|q| Dest {
-            lid: 0,
-            out_reads: out_reads as u16,
-            qpn: q.qpn,
-            psn: q.psn,
-            rkey: q.mr.rkey,
-            vaddr: q.va,
-            gid: ipv4_gid(my_ip),
-            srqn: 0,
-        })
-        .collect();
+    let mine: Vec<Dest> =
+        qps.iter().map(|q| record(q.qpn, q.psn, q.mr.rkey, q.va, ipv4_gid(my_ip), out_reads)).collect();
     // The data path runs from here on: a peer such as Linux rxe resolves our MAC (ARP) while it moves its QP to
     // RTR, between the record exchange and the next hand-shake, so the port must answer while we wait on TCP.
     let q = s.port.queue_pair(0).ok_or_else(|| err("port has no queue 0"))?;
@@ -380,16 +375,7 @@ fn session(test: TestKind, p: &Params, s: &mut Port_, stream: TcpStream, timeout
         return Err(err("the peer's GID is not an IPv4-mapped address (use its RoCEv2 IPv4 GID index, -x)"));
     }
     let peer_ip: [u8; 4] = gid[12..].try_into().expect("4 bytes");
-    let banner = Banner::new(
-        p,
-        p.ib_dev.as_deref().unwrap_or("rdp0"),
-        n.mtu,
-        p.gid_index.unwrap_or(1),
-        if test.verb() == Verb::Read { out_reads } else { 0 },
-    );
-    for l in banner.lines().into_iter().chain(report::addresses(test, &mine, &remote)) {
-        println!("{l}");
-    }
+    let banner = print_banner(test, p, n.mtu, out_reads, &mine, &remote);
     let mac = w
         .resolve(NeighIp::V4(peer_ip), timeout.min(Duration::from_secs(10)))
         .ok_or_else(|| err(format!("no ARP answer from {}", std::net::Ipv4Addr::from(peer_ip))))?;
@@ -503,8 +489,40 @@ fn session(test: TestKind, p: &Params, s: &mut Port_, stream: TcpStream, timeout
     if p.data_validation && validated > 0 {
         println!(" Data validation: {validated} bytes verified");
     }
+    out_json(p, &banner, &results)
+}
+
+/// Our QP record for the exchange (RoCE: no LID, no SRQ).
+pub(super) fn record(qpn: u32, psn: u32, rkey: u32, vaddr: u64, gid: [u8; 16], out_reads: u32) -> Dest {
+    Dest { lid: 0, out_reads: out_reads as u16, qpn, psn, rkey, vaddr, gid, srqn: 0 }
+}
+
+/// perftest's banner and the local/remote address lines, printed once the records are swapped.
+pub(super) fn print_banner(
+    test: TestKind,
+    p: &Params,
+    mtu: Mtu,
+    out_reads: u32,
+    mine: &[Dest],
+    remote: &[Dest],
+) -> Banner {
+    let banner = Banner::new(
+        p,
+        p.ib_dev.as_deref().unwrap_or("rdp0"),
+        mtu,
+        p.gid_index.unwrap_or(1),
+        if test.verb() == Verb::Read { out_reads } else { 0 },
+    );
+    for l in banner.lines().into_iter().chain(report::addresses(test, mine, remote)) {
+        println!("{l}");
+    }
+    banner
+}
+
+/// `--out_json` / `--out_json_file`: the rows as printed.
+pub(super) fn out_json(p: &Params, banner: &Banner, results: &Results) -> Result<(), Fail> {
     if p.out_json || p.out_json_file.is_some() {
-        let j = report::json(&banner, &results, p.report_gbits);
+        let j = report::json(banner, results, p.report_gbits);
         match &p.out_json_file {
             Some(f) => std::fs::write(f, &j).map_err(|e| err(format!("{}: {e}", f.display())))?,
             None => print!("{j}"),
