@@ -123,7 +123,8 @@ tier85_daemon() {
     # READ: what the client read).
     local tool pf pfs pfc rs rc_ pport
     for tool in rdp_write_bw rdp_read_bw; do
-        pf="$LOG_DIR/tier9-$tool" pport=$((40000 + ($$ % 10000) + ${#tool}))
+        # TCP ports below Linux's ephemeral range (32768-60999), as tiers 6 and 8: an outgoing connection cannot hold them.
+        pf="$LOG_DIR/tier9-$tool" pport=$((10000 + ($$ % 10000) + ${#tool}))
         rs=0 rc_=0
         timeout 60 "$ROOT/target/release/$tool" --daemon "$sock" -p "$pport" -s 65536 -n 2000 --data_validation \
             >"$pf-server.log" 2>&1 &
