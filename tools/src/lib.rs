@@ -5,6 +5,52 @@ pub mod dump;
 pub mod incast;
 pub mod perftest;
 
+use roce_dp::{Engine, PeerAddr, QpAttr, QpState};
+
+/// One side of an RC connection as the tools set it up: the peer's QPN and first PSN, ours, the path MTU (bytes)
+/// and the local ACK timeout exponent.
+#[derive(Clone, Copy, Debug)]
+pub struct RcConnect {
+    /// Our QP.
+    pub qpn: u32,
+    /// Our first send PSN.
+    pub sq_psn: u32,
+    /// The peer's QP.
+    pub dest_qpn: u32,
+    /// The peer's first send PSN (our expected receive PSN).
+    pub rq_psn: u32,
+    /// Path MTU in bytes.
+    pub path_mtu: u32,
+    /// Local ACK timeout exponent (4.096 us * 2^t).
+    pub timeout: u8,
+}
+
+/// INIT -> RTR -> RTS towards `peer` with the tools' fixed choices: 16 outstanding READ/atomic requests each way,
+/// retry_cnt and rnr_retry 7, min_rnr_timer 1. Errors name the step.
+pub fn connect_rc(e: &mut Engine, c: &RcConnect, peer: PeerAddr) -> Result<(), String> {
+    let rtr = QpAttr {
+        state: Some(QpState::Rtr),
+        path_mtu: Some(c.path_mtu),
+        dest_qpn: Some(c.dest_qpn),
+        rq_psn: Some(c.rq_psn),
+        max_dest_rd_atomic: Some(16),
+        min_rnr_timer: Some(1),
+        peer: Some(peer),
+        ..QpAttr::default()
+    };
+    e.modify_qp(c.qpn, &rtr).map_err(|x| format!("modify_qp RTR: {x}"))?;
+    let rts = QpAttr {
+        state: Some(QpState::Rts),
+        sq_psn: Some(c.sq_psn),
+        timeout: Some(c.timeout),
+        retry_cnt: Some(7),
+        rnr_retry: Some(7),
+        max_rd_atomic: Some(16),
+        ..QpAttr::default()
+    };
+    e.modify_qp(c.qpn, &rts).map_err(|x| format!("modify_qp RTS: {x}"))
+}
+
 /// Parses the command line: `--help` / `--version` print and exit 0 (`Err(SUCCESS)`); bad arguments print one line
 /// `TOOL: what (see --help)` and exit 2.
 pub fn parse_cli<C: clap::Parser>(tool: &str) -> Result<C, std::process::ExitCode> {

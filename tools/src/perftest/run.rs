@@ -248,38 +248,18 @@ fn create_qps(
 }
 
 fn connect_qp(e: &mut Engine, l: &Qp, r: &Dest, mtu: Mtu, p: &Params, peer: PeerAddr) -> Result<(), Fail> {
-    let rtr = QpAttr {
-        state: Some(QpState::Rtr),
-        path_mtu: Some(mtu.bytes()),
-        dest_qpn: Some(r.qpn),
-        rq_psn: Some(r.psn),
-        max_dest_rd_atomic: Some(16),
-        min_rnr_timer: Some(1),
-        peer: Some(peer),
-        ..QpAttr::default()
+    let c = crate::RcConnect {
+        qpn: l.qpn,
+        sq_psn: l.psn,
+        dest_qpn: r.qpn,
+        rq_psn: r.psn,
+        path_mtu: mtu.bytes(),
+        timeout: p.qp_timeout,
     };
-    e.modify_qp(l.qpn, &rtr).map_err(|x| err(format!("modify_qp RTR: {x}")))?;
-    let rts = QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(l.psn),
-        timeout: Some(p.qp_timeout),
-        retry_cnt: Some(7),
-        rnr_retry: Some(7),
-        max_rd_atomic: Some(16),
-        ..QpAttr::default()
-    };
-    e.modify_qp(l.qpn, &rts).map_err(|x| err(format!("modify_qp RTS: {x}")))
+    crate::connect_rc(e, &c, peer).map_err(err)
 }
 
-const NO_CQE: Cqe = Cqe {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Send,
-    qpn: 0,
-    byte_len: 0,
-    imm: None,
-    invalidated_rkey: None,
-};
+const NO_CQE: Cqe = Cqe::EMPTY;
 
 /// How long a memif side waits after the peer's link-down before stopping its port: DPDK 22.11's memif segfaults
 /// (eal-intr-thread, or this thread) when a process tears its port down while the peer's disconnect is still being

@@ -12,8 +12,7 @@
 //!   verifies every returned value, the responder the final counter.
 
 use roce_dp::{
-    AccessFlags, CqId, Cqe, Engine, MrKeys, PeerAddr, QpAttr, QpCaps, QpState, SendWr, Sge, WcOpcode, WcStatus,
-    WrOpcode,
+    AccessFlags, CqId, Cqe, Engine, MrKeys, PeerAddr, QpAttr, QpCaps, QpState, SendWr, Sge, WcStatus, WrOpcode,
 };
 
 /// The operation.
@@ -193,38 +192,18 @@ pub(crate) fn create(e: &mut Engine, p: &Params, node: u64) -> Result<Vec<Local>
 
 /// INIT -> RTR -> RTS towards `remote` at `peer`.
 pub(crate) fn connect(e: &mut Engine, l: &Local, r: &Remote, p: &Params, peer: PeerAddr) -> Result<(), String> {
-    let rtr = QpAttr {
-        state: Some(QpState::Rtr),
-        path_mtu: Some(p.mtu),
-        dest_qpn: Some(r.qpn),
-        rq_psn: Some(r.psn),
-        max_dest_rd_atomic: Some(16),
-        min_rnr_timer: Some(1),
-        peer: Some(peer),
-        ..QpAttr::default()
+    let c = roce_dp_tools::RcConnect {
+        qpn: l.qpn,
+        sq_psn: l.psn,
+        dest_qpn: r.qpn,
+        rq_psn: r.psn,
+        path_mtu: p.mtu,
+        timeout: p.qp_timeout,
     };
-    e.modify_qp(l.qpn, &rtr).map_err(|e| format!("modify_qp RTR: {e}"))?;
-    let rts = QpAttr {
-        state: Some(QpState::Rts),
-        sq_psn: Some(l.psn),
-        timeout: Some(p.qp_timeout),
-        retry_cnt: Some(7),
-        rnr_retry: Some(7),
-        max_rd_atomic: Some(16),
-        ..QpAttr::default()
-    };
-    e.modify_qp(l.qpn, &rts).map_err(|e| format!("modify_qp RTS: {e}"))
+    roce_dp_tools::connect_rc(e, &c, peer)
 }
 
-const NO_CQE: Cqe = Cqe {
-    wr_id: 0,
-    status: WcStatus::Success,
-    opcode: WcOpcode::Send,
-    qpn: 0,
-    byte_len: 0,
-    imm: None,
-    invalidated_rkey: None,
-};
+const NO_CQE: Cqe = Cqe::EMPTY;
 
 struct ReqQp {
     l: Local,
