@@ -18,7 +18,7 @@ use crate::qp::{PeerAddr, TimerKind, WqeState, MAX_MSG_LEN};
 use crate::stats::{EngineStats, QpCounters};
 use crate::time::{Duration, Instant};
 use crate::verbs::{Cq, CqId, Cqe, SendWr, Sge};
-use crate::wire::{self, op, BthRepr, Ecn, Error as WireError, ExtRepr, IpAddrs, MacAddr, Psn, RoceFrame};
+use crate::wire::{self, op, BthRepr, Ecn, Error as WireError, ExtRepr, IpAddrs, MacAddr, Psn, RxFrame};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -519,7 +519,7 @@ impl Engine {
     pub fn handle_rx(&mut self, now: Instant, frame: &[u8], _meta: RxMeta) {
         self.stats.rx_frames += 1;
         // Borrowed in place: moving the parsed headers out of the Result would copy them once more per frame.
-        let parsed = wire::parse_frame(frame);
+        let parsed = wire::parse_rx(frame);
         let f = match &parsed {
             Ok(f) => f,
             Err(e) => {
@@ -527,11 +527,7 @@ impl Engine {
                 return;
             }
         };
-        if !f.icrc_ok {
-            self.stats.rx_drop_icrc += 1;
-            return;
-        }
-        let for_us = match f.repr.ip.addrs {
+        let for_us = match f.ip.addrs {
             wire::IpAddrs::V4 { dst, .. } => self.cfg.local_ip.v4 == Some(dst),
             wire::IpAddrs::V6 { dst, .. } => self.cfg.local_ip.v6 == Some(dst),
         };
@@ -539,7 +535,7 @@ impl Engine {
             self.stats.rx_drop_not_for_us += 1;
             return;
         }
-        let flags = f.repr.bth.opcode.flags();
+        let flags = f.bth.opcode.flags();
         if flags & op::CNP != 0 {
             self.stats.rx_cnp += 1;
             self.handle_cnp(now, f);
@@ -549,7 +545,7 @@ impl Engine {
             self.stats.rx_drop_wrong_transport += 1;
             return;
         }
-        let Some(i) = self.qp_index(f.repr.bth.dest_qp) else {
+        let Some(i) = self.qp_index(f.bth.dest_qp) else {
             self.stats.rx_drop_unknown_qp += 1;
             return;
         };
@@ -558,11 +554,11 @@ impl Engine {
             self.stats.rx_drop_bad_state += 1;
             return;
         }
-        if !from_peer(qp.peer, f.repr.ip.addrs) {
+        if !from_peer(qp.peer, f.ip.addrs) {
             self.stats.rx_drop_wrong_peer += 1;
             return;
         }
-        if f.repr.ip.ecn == Ecn::Ce {
+        if f.ip.ecn == Ecn::Ce {
             // DCQCN notification point: a CE-marked frame asks for a CNP to the peer QP, at most one per interval.
             qp.cnt.ecn_ce_rcvd += 1;
             let iv = Duration::from_micros(u64::from(self.cfg.cc.dcqcn.np_min_time_between_cnps));
@@ -581,13 +577,13 @@ impl Engine {
     }
 
     /// A CNP: its destination QP is ours, the QP whose frames were marked. The reaction point acts on it.
-    fn handle_cnp(&mut self, now: Instant, f: &RoceFrame<'_>) {
-        let Some(i) = self.qp_index(f.repr.bth.dest_qp) else {
+    fn handle_cnp(&mut self, now: Instant, f: &RxFrame<'_>) {
+        let Some(i) = self.qp_index(f.bth.dest_qp) else {
             self.stats.rx_cnp_ignored += 1;
             return;
         };
         let qp = self.qps[i as usize].as_deref_mut().expect("checked");
-        if matches!(qp.state, QpState::Reset | QpState::Init) || !from_peer(qp.peer, f.repr.ip.addrs) {
+        if matches!(qp.state, QpState::Reset | QpState::Init) || !from_peer(qp.peer, f.ip.addrs) {
             self.stats.rx_cnp_ignored += 1;
             return;
         }

@@ -8,17 +8,17 @@ use super::{Qp, QpState, TimerKind, WqeState, RNR_TIMER_US};
 use crate::engine::Ctx;
 use crate::time::Duration;
 use crate::verbs::{Cqe, WcStatus};
-use crate::wire::{op, AethKind, NakCode, Opcode, Psn, RoceFrame};
+use crate::wire::{op, AethKind, NakCode, Opcode, Psn, RxFrame};
 
 impl Qp {
     /// Handles a response packet addressed to this QP.
-    pub(crate) fn handle_response(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) {
+    pub(crate) fn handle_response(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
         if !self.requester_active() {
             self.cnt.bad_responses += 1;
             return;
         }
-        let psn = f.repr.bth.psn;
-        let opcode = f.repr.bth.opcode;
+        let psn = f.bth.psn;
+        let opcode = f.bth.opcode;
         // A response for a PSN we never sent is bogus; one before comp_psn is stale (already handled).
         if !psn.before(self.req_max_psn) {
             self.cnt.bad_responses += 1;
@@ -30,7 +30,7 @@ impl Qp {
         }
         let flags = opcode.flags();
         if opcode == Opcode::RC_ACKNOWLEDGE {
-            let Some(aeth) = f.repr.ext.aeth else {
+            let Some(aeth) = f.aeth() else {
                 self.cnt.bad_responses += 1;
                 return;
             };
@@ -157,10 +157,10 @@ impl Qp {
         self.rewind();
     }
 
-    fn on_read_response(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) {
-        let psn = f.repr.bth.psn;
-        let flags = f.repr.bth.opcode.flags();
-        if let Some(aeth) = f.repr.ext.aeth {
+    fn on_read_response(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
+        let psn = f.bth.psn;
+        let flags = f.bth.opcode.flags();
+        if let Some(aeth) = f.aeth() {
             if !matches!(aeth.kind(), AethKind::Ack { .. }) {
                 self.cnt.bad_responses += 1;
                 return;
@@ -204,9 +204,9 @@ impl Qp {
         }
     }
 
-    fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) {
-        let psn = f.repr.bth.psn;
-        let (Some(aeth), Some(orig)) = (f.repr.ext.aeth, f.repr.ext.atomic_ack) else {
+    fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
+        let psn = f.bth.psn;
+        let (Some(aeth), Some(orig)) = (f.aeth(), f.atomic_ack()) else {
             self.cnt.bad_responses += 1;
             return;
         };

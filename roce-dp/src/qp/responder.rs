@@ -7,7 +7,7 @@ use super::{Qp, QpState, RecvWqe, Resource, RespMsg, RespOut, TimerKind, MAX_MSG
 use crate::engine::{Ctx, PayloadSrc, TxPlan};
 use crate::mr::{AccessError, AccessFlags};
 use crate::verbs::{Cqe, Sge, WcOpcode, WcStatus};
-use crate::wire::{op, AethRepr, BthRepr, ExtRepr, NakCode, Opcode, RoceFrame};
+use crate::wire::{op, AethRepr, BthRepr, ExtRepr, NakCode, Opcode, RxFrame};
 
 /// Why a request is refused; each maps to one AETH NAK (or RNR NAK).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,12 +32,12 @@ impl Qp {
     }
 
     /// Handles a request packet addressed to this QP.
-    pub(crate) fn handle_request(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) {
+    pub(crate) fn handle_request(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
         if !self.responder_active() {
             self.cnt.dropped_requests += 1;
             return;
         }
-        let bth = &f.repr.bth;
+        let bth = &f.bth;
         let flags = bth.opcode.flags();
         if flags & op::RC == 0 {
             // UC/UD opcodes on an RC QP: wrong transport, silently dropped.
@@ -101,8 +101,8 @@ impl Qp {
     }
 
     /// check_op_seq -> check_op_valid -> check_resource -> check_length -> check_rkey -> execute.
-    fn check_and_execute(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) -> Result<(), RespError> {
-        let bth = f.repr.bth;
+    fn check_and_execute(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
+        let bth = f.bth;
         let flags = bth.opcode.flags();
         let len = f.payload.len() as u64;
         let mtu = u64::from(self.mtu);
@@ -169,8 +169,8 @@ impl Qp {
         self.execute_atomic(ctx, f)
     }
 
-    fn execute_send(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) -> Result<(), RespError> {
-        let bth = f.repr.bth;
+    fn execute_send(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
+        let bth = f.bth;
         let flags = bth.opcode.flags();
         let off = match self.resp_msg {
             RespMsg::Send { off } => off,
@@ -200,7 +200,7 @@ impl Qp {
             self.resp_msg = RespMsg::Idle;
             self.msn = (self.msn + 1) & 0x00ff_ffff;
             let mut inv = None;
-            if let Some(rkey) = f.repr.ext.ieth {
+            if let Some(rkey) = f.ieth() {
                 // C10-...: the invalidated rkey must belong to this QP's PD and be a remote key.
                 if ctx.mrs.invalidate_remote(rkey, self.pd).is_err() {
                     self.complete_recv(ctx, WcStatus::RemInvReqErr, WcOpcode::Recv, 0, None, None);
@@ -208,7 +208,7 @@ impl Qp {
                 }
                 inv = Some(rkey);
             }
-            self.complete_recv(ctx, WcStatus::Success, WcOpcode::Recv, (off + len) as u32, f.repr.ext.imm, inv);
+            self.complete_recv(ctx, WcStatus::Success, WcOpcode::Recv, (off + len) as u32, f.imm(), inv);
         } else {
             self.resp_msg = RespMsg::Send { off: off + len };
         }
@@ -216,13 +216,13 @@ impl Qp {
         Ok(())
     }
 
-    fn execute_write(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) -> Result<(), RespError> {
-        let bth = f.repr.bth;
+    fn execute_write(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
+        let bth = f.bth;
         let flags = bth.opcode.flags();
         let len = f.payload.len() as u64;
         let mut placed = false;
         let (rkey, va, resid, total) = if flags & op::FIRST != 0 {
-            let Some(reth) = f.repr.ext.reth else { return Err(RespError::InvalidRequest) };
+            let Some(reth) = f.reth() else { return Err(RespError::InvalidRequest) };
             let total = u64::from(reth.len);
             if total > MAX_MSG_LEN {
                 return Err(RespError::InvalidRequest);
@@ -261,14 +261,7 @@ impl Qp {
             self.resp_msg = RespMsg::Idle;
             self.msn = (self.msn + 1) & 0x00ff_ffff;
             if flags & op::IMM_DT != 0 {
-                self.complete_recv(
-                    ctx,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    total as u32,
-                    f.repr.ext.imm,
-                    None,
-                );
+                self.complete_recv(ctx, WcStatus::Success, WcOpcode::RecvRdmaWithImm, total as u32, f.imm(), None);
             }
         } else {
             self.resp_msg = RespMsg::Write { rkey, va: va + len, resid: resid - len, total };
@@ -277,9 +270,9 @@ impl Qp {
         Ok(())
     }
 
-    fn execute_read(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) -> Result<(), RespError> {
-        let bth = f.repr.bth;
-        let Some(reth) = f.repr.ext.reth else { return Err(RespError::InvalidRequest) };
+    fn execute_read(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
+        let bth = f.bth;
+        let Some(reth) = f.reth() else { return Err(RespError::InvalidRequest) };
         let len = u64::from(reth.len);
         if len > MAX_MSG_LEN {
             return Err(RespError::InvalidRequest);
@@ -302,9 +295,9 @@ impl Qp {
         Ok(())
     }
 
-    fn execute_atomic(&mut self, ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) -> Result<(), RespError> {
-        let bth = f.repr.bth;
-        let Some(a) = f.repr.ext.atomic_eth else { return Err(RespError::InvalidRequest) };
+    fn execute_atomic(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
+        let bth = f.bth;
+        let Some(a) = f.atomic_eth() else { return Err(RespError::InvalidRequest) };
         if a.va & 7 != 0 {
             return Err(RespError::InvalidRequest);
         }
@@ -360,8 +353,8 @@ impl Qp {
     }
 
     /// Duplicate requests (PSN behind the expected one).
-    fn duplicate_request(&mut self, _ctx: &mut Ctx<'_>, f: &RoceFrame<'_>) {
-        let bth = f.repr.bth;
+    fn duplicate_request(&mut self, _ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
+        let bth = f.bth;
         let flags = bth.opcode.flags();
         if flags & (op::SEND | op::WRITE) != 0 {
             // C9-105: acknowledge again, with the PSN of the last request accepted.
@@ -373,7 +366,7 @@ impl Qp {
             return;
         }
         if flags & op::READ != 0 {
-            let Some(reth) = f.repr.ext.reth else {
+            let Some(reth) = f.reth() else {
                 self.cnt.dropped_requests += 1;
                 return;
             };

@@ -5,9 +5,10 @@
 //! the UDP header with the checksum set to all ones, the BTH with byte 4 (FECN, BECN, reserved) set to all ones,
 //! then the rest of the packet (extension headers, payload, pad). It is stored little-endian in the last 4 bytes.
 //!
-//! The 8 x 0xFF prefix is folded into the initial state ([`LRH_SEED`]); the first 128 bytes are ORed with a
-//! precomputed mask into a stack buffer and hashed, then the rest of the packet: one pass, at most two `update`
-//! calls, no allocation. (Masking in place in the packet was measured slower: byte stores right before the CRC's
+//! [`compute`] hashes the 8 x 0xFF prefix as zeros and 4 x 0xFF from a zero CRC register (the same value; see
+//! there), so that each `update` covers a multiple of 16 bytes; the first bytes are ORed with a precomputed mask
+//! into a stack buffer and hashed, then the rest of the packet in place: one pass, at most two `update` calls, no
+//! allocation. The streaming [`Icrc`] folds the prefix into the initial state ([`LRH_SEED`]). (Masking in place in the packet was measured slower: byte stores right before the CRC's
 //! vector loads defeat store-to-load forwarding.)
 //!
 //! IPv4 options, if any, are covered unmasked (rxe never sends them).
@@ -142,30 +143,50 @@ static HEAD_MASKS: [[u8; HEAD_BLOCK]; 12] = {
     t
 };
 
+/// A hasher whose CRC register starts at zero (crc32fast keeps the complement of the register).
+#[inline]
+fn zero_register() -> Hasher {
+    static PROTO: OnceLock<Hasher> = OnceLock::new();
+    PROTO.get_or_init(|| Hasher::new_with_initial(!0)).clone()
+}
+
+/// Room for the zero run, the 4 x 0xFF, and a [`HEAD_BLOCK`] of masked bytes.
+const STAGE: usize = 16 + 4 + HEAD_BLOCK;
+
 /// The ICRC of `pkt`: from the start of the IP header to the end of the pad, ICRC excluded.
 ///
-/// The first 128 bytes are ORed with a precomputed mask into a stack buffer with whole-vector stores (byte-sized
-/// stores right before the CRC's vector loads would stall store-to-load forwarding), then hashed, then the rest.
+/// CRC-32 from the register 0xFFFFFFFF over 8 x 0xFF equals CRC-32 from register 0 over 4 x 0x00 then 4 x 0xFF
+/// (the initial register only XORs into the first four bytes), and zero bytes leave a zero register unchanged. So
+/// the masked LRH is hashed as `0^z ++ FF FF FF FF` from a zero register, with `z` (0..=15) chosen so that every
+/// `update` call covers a multiple of 16 bytes: crc32fast's folding kernels then never fall back to their
+/// byte-at-a-time tail. The headers are ORed with a precomputed mask into that stack block with whole-vector
+/// stores (byte stores right before the CRC's vector loads would stall store-to-load forwarding), then hashed,
+/// then the rest of the packet in place.
 #[inline]
 pub fn compute(pkt: &[u8]) -> Result<u32, Error> {
     let (mask, _) = layout(pkt)?;
-    let mut buf = [0u8; HEAD_BLOCK];
-    let head = if let Some(p) = pkt.first_chunk::<HEAD_BLOCK>() {
+    let mut buf = [0u8; STAGE];
+    // Bytes of `pkt` staged in `buf`: all of a short packet; else so many that the rest is a multiple of 16.
+    let head =
+        if pkt.len() >= HEAD_BLOCK { HEAD_BLOCK - 16 + ((pkt.len() - (HEAD_BLOCK - 16)) & 15) } else { pkt.len() };
+    let z = (16 - ((4 + head) & 15)) & 15;
+    let at = z + 4;
+    buf[z..at].fill(0xff);
+    let stage = &mut buf[at..at + HEAD_BLOCK];
+    if let Some(p) = pkt.first_chunk::<HEAD_BLOCK>() {
         for i in 0..HEAD_BLOCK {
-            buf[i] = p[i] | mask[i];
+            stage[i] = p[i] | mask[i];
         }
-        HEAD_BLOCK
     } else {
         // A short packet: copy it, then OR the whole block (the mask is zero past the headers, and the bytes past
         // the packet are not hashed), which compiles to a few vector operations instead of a byte loop.
-        buf[..pkt.len()].copy_from_slice(pkt);
+        stage[..pkt.len()].copy_from_slice(pkt);
         for i in 0..HEAD_BLOCK {
-            buf[i] |= mask[i];
+            stage[i] |= mask[i];
         }
-        pkt.len()
-    };
-    let mut h = seeded();
-    h.update(&buf[..head]);
+    }
+    let mut h = zero_register();
+    h.update(&buf[..at + head]);
     if pkt.len() > head {
         h.update(&pkt[head..]);
     }

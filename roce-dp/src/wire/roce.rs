@@ -3,9 +3,12 @@
 use super::ethernet::{ethertype, Frame as EthernetFrame};
 use super::ipv4::{self, Packet as Ipv4Packet, Repr as Ipv4Repr};
 use super::ipv6::{self, Packet as Ipv6Packet, Repr as Ipv6Repr};
+use super::opcode::OpInfo;
 use super::opcode::{flags as f, hdr_len};
 use super::udp::{self, Packet as UdpPacket, Repr as UdpRepr};
 use super::{icrc, BthPacket, BthRepr, Error, EthRepr, ExtRepr, IpAddrs, IpRepr, RoceFrame, RoceRepr, ROCE_UDP_PORT};
+use super::{AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, IethPacket, ImmDtPacket};
+use super::{RethPacket, RethRepr};
 
 /// Pad bytes after a payload of `payload_len` bytes (to a multiple of 4).
 #[inline]
@@ -13,18 +16,22 @@ const fn pad_for(payload_len: usize) -> usize {
     payload_len.wrapping_neg() & 3
 }
 
-/// Parse a whole Ethernet frame. Ok even when the ICRC is bad: `icrc_ok` says. Err for anything malformed.
-///
-/// Checks, in order: Ethernet (+ one 802.1Q tag) length, EtherType IPv4/IPv6 (`NotIp`); the IP header
-/// (`Truncated`, `BadIpHeader` for a bad version, IHL < 5, fragment or IPv4 header checksum, `LengthMismatch`);
-/// protocol UDP (`NotUdp`); destination port 4791 (`NotRoce`); UDP length equal to the IP payload length
-/// (`LengthMismatch`); BTH version 0 (`BadBthVersion`) and opcode in the table (`UnknownOpcode`); room for the
-/// extension headers and the ICRC (`Truncated`); pad count 0 and no payload for opcodes without payload, and pad
-/// no longer than the payload (`BadPadCount`, or `LengthMismatch` for trailing bytes). Ethernet padding after the
-/// IP packet is ignored.
-pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, Error> {
+/// What every parse of a frame establishes: the IP part, the IP packet (header to ICRC), the BTH and its opcode's
+/// table entry, the BTH with its extension headers, and the payload.
+struct Core<'a> {
+    ip: IpRepr,
+    ip_pkt: &'a [u8],
+    bth: BthRepr,
+    info: &'static OpInfo,
+    hdrs: &'a [u8],
+    payload: &'a [u8],
+    udp_src: u16,
+}
+
+/// The checks of [`parse_frame`] up to (not including) the ICRC.
+#[inline(always)]
+fn parse_core(frame: &[u8]) -> Result<Core<'_>, Error> {
     let eth = EthernetFrame::new_checked(frame)?;
-    let eth_repr = EthRepr::parse(&eth)?;
     let l3 = eth.payload();
     let (ip, ip_pkt, l4) = match eth.payload_ethertype() {
         ethertype::IPV4 => {
@@ -90,11 +97,100 @@ pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, Error> {
     } else if pad > body {
         return Err(Error::BadPadCount);
     }
-    let ext = ExtRepr::parse(info, tp)?;
-    let payload = &tp[hdr..hdr + body - pad];
-    let icrc_ok = icrc::verify(ip_pkt)?;
-    let repr = RoceRepr { eth: eth_repr, ip, udp_src: u.src_port(), udp_dst: u.dst_port(), bth, ext };
-    Ok(RoceFrame { repr, payload, icrc_ok })
+    let (hdrs, rest) = tp.split_at(hdr);
+    Ok(Core { ip, ip_pkt, bth, info, hdrs, payload: &rest[..body - pad], udp_src: u.src_port() })
+}
+
+/// Parse a whole Ethernet frame. Ok even when the ICRC is bad: `icrc_ok` says. Err for anything malformed.
+///
+/// Checks, in order: Ethernet (+ one 802.1Q tag) length, EtherType IPv4/IPv6 (`NotIp`); the IP header
+/// (`Truncated`, `BadIpHeader` for a bad version, IHL < 5, fragment or IPv4 header checksum, `LengthMismatch`);
+/// protocol UDP (`NotUdp`); destination port 4791 (`NotRoce`); UDP length equal to the IP payload length
+/// (`LengthMismatch`); BTH version 0 (`BadBthVersion`) and opcode in the table (`UnknownOpcode`); room for the
+/// extension headers and the ICRC (`Truncated`); pad count 0 and no payload for opcodes without payload, and pad
+/// no longer than the payload (`BadPadCount`, or `LengthMismatch` for trailing bytes). Ethernet padding after the
+/// IP packet is ignored.
+pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, Error> {
+    let c = parse_core(frame)?;
+    let eth_repr = EthRepr::parse(&EthernetFrame::new_unchecked(frame))?;
+    let ext = ExtRepr::parse(c.info, c.hdrs)?;
+    let icrc_ok = icrc::verify(c.ip_pkt)?;
+    let repr = RoceRepr { eth: eth_repr, ip: c.ip, udp_src: c.udp_src, udp_dst: ROCE_UDP_PORT, bth: c.bth, ext };
+    Ok(RoceFrame { repr, payload: c.payload, icrc_ok })
+}
+
+/// The receive fast path: the checks of [`parse_frame`] in the same order, then the ICRC (`Err(BadIcrc)`), into an
+/// [`RxFrame`] that keeps the extension headers as bytes and decodes one only when asked (no Ethernet addresses,
+/// no [`ExtRepr`] with every header's slot).
+#[inline]
+pub fn parse_rx(frame: &[u8]) -> Result<RxFrame<'_>, Error> {
+    let c = parse_core(frame)?;
+    if !icrc::verify(c.ip_pkt)? {
+        return Err(Error::BadIcrc);
+    }
+    Ok(RxFrame { bth: c.bth, ip: c.ip, info: c.info, hdrs: c.hdrs, payload: c.payload })
+}
+
+/// A received frame as the engine's receive path sees it ([`parse_rx`]): the BTH, the IP part, the opcode's table
+/// entry, the BTH and extension headers as bytes (each header decoded by its accessor), and the payload.
+#[derive(Clone, Copy, Debug)]
+pub struct RxFrame<'a> {
+    /// BTH.
+    pub bth: BthRepr,
+    /// IP addresses, ECN and the other IP fields.
+    pub ip: IpRepr,
+    /// The opcode's table entry.
+    pub info: &'static OpInfo,
+    /// BTH + extension headers (`info.hdr_len` bytes).
+    hdrs: &'a [u8],
+    /// Payload bytes (pad and ICRC excluded).
+    pub payload: &'a [u8],
+}
+
+impl RxFrame<'_> {
+    /// The header at `off` (from the BTH start) if the opcode carries `flag`.
+    #[inline]
+    fn ext(&self, flag: u32, off: u8) -> Option<&[u8]> {
+        if self.info.any(flag) {
+            self.hdrs.get(usize::from(off)..)
+        } else {
+            None
+        }
+    }
+    /// RETH, if the opcode carries one.
+    #[inline]
+    pub fn reth(&self) -> Option<RethRepr> {
+        RethRepr::parse(&RethPacket::new_unchecked(self.ext(f::RETH, self.info.off.reth)?)).ok()
+    }
+    /// AETH, if the opcode carries one.
+    #[inline]
+    pub fn aeth(&self) -> Option<AethRepr> {
+        AethRepr::parse(&AethPacket::new_unchecked(self.ext(f::AETH, self.info.off.aeth)?)).ok()
+    }
+    /// AtomicETH, if the opcode carries one.
+    #[inline]
+    pub fn atomic_eth(&self) -> Option<AtomicEthRepr> {
+        AtomicEthRepr::parse(&AtomicEthPacket::new_unchecked(self.ext(f::ATOMIC_ETH, self.info.off.atomic_eth)?)).ok()
+    }
+    /// AtomicAckETH's original remote data, if the opcode carries one.
+    #[inline]
+    pub fn atomic_ack(&self) -> Option<u64> {
+        Some(AtomicAckEthPacket::new_checked(self.ext(f::ATOMIC_ACK_ETH, self.info.off.atomic_ack_eth)?).ok()?.orig())
+    }
+    /// Immediate data, if the opcode carries it.
+    #[inline]
+    pub fn imm(&self) -> Option<u32> {
+        Some(ImmDtPacket::new_checked(self.ext(f::IMM_DT, self.info.off.imm_dt)?).ok()?.imm())
+    }
+    /// IETH's R_Key, if the opcode carries one.
+    #[inline]
+    pub fn ieth(&self) -> Option<u32> {
+        Some(IethPacket::new_checked(self.ext(f::IETH, self.info.off.ieth)?).ok()?.rkey())
+    }
+    /// Every extension header, as [`parse_frame`] gives them.
+    pub fn ext_repr(&self) -> ExtRepr {
+        ExtRepr::parse(self.info, self.hdrs).unwrap_or_default()
+    }
 }
 
 /// Same as [`parse_frame`], but a bad ICRC is `Err(Error::BadIcrc)`.
@@ -447,6 +543,48 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `parse_rx` agrees with `parse_frame_checked` on every opcode and layout, every truncation and every
+    /// single-bit flip: the same verdict, the same error, and on success the same BTH, IP part, payload and
+    /// extension headers (each accessor against `parse_frame`'s `ExtRepr`).
+    #[test]
+    fn parse_rx_agrees_with_parse_frame() {
+        let agree = |b: &[u8], what: &str| {
+            let (a, r) = (parse_frame_checked(b), parse_rx(b));
+            match (&a, &r) {
+                (Ok(a), Ok(r)) => {
+                    assert_eq!((a.repr.bth, a.repr.ip, a.payload), (r.bth, r.ip, r.payload), "{what}");
+                    let e = a.repr.ext;
+                    assert_eq!(r.ext_repr(), e, "{what}");
+                    assert_eq!((r.reth(), r.aeth(), r.atomic_eth()), (e.reth, e.aeth, e.atomic_eth), "{what}");
+                    assert_eq!((r.atomic_ack(), r.imm(), r.ieth()), (e.atomic_ack, e.imm, e.ieth), "{what}");
+                }
+                (Err(x), Err(y)) => assert_eq!(x, y, "{what}"),
+                _ => panic!("{what}: parse_frame_checked {:?} vs parse_rx {:?}", a.is_ok(), r.is_ok()),
+            }
+        };
+        let mut ok = 0;
+        for v in 0..=255u8 {
+            let Some(info) = Opcode(v).info() else { continue };
+            let len = if info.any(f::PAYLOAD) { 61 } else { 0 };
+            for (v6, vlan) in [(false, false), (true, true)] {
+                let r = repr(Opcode(v), v6, vlan);
+                let mut buf = vec![0u8; frame_len(&r, len)];
+                let n = emit_frame(&mut buf, &r, len, |p| p.fill(0x3c)).unwrap();
+                assert!(parse_rx(&buf[..n]).is_ok(), "{}", info.name);
+                ok += 1;
+                for k in 0..n {
+                    agree(&buf[..k], &format!("{} truncated to {k}", info.name));
+                }
+                for bit in 0..n * 8 {
+                    buf[bit / 8] ^= 1 << (bit % 8);
+                    agree(&buf[..n], &format!("{} bit {bit} flipped", info.name));
+                    buf[bit / 8] ^= 1 << (bit % 8);
+                }
+            }
+        }
+        assert!(ok > 60);
     }
 
     #[test]
