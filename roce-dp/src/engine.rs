@@ -18,7 +18,10 @@ use crate::qp::{PeerAddr, TimerKind, WqeState, MAX_MSG_LEN};
 use crate::stats::{EngineStats, QpCounters};
 use crate::time::{Duration, Instant};
 use crate::verbs::{Cq, CqId, Cqe, SendWr, Sge};
-use crate::wire::{self, op, BthRepr, Ecn, Error as WireError, ExtRepr, IpAddrs, MacAddr, Psn, RxFrame};
+use crate::wire::RxFrame;
+use crate::wire::{
+    self, op, AethRepr, AtomicEthRepr, BthRepr, Ecn, Error as WireError, IpAddrs, MacAddr, Psn, RethRepr,
+};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -104,11 +107,78 @@ pub(crate) enum PayloadSrc {
     Mr { rkey: u32, va: u64 },
 }
 
+/// The extension headers of a packet the engine sends, in the shapes the requester and responder produce (a few
+/// words instead of an [`ExtRepr`](wire::ExtRepr) with a slot for every header).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum TxExt {
+    /// BTH only.
+    None,
+    /// RETH (READ request, first packet of a WRITE), with immediate data on a WRITE_ONLY_WITH_IMMEDIATE.
+    Reth(RethRepr, Option<u32>),
+    /// Immediate data (last packet of a SEND/WRITE with immediate).
+    Imm(u32),
+    /// IETH (last packet of a SEND with invalidate).
+    Ieth(u32),
+    /// AtomicETH.
+    Atomic(AtomicEthRepr),
+    /// AETH (ACK, NAK, first and last READ response), with the original data of an atomic ACK.
+    Aeth(AethRepr, Option<u64>),
+}
+
+impl TxExt {
+    /// Writes the headers into `tp` (BTH start to payload) where the opcode table puts them; everything else
+    /// after the BTH is zeroed, so a header the opcode needs but this value lacks goes out as zeros (as
+    /// [`ExtRepr::emit`](wire::ExtRepr::emit) does).
+    #[inline]
+    fn emit(&self, info: &wire::OpInfo, tp: &mut [u8]) -> Result<(), WireError> {
+        let hdr = usize::from(info.hdr_len);
+        let tp = tp.get_mut(..hdr).ok_or(WireError::BufferTooSmall)?;
+        tp[wire::hdr_len::BTH..].fill(0);
+        let o = &info.off;
+        let at = |flag: u32, off: u8| info.any(flag).then_some(usize::from(off)..hdr);
+        match *self {
+            TxExt::None => {}
+            TxExt::Reth(r, imm) => {
+                if let Some(x) = at(op::RETH, o.reth) {
+                    r.emit(&mut wire::RethPacket::new_unchecked(&mut tp[x]));
+                }
+                if let (Some(v), Some(x)) = (imm, at(op::IMM_DT, o.imm_dt)) {
+                    wire::ImmDtPacket::new_unchecked(&mut tp[x]).set_imm(v);
+                }
+            }
+            TxExt::Imm(v) => {
+                if let Some(x) = at(op::IMM_DT, o.imm_dt) {
+                    wire::ImmDtPacket::new_unchecked(&mut tp[x]).set_imm(v);
+                }
+            }
+            TxExt::Ieth(v) => {
+                if let Some(x) = at(op::IETH, o.ieth) {
+                    wire::IethPacket::new_unchecked(&mut tp[x]).set_rkey(v);
+                }
+            }
+            TxExt::Atomic(a) => {
+                if let Some(x) = at(op::ATOMIC_ETH, o.atomic_eth) {
+                    a.emit(&mut wire::AtomicEthPacket::new_unchecked(&mut tp[x]));
+                }
+            }
+            TxExt::Aeth(a, orig) => {
+                if let Some(x) = at(op::AETH, o.aeth) {
+                    a.emit(&mut wire::AethPacket::new_unchecked(&mut tp[x]));
+                }
+                if let (Some(v), Some(x)) = (orig, at(op::ATOMIC_ACK_ETH, o.atomic_ack_eth)) {
+                    wire::AtomicAckEthPacket::new_unchecked(&mut tp[x]).set_orig(v);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One packet decided by a QP role, before its bytes are written.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TxPlan {
     pub(crate) bth: BthRepr,
-    pub(crate) ext: ExtRepr,
+    pub(crate) ext: TxExt,
     pub(crate) payload_len: u32,
     pub(crate) src: PayloadSrc,
     /// A data-bearing frame (request or READ response), as opposed to an ACK.
@@ -669,28 +739,25 @@ impl Engine {
             self.ip_ident = self.ip_ident.wrapping_add(1);
             let ident = self.ip_ident;
             let mrs = &self.mrs;
-            let pd = qp.pd;
-            let hdr = qp.hdr;
+            let q: &Qp = qp;
             let len = plan.payload_len as usize;
+            let ext = |info: &wire::OpInfo, tp: &mut [u8]| plan.ext.emit(info, tp);
+            let mut bad = false;
             let res = match plan.src {
-                PayloadSrc::None => hdr.emit(buf, &plan.bth, &plan.ext, len, ident, |d| d.fill(0)),
+                PayloadSrc::None => q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| d.fill(0)),
                 PayloadSrc::Sq { idx, off } => {
-                    hdr.emit(buf, &plan.bth, &plan.ext, len, ident, |d| qp.gather(idx, off, d, mrs))
+                    q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| bad = !q.gather(idx, off, d, mrs))
                 }
-                PayloadSrc::Mr { rkey, va } => {
-                    let mut bad = false;
-                    let r = hdr.emit(buf, &plan.bth, &plan.ext, len, ident, |d| {
-                        if mrs.read(rkey, pd, va, d, AccessFlags::REMOTE_READ).is_err() {
-                            d.fill(0);
-                            bad = true;
-                        }
-                    });
-                    if bad {
-                        qp.cnt.tx_local_access_errors += 1;
+                PayloadSrc::Mr { rkey, va } => q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| {
+                    if mrs.read(rkey, q.pd, va, d, AccessFlags::REMOTE_READ).is_err() {
+                        d.fill(0);
+                        bad = true;
                     }
-                    r
-                }
+                }),
             };
+            if bad {
+                qp.cnt.tx_local_access_errors += 1;
+            }
             if let (Ok(n), true) = (res, plan.data_frame) {
                 if !matches!(qp.rc, RateController::LineRate) {
                     qp.rc.on_sent(now, n);

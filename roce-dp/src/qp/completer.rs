@@ -85,8 +85,9 @@ impl Qp {
     /// Returns true if comp_psn moved.
     fn ack_before(&mut self, ctx: &mut Ctx<'_>, psn: Psn) -> bool {
         let before = self.comp_psn;
-        while let Some(w) = self.head_started() {
-            if w.wr.opcode.is_rd_atomic() || !w.last_psn.before(psn) {
+        while self.sq.head != self.sq.tail {
+            let w = self.sq.get(self.sq.head);
+            if w.state != WqeState::Started || w.wr.opcode.is_rd_atomic() || !w.last_psn.before(psn) {
                 break;
             }
             self.comp_psn = w.last_psn.add(1);
@@ -299,21 +300,22 @@ impl Qp {
 
     /// Removes the head WQE, generating its completion if signaled or failed.
     pub(crate) fn retire_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
-        let w = *self.sq.get(self.sq.head);
+        let w = self.sq.get(self.sq.head);
+        let (counted, signaled, opcode, length, wr_id) = (w.counted, w.wr.signaled, w.wr.opcode, w.length, w.wr.wr_id);
         self.sq.head = self.sq.head.wrapping_add(1);
-        if w.counted {
+        if counted {
             self.outstanding_rd_atomic = self.outstanding_rd_atomic.saturating_sub(1);
         }
         // The requester never points behind the head.
         if self.req_cur.wrapping_sub(self.sq.head) > self.sq.tail.wrapping_sub(self.sq.head) {
             self.req_cur = self.sq.head;
         }
-        if w.wr.signaled || status != WcStatus::Success {
-            let byte_len = if w.wr.opcode == crate::verbs::WrOpcode::RdmaRead { w.length as u32 } else { 0 };
+        if signaled || status != WcStatus::Success {
+            let byte_len = if opcode == crate::verbs::WrOpcode::RdmaRead { length as u32 } else { 0 };
             let cqe = Cqe {
-                wr_id: w.wr.wr_id,
+                wr_id,
                 status,
-                opcode: w.wr.opcode.wc_opcode(),
+                opcode: opcode.wc_opcode(),
                 qpn: self.qpn,
                 byte_len,
                 imm: None,

@@ -2,10 +2,10 @@
 //! policy, the unacknowledged-PSN window, the max_rd_atomic limit, fences, and go-back-N rewinds.
 
 use super::{Qp, QpState, SendWqe, TimerKind, WqeState};
-use crate::engine::{Ctx, PayloadSrc, TxPlan};
+use crate::engine::{Ctx, PayloadSrc, TxExt, TxPlan};
 use crate::mr::{AccessError, AccessFlags, MrTable};
 use crate::verbs::{Sge, WcStatus, WrOpcode};
-use crate::wire::{AtomicEthRepr, BthRepr, ExtRepr, Opcode, RethRepr};
+use crate::wire::{AtomicEthRepr, BthRepr, Opcode, RethRepr};
 
 /// What the requester has for the wire.
 pub(crate) enum ReqOutcome {
@@ -79,19 +79,19 @@ impl Qp {
     }
 
     /// Copies payload bytes of send WQE `idx` starting at message offset `off` into `dst`. On a local access
-    /// failure (the application deregistered memory under an in-flight WR) the bytes are zero-filled and counted.
-    pub(crate) fn gather(&mut self, idx: u32, off: u64, dst: &mut [u8], mrs: &MrTable) {
-        let wqe = *self.sq.get(idx);
+    /// failure (the application deregistered memory under an in-flight WR) the bytes are zero-filled and false is
+    /// returned (the caller counts it).
+    pub(crate) fn gather(&self, idx: u32, off: u64, dst: &mut [u8], mrs: &MrTable) -> bool {
+        let wqe = self.sq.get(idx);
         if wqe.wr.inline {
             let per = self.caps.max_inline as usize;
             let base = self.sq.slot(idx) * per + off as usize;
             if let Some(src) = self.sq_inline.get(base..base + dst.len()) {
                 crate::copy::copy_bytes(dst, src);
-                return;
+                return true;
             }
             dst.fill(0);
-            self.cnt.tx_local_access_errors += 1;
-            return;
+            return false;
         }
         let pd = self.pd;
         let sges = self.sq_sgl(idx, wqe.num_sge);
@@ -100,8 +100,9 @@ impl Qp {
         });
         if r.is_err() {
             dst.fill(0);
-            self.cnt.tx_local_access_errors += 1;
+            return false;
         }
+        true
     }
 
     /// Writes response payload (READ data, atomic original value) into send WQE `idx`'s SGL at `off`.
@@ -146,7 +147,7 @@ impl Qp {
             return ReqOutcome::Idle;
         }
         let idx = self.req_cur;
-        let mut wqe = *self.sq.get(idx);
+        let wqe = self.sq.get(idx);
         if wqe.state == WqeState::Posted {
             if self.state == QpState::Sqd {
                 return ReqOutcome::Idle;
@@ -155,15 +156,17 @@ impl Qp {
             if wqe.wr.fence && self.outstanding_rd_atomic > 0 {
                 return ReqOutcome::Idle;
             }
-            if let Err(st) = self.validate_sgl(idx, &wqe, ctx.mrs) {
+            if let Err(st) = self.validate_sgl(idx, wqe, ctx.mrs) {
                 return ReqOutcome::LocalError(st);
             }
             let n = if wqe.wr.opcode.is_atomic() { 1 } else { self.npkts(wqe.length) };
-            wqe.first_psn = self.req_psn;
-            wqe.last_psn = self.req_psn.add(n - 1);
-            wqe.state = WqeState::Started;
-            *self.sq.get_mut(idx) = wqe;
+            let (first, last) = (self.req_psn, self.req_psn.add(n - 1));
+            let w = self.sq.get_mut(idx);
+            w.first_psn = first;
+            w.last_psn = last;
+            w.state = WqeState::Started;
         }
+        let wqe = self.sq.get(idx);
         if wqe.wr.opcode.is_rd_atomic() && !wqe.counted && self.outstanding_rd_atomic >= u32::from(self.max_rd_atomic) {
             return ReqOutcome::Idle;
         }
@@ -173,9 +176,9 @@ impl Qp {
         }
 
         let psn = self.req_psn;
-        let off = self.psn_offset(&wqe, psn);
+        let off = self.psn_offset(wqe, psn);
         let mut bth = BthRepr { psn, dest_qp: self.dest_qpn, ..self.tmpl.bth };
-        let mut ext = ExtRepr::default();
+        let mut ext = TxExt::None;
         let mut payload_len = 0u32;
         let mut src = PayloadSrc::None;
         let op = wqe.wr.opcode;
@@ -183,11 +186,10 @@ impl Qp {
             WrOpcode::RdmaRead => {
                 let remaining = wqe.length.saturating_sub(off);
                 bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
-                ext.reth = Some(RethRepr {
-                    va: wqe.wr.remote_addr.wrapping_add(off),
-                    rkey: wqe.wr.rkey,
-                    len: remaining as u32,
-                });
+                ext = TxExt::Reth(
+                    RethRepr { va: wqe.wr.remote_addr.wrapping_add(off), rkey: wqe.wr.rkey, len: remaining as u32 },
+                    None,
+                );
                 bth.ack_req = true;
                 self.req_psn = wqe.last_psn.add(1);
                 self.req_cur = idx.wrapping_add(1);
@@ -199,7 +201,7 @@ impl Qp {
                 } else {
                     (wqe.wr.compare_add, 0)
                 };
-                ext.atomic_eth = Some(AtomicEthRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, swap_add, compare });
+                ext = TxExt::Atomic(AtomicEthRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, swap_add, compare });
                 bth.ack_req = true;
                 self.req_psn = psn.add(1);
                 self.req_cur = idx.wrapping_add(1);
@@ -211,15 +213,17 @@ impl Qp {
                 let last = remaining <= mtu;
                 let len = remaining.min(mtu) as u32;
                 bth.opcode = send_write_opcode(op, first, last);
+                let imm =
+                    (last && matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm)).then_some(wqe.wr.imm);
                 if first && matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm) {
-                    ext.reth = Some(RethRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, len: wqe.length as u32 });
+                    let reth = RethRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, len: wqe.length as u32 };
+                    ext = TxExt::Reth(reth, imm);
+                } else if let Some(v) = imm {
+                    ext = TxExt::Imm(v);
                 }
                 if last {
-                    if matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm) {
-                        ext.imm = Some(wqe.wr.imm);
-                    }
                     if op == WrOpcode::SendWithInv {
-                        ext.ieth = Some(wqe.wr.invalidate_rkey);
+                        ext = TxExt::Ieth(wqe.wr.invalidate_rkey);
                     }
                     bth.solicited = wqe.wr.solicited;
                 }

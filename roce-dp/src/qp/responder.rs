@@ -4,10 +4,10 @@
 //! the resource ring (atomics, never executed twice).
 
 use super::{Qp, QpState, RecvWqe, Resource, RespMsg, RespOut, TimerKind, MAX_MSG_LEN};
-use crate::engine::{Ctx, PayloadSrc, TxPlan};
+use crate::engine::{Ctx, PayloadSrc, TxExt, TxPlan};
 use crate::mr::{AccessError, AccessFlags};
 use crate::verbs::{Cqe, Sge, WcOpcode, WcStatus};
-use crate::wire::{op, AethRepr, BthRepr, ExtRepr, NakCode, Opcode, RxFrame};
+use crate::wire::{op, AethRepr, BthRepr, NakCode, Opcode, RxFrame};
 
 /// Why a request is refused; each maps to one AETH NAK (or RNR NAK).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -488,21 +488,20 @@ impl Qp {
     pub(crate) fn next_response(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
         let item = *self.out.front()?;
         let mut bth = BthRepr { dest_qp: self.dest_qpn, ..self.tmpl.bth };
-        let mut ext = ExtRepr::default();
+        let mut ext = TxExt::None;
         match item {
             RespOut::Ack { psn, syndrome, msn } => {
                 self.out.pop_front();
                 bth.opcode = Opcode::RC_ACKNOWLEDGE;
                 bth.psn = psn;
-                ext.aeth = Some(AethRepr { syndrome, msn });
+                ext = TxExt::Aeth(AethRepr { syndrome, msn }, None);
                 Some(TxPlan { bth, ext, payload_len: 0, src: PayloadSrc::None, data_frame: false })
             }
             RespOut::AtomicAck { psn, orig, msn } => {
                 self.out.pop_front();
                 bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
                 bth.psn = psn;
-                ext.aeth = Some(AethRepr::ack(msn));
-                ext.atomic_ack = Some(orig);
+                ext = TxExt::Aeth(AethRepr::ack(msn), Some(orig));
                 Some(TxPlan { bth, ext, payload_len: 0, src: PayloadSrc::None, data_frame: false })
             }
             RespOut::Read { rkey, va, len, first, start, cur, last, msn } => {
@@ -519,14 +518,14 @@ impl Qp {
                     (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
                 };
                 if is_first_pkt || is_last {
-                    ext.aeth = Some(AethRepr::ack(msn));
+                    ext = TxExt::Aeth(AethRepr::ack(msn), None);
                 }
                 // The region may have been invalidated since the request: answer with a NAK instead of data.
                 if plen > 0 && ctx.mrs.check(rkey, self.pd, va + off, plen, AccessFlags::REMOTE_READ).is_err() {
                     self.out.pop_front();
                     self.cnt.nak_rem_access_sent += 1;
                     bth.opcode = Opcode::RC_ACKNOWLEDGE;
-                    ext = ExtRepr { aeth: Some(AethRepr::nak(NakCode::RemoteAccessErr, msn)), ..ExtRepr::default() };
+                    ext = TxExt::Aeth(AethRepr::nak(NakCode::RemoteAccessErr, msn), None);
                     self.enter_error(ctx);
                     return Some(TxPlan { bth, ext, payload_len: 0, src: PayloadSrc::None, data_frame: false });
                 }

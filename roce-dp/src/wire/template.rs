@@ -5,7 +5,7 @@
 //! copies them and patches those fields, instead of building every header from a `RoceRepr` per packet. The bytes
 //! are exactly what [`emit_frame`](super::emit_frame) writes for the same headers (tested below).
 
-use super::opcode::{flags as f, hdr_len};
+use super::opcode::{flags as f, hdr_len, OpInfo};
 use super::{icrc, ipv4, ipv6, udp, BthPacket, BthRepr, Error, ExtRepr, IpAddrs, Opcode, RoceRepr};
 
 /// Longest prefix: Ethernet with an 802.1Q tag, IPv6, UDP.
@@ -79,6 +79,21 @@ impl HeaderTemplate {
         ident: u16,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<usize, Error> {
+        self.emit_with(buf, bth, payload_len, ident, |info, tp| ext.emit(info, tp), fill)
+    }
+
+    /// [`emit`](Self::emit) with the extension headers written by `ext(info, bth_and_ext)` (the opcode's table
+    /// entry and the bytes from the BTH to the payload, the BTH already written) instead of from an [`ExtRepr`].
+    #[inline]
+    pub fn emit_with(
+        &self,
+        buf: &mut [u8],
+        bth: &BthRepr,
+        payload_len: usize,
+        ident: u16,
+        ext: impl FnOnce(&OpInfo, &mut [u8]) -> Result<(), Error>,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<usize, Error> {
         let info = bth.opcode.info().ok_or(Error::UnknownOpcode(bth.opcode.0))?;
         if payload_len > 0 && !info.any(f::PAYLOAD) {
             return Err(Error::Unencodable);
@@ -112,7 +127,7 @@ impl HeaderTemplate {
         buf[l4 + udp::field::LENGTH.start..l4 + udp::field::LENGTH.end].copy_from_slice(&(l4_len as u16).to_be_bytes());
         let tp = &mut buf[prefix..];
         BthRepr { pad: pad as u8, ..*bth }.emit(&mut BthPacket::new_unchecked(&mut tp[..hdr_len::BTH]));
-        ext.emit(info, &mut tp[..hdr])?;
+        ext(info, &mut tp[..hdr])?;
         let (payload, tail) = tp[hdr..].split_at_mut(payload_len);
         fill(payload);
         tail[..pad].fill(0);
