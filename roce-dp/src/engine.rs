@@ -126,51 +126,63 @@ pub(crate) enum TxExt {
 }
 
 impl TxExt {
-    /// Writes the headers into `tp` (BTH start to payload) where the opcode table puts them; everything else
-    /// after the BTH is zeroed, so a header the opcode needs but this value lacks goes out as zeros (as
-    /// [`ExtRepr::emit`](wire::ExtRepr::emit) does).
+    /// Writes the headers into `tp` (BTH start to payload) where the opcode table puts them. Everything after the
+    /// BTH that they do not cover is zeroed, so a header the opcode needs but this value lacks goes out as zeros
+    /// (as [`ExtRepr::emit`](wire::ExtRepr::emit) does); the requester and responder always give exactly the
+    /// opcode's headers, which then cover every byte and the zeroing is skipped.
     #[inline]
     fn emit(&self, info: &wire::OpInfo, tp: &mut [u8]) -> Result<(), WireError> {
         let hdr = usize::from(info.hdr_len);
         let tp = tp.get_mut(..hdr).ok_or(WireError::BufferTooSmall)?;
-        tp[wire::hdr_len::BTH..].fill(0);
-        let o = &info.off;
-        let at = |flag: u32, off: u8| info.any(flag).then_some(usize::from(off)..hdr);
-        match *self {
-            TxExt::None => {}
-            TxExt::Reth(r, imm) => {
-                if let Some(x) = at(op::RETH, o.reth) {
-                    r.emit(&mut wire::RethPacket::new_unchecked(&mut tp[x]));
-                }
-                if let (Some(v), Some(x)) = (imm, at(op::IMM_DT, o.imm_dt)) {
-                    wire::ImmDtPacket::new_unchecked(&mut tp[x]).set_imm(v);
-                }
-            }
-            TxExt::Imm(v) => {
-                if let Some(x) = at(op::IMM_DT, o.imm_dt) {
-                    wire::ImmDtPacket::new_unchecked(&mut tp[x]).set_imm(v);
-                }
-            }
-            TxExt::Ieth(v) => {
-                if let Some(x) = at(op::IETH, o.ieth) {
-                    wire::IethPacket::new_unchecked(&mut tp[x]).set_rkey(v);
-                }
-            }
-            TxExt::Atomic(a) => {
-                if let Some(x) = at(op::ATOMIC_ETH, o.atomic_eth) {
-                    a.emit(&mut wire::AtomicEthPacket::new_unchecked(&mut tp[x]));
-                }
-            }
-            TxExt::Aeth(a, orig) => {
-                if let Some(x) = at(op::AETH, o.aeth) {
-                    a.emit(&mut wire::AethPacket::new_unchecked(&mut tp[x]));
-                }
-                if let (Some(v), Some(x)) = (orig, at(op::ATOMIC_ACK_ETH, o.atomic_ack_eth)) {
-                    wire::AtomicAckEthPacket::new_unchecked(&mut tp[x]).set_orig(v);
-                }
-            }
+        if self.write(info, tp) != hdr - wire::hdr_len::BTH {
+            tp[wire::hdr_len::BTH..].fill(0);
+            self.write(info, tp);
         }
         Ok(())
+    }
+
+    /// Writes the headers the opcode carries; returns how many bytes were written.
+    #[inline(always)]
+    fn write(&self, info: &wire::OpInfo, tp: &mut [u8]) -> usize {
+        /// `bytes` at `off` if the opcode carries `flag` and they fit: their length, else 0.
+        #[inline(always)]
+        fn put<const N: usize>(info: &wire::OpInfo, tp: &mut [u8], flag: u32, off: u8, bytes: [u8; N]) -> usize {
+            let off = usize::from(off);
+            match tp.get_mut(off..off + N) {
+                Some(d) if info.any(flag) => {
+                    d.copy_from_slice(&bytes);
+                    N
+                }
+                _ => 0,
+            }
+        }
+        let o = &info.off;
+        let imm = |tp: &mut [u8], v: Option<u32>| v.map_or(0, |v| put(info, tp, op::IMM_DT, o.imm_dt, v.to_be_bytes()));
+        match *self {
+            TxExt::None => 0,
+            TxExt::Reth(r, v) => {
+                let mut b = [0u8; 16];
+                b[..8].copy_from_slice(&r.va.to_be_bytes());
+                b[8..12].copy_from_slice(&r.rkey.to_be_bytes());
+                b[12..].copy_from_slice(&r.len.to_be_bytes());
+                put(info, tp, op::RETH, o.reth, b) + imm(tp, v)
+            }
+            TxExt::Imm(v) => imm(tp, Some(v)),
+            TxExt::Ieth(v) => put(info, tp, op::IETH, o.ieth, v.to_be_bytes()),
+            TxExt::Atomic(a) => {
+                let mut b = [0u8; 28];
+                b[..8].copy_from_slice(&a.va.to_be_bytes());
+                b[8..12].copy_from_slice(&a.rkey.to_be_bytes());
+                b[12..20].copy_from_slice(&a.swap_add.to_be_bytes());
+                b[20..].copy_from_slice(&a.compare.to_be_bytes());
+                put(info, tp, op::ATOMIC_ETH, o.atomic_eth, b)
+            }
+            TxExt::Aeth(a, orig) => {
+                let aeth = ((u32::from(a.syndrome) << 24) | (a.msn & 0xff_ffff)).to_be_bytes();
+                put(info, tp, op::AETH, o.aeth, aeth)
+                    + orig.map_or(0, |v| put(info, tp, op::ATOMIC_ACK_ETH, o.atomic_ack_eth, v.to_be_bytes()))
+            }
+        }
     }
 }
 

@@ -16,15 +16,11 @@ const fn pad_for(payload_len: usize) -> usize {
     payload_len.wrapping_neg() & 3
 }
 
-/// What every parse of a frame establishes: the IP part, the IP packet (header to ICRC), the BTH and its opcode's
-/// table entry, the BTH with its extension headers, and the payload.
+/// What every parse of a frame establishes: the receive path's view, the IP packet (header to ICRC) and the UDP
+/// source port.
 struct Core<'a> {
-    ip: IpRepr,
+    rx: RxFrame<'a>,
     ip_pkt: &'a [u8],
-    bth: BthRepr,
-    info: &'static OpInfo,
-    hdrs: &'a [u8],
-    payload: &'a [u8],
     udp_src: u16,
 }
 
@@ -98,7 +94,7 @@ fn parse_core(frame: &[u8]) -> Result<Core<'_>, Error> {
         return Err(Error::BadPadCount);
     }
     let (hdrs, rest) = tp.split_at(hdr);
-    Ok(Core { ip, ip_pkt, bth, info, hdrs, payload: &rest[..body - pad], udp_src: u.src_port() })
+    Ok(Core { rx: RxFrame { bth, ip, info, hdrs, payload: &rest[..body - pad] }, ip_pkt, udp_src: u.src_port() })
 }
 
 /// Parse a whole Ethernet frame. Ok even when the ICRC is bad: `icrc_ok` says. Err for anything malformed.
@@ -113,10 +109,10 @@ fn parse_core(frame: &[u8]) -> Result<Core<'_>, Error> {
 pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, Error> {
     let c = parse_core(frame)?;
     let eth_repr = EthRepr::parse(&EthernetFrame::new_unchecked(frame))?;
-    let ext = ExtRepr::parse(c.info, c.hdrs)?;
+    let ext = ExtRepr::parse(c.rx.info, c.rx.hdrs)?;
     let icrc_ok = icrc::verify(c.ip_pkt)?;
-    let repr = RoceRepr { eth: eth_repr, ip: c.ip, udp_src: c.udp_src, udp_dst: ROCE_UDP_PORT, bth: c.bth, ext };
-    Ok(RoceFrame { repr, payload: c.payload, icrc_ok })
+    let repr = RoceRepr { eth: eth_repr, ip: c.rx.ip, udp_src: c.udp_src, udp_dst: ROCE_UDP_PORT, bth: c.rx.bth, ext };
+    Ok(RoceFrame { repr, payload: c.rx.payload, icrc_ok })
 }
 
 /// The receive fast path: the checks of [`parse_frame`] in the same order, then the ICRC (`Err(BadIcrc)`), into an
@@ -128,7 +124,7 @@ pub fn parse_rx(frame: &[u8]) -> Result<RxFrame<'_>, Error> {
     if !icrc::verify(c.ip_pkt)? {
         return Err(Error::BadIcrc);
     }
-    Ok(RxFrame { bth: c.bth, ip: c.ip, info: c.info, hdrs: c.hdrs, payload: c.payload })
+    Ok(c.rx)
 }
 
 /// A received frame as the engine's receive path sees it ([`parse_rx`]): the BTH, the IP part, the opcode's table

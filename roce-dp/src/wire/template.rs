@@ -108,7 +108,12 @@ impl HeaderTemplate {
             return Err(Error::Unencodable);
         }
         let buf = buf.get_mut(..n).ok_or(Error::BufferTooSmall)?;
-        buf[..prefix].copy_from_slice(&self.bytes[..prefix]);
+        // A fixed-size copy (a few vector moves, no memcpy call) when the frame is that long: the bytes past the
+        // prefix are all written again below.
+        match buf.first_chunk_mut::<MAX_PREFIX>() {
+            Some(head) => *head = self.bytes,
+            None => buf[..prefix].copy_from_slice(&self.bytes[..prefix]),
+        }
         {
             let ip = &mut buf[eth_len..eth_len + ip_len];
             if self.v4 {
