@@ -173,7 +173,12 @@ impl BthRepr {
     /// Reserved bits are ignored.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<BthRepr, Error> {
         // One 12-byte read, then fields from the array: no per-field bounds checks on the receive path.
-        let b = *packet.buffer.as_ref().first_chunk::<HEADER_LEN>().ok_or(Error::Truncated)?;
+        Self::from_bytes(packet.buffer.as_ref().first_chunk::<HEADER_LEN>().ok_or(Error::Truncated)?)
+    }
+
+    /// [`parse`](Self::parse) of the 12 bytes of a BTH.
+    #[inline(always)]
+    pub(crate) fn from_bytes(b: &[u8; HEADER_LEN]) -> Result<BthRepr, Error> {
         if b[field::FLAGS] & 0x0f != 0 {
             return Err(Error::BadBthVersion);
         }

@@ -171,7 +171,7 @@ pub fn compute(pkt: &[u8]) -> Result<u32, Error> {
         if pkt.len() >= HEAD_BLOCK { HEAD_BLOCK - 16 + ((pkt.len() - (HEAD_BLOCK - 16)) & 15) } else { pkt.len() };
     let z = (16 - ((4 + head) & 15)) & 15;
     let at = z + 4;
-    buf[z..at].fill(0xff);
+    buf[z..at].copy_from_slice(&[0xff; 4]);
     let stage = &mut buf[at..at + HEAD_BLOCK];
     if let Some(p) = pkt.first_chunk::<HEAD_BLOCK>() {
         for i in 0..HEAD_BLOCK {

@@ -1,6 +1,6 @@
 //! Whole RoCEv2 frames: Ethernet (+802.1Q) | IPv4/IPv6 | UDP 4791 | BTH | extension headers | payload | pad | ICRC.
 
-use super::ethernet::{ethertype, Frame as EthernetFrame};
+use super::ethernet::{ethertype, Frame as EthernetFrame, HEADER_LEN as ETHERNET_HEADER_LEN};
 use super::ipv4::{self, Packet as Ipv4Packet, Repr as Ipv4Repr};
 use super::ipv6::{self, Packet as Ipv6Packet, Repr as Ipv6Repr};
 use super::opcode::OpInfo;
@@ -24,9 +24,71 @@ struct Core<'a> {
     udp_src: u16,
 }
 
+/// The common frame (Ethernet II without a tag, IPv4 without options) checked from one fixed-size read of its
+/// first 54 bytes: every check of [`parse_core`] on the same values, without a bounds check per field. None when
+/// the frame is of another shape or fails any check; [`parse_core`] then runs the general path, which names the
+/// error.
+#[inline(always)]
+fn parse_core_ipv4(frame: &[u8]) -> Option<Core<'_>> {
+    const L3: usize = ETHERNET_HEADER_LEN;
+    const L4: usize = L3 + ipv4::HEADER_LEN;
+    const TP: usize = L4 + udp::HEADER_LEN;
+    let h = frame.first_chunk::<{ TP + hdr_len::BTH }>()?;
+    let ip: &[u8; ipv4::HEADER_LEN] = h[L3..L4].try_into().ok()?;
+    if cfg!(fuzzing) || u16::from_be_bytes([h[12], h[13]]) != ethertype::IPV4 || ip[0] != 0x45 {
+        return None;
+    }
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let flg = u16::from_be_bytes([ip[6], ip[7]]);
+    // Room for UDP and a BTH, no fragment, UDP, a good checksum.
+    if total < TP + hdr_len::BTH - L3 || frame.len() - L3 < total || flg & 0x3fff != 0 || ip[9] != ipv4::PROTO_UDP {
+        return None;
+    }
+    if ipv4::checksum(ip) != 0 {
+        return None;
+    }
+    let udp_len = usize::from(u16::from_be_bytes([h[L4 + 4], h[L4 + 5]]));
+    if u16::from_be_bytes([h[L4 + 2], h[L4 + 3]]) != ROCE_UDP_PORT || udp_len != total - ipv4::HEADER_LEN {
+        return None;
+    }
+    let bth = BthRepr::from_bytes(h[TP..].try_into().ok()?).ok()?;
+    let info = bth.opcode.info()?;
+    let hdr = usize::from(info.hdr_len);
+    let ip_pkt = &frame[L3..L3 + total];
+    let tp = &ip_pkt[TP - L3..];
+    let body = tp.len().checked_sub(hdr + hdr_len::ICRC)?;
+    let pad = usize::from(bth.pad);
+    let shape_ok = if info.any(f::PAYLOAD) { pad <= body } else { pad == 0 && body == 0 };
+    if !shape_ok {
+        return None;
+    }
+    let (hdrs, rest) = tp.split_at(hdr);
+    let tos = ip[1];
+    let ip = IpRepr {
+        addrs: IpAddrs::V4 { src: [ip[12], ip[13], ip[14], ip[15]], dst: [ip[16], ip[17], ip[18], ip[19]] },
+        dscp: tos >> 2,
+        ecn: super::Ecn::from_bits(tos),
+        ttl: ip[8],
+        ident: u16::from_be_bytes([ip[4], ip[5]]),
+        dont_frag: flg & 0x4000 != 0,
+        flow_label: 0,
+    };
+    let udp_src = u16::from_be_bytes([h[L4], h[L4 + 1]]);
+    Some(Core { rx: RxFrame { bth, ip, info, hdrs, payload: &rest[..body - pad] }, ip_pkt, udp_src })
+}
+
 /// The checks of [`parse_frame`] up to (not including) the ICRC.
 #[inline(always)]
 fn parse_core(frame: &[u8]) -> Result<Core<'_>, Error> {
+    match parse_core_ipv4(frame) {
+        Some(c) => Ok(c),
+        None => parse_core_general(frame),
+    }
+}
+
+/// [`parse_core`] for any shape, each header through its view.
+#[inline]
+fn parse_core_general(frame: &[u8]) -> Result<Core<'_>, Error> {
     let eth = EthernetFrame::new_checked(frame)?;
     let l3 = eth.payload();
     let (ip, ip_pkt, l4) = match eth.payload_ethertype() {
@@ -541,6 +603,18 @@ mod tests {
         }
     }
 
+    /// Calls `f` with every truncation of `frame` and with `frame` with each single bit flipped.
+    fn each_mutation(frame: &mut [u8], name: &str, mut f: impl FnMut(&[u8], &str)) {
+        for k in 0..frame.len() {
+            f(&frame[..k], &format!("{name} truncated to {k}"));
+        }
+        for bit in 0..frame.len() * 8 {
+            frame[bit / 8] ^= 1 << (bit % 8);
+            f(frame, &format!("{name} bit {bit} flipped"));
+            frame[bit / 8] ^= 1 << (bit % 8);
+        }
+    }
+
     /// `parse_rx` agrees with `parse_frame_checked` on every opcode and layout, every truncation and every
     /// single-bit flip: the same verdict, the same error, and on success the same BTH, IP part, payload and
     /// extension headers (each accessor against `parse_frame`'s `ExtRepr`).
@@ -570,17 +644,36 @@ mod tests {
                 let n = emit_frame(&mut buf, &r, len, |p| p.fill(0x3c)).unwrap();
                 assert!(parse_rx(&buf[..n]).is_ok(), "{}", info.name);
                 ok += 1;
-                for k in 0..n {
-                    agree(&buf[..k], &format!("{} truncated to {k}", info.name));
-                }
-                for bit in 0..n * 8 {
-                    buf[bit / 8] ^= 1 << (bit % 8);
-                    agree(&buf[..n], &format!("{} bit {bit} flipped", info.name));
-                    buf[bit / 8] ^= 1 << (bit % 8);
-                }
+                each_mutation(&mut buf[..n], info.name, agree);
             }
         }
         assert!(ok > 60);
+    }
+
+    /// The IPv4 fast path accepts only what the general path accepts, with the same result, and takes every
+    /// well-formed untagged IPv4 frame (each opcode; every truncation and single-bit flip of them).
+    #[test]
+    fn ipv4_fast_path_equals_general_path() {
+        let same = |b: &[u8], what: &str| {
+            let Some(c) = parse_core_ipv4(b) else { return false };
+            let g = parse_core_general(b).unwrap_or_else(|e| panic!("{what}: fast path took a frame rejected: {e}"));
+            assert_eq!((c.rx.bth, c.rx.ip, c.rx.info.name), (g.rx.bth, g.rx.ip, g.rx.info.name), "{what}");
+            assert_eq!((c.rx.hdrs, c.rx.payload, c.ip_pkt, c.udp_src), (g.rx.hdrs, g.rx.payload, g.ip_pkt, g.udp_src));
+            true
+        };
+        for v in 0..=255u8 {
+            let Some(info) = Opcode(v).info() else { continue };
+            let r = repr(Opcode(v), false, false);
+            for len in if info.any(f::PAYLOAD) { &[0usize, 1, 61][..] } else { &[0][..] } {
+                let mut buf = vec![0u8; frame_len(&r, *len) + 3];
+                let n = emit_frame(&mut buf, &r, *len, |p| p.fill(0x3c)).unwrap();
+                assert!(same(&buf[..n], info.name), "{} len {len}: not on the fast path", info.name);
+                assert!(same(&buf, info.name), "{}: Ethernet padding", info.name);
+                each_mutation(&mut buf[..n], info.name, |b, what| {
+                    same(b, what);
+                });
+            }
+        }
     }
 
     #[test]

@@ -11,10 +11,13 @@ use super::{icrc, ipv4, ipv6, udp, BthPacket, BthRepr, Error, ExtRepr, IpAddrs, 
 /// Longest prefix: Ethernet with an 802.1Q tag, IPv6, UDP.
 const MAX_PREFIX: usize = 18 + ipv6::HEADER_LEN + udp::HEADER_LEN;
 
+/// The stored prefix, rounded up to whole 16-byte vectors so that copying it is a few vector moves.
+const STORED: usize = MAX_PREFIX.next_multiple_of(16);
+
 /// Pre-serialised Ethernet + IP + UDP headers of one flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeaderTemplate {
-    bytes: [u8; MAX_PREFIX],
+    bytes: [u8; STORED],
     eth_len: u8,
     ip_len: u8,
     v4: bool,
@@ -35,7 +38,7 @@ impl HeaderTemplate {
             IpAddrs::V4 { .. } => (ipv4::HEADER_LEN, true),
             IpAddrs::V6 { .. } => (ipv6::HEADER_LEN, false),
         };
-        let mut bytes = [0u8; MAX_PREFIX];
+        let mut bytes = [0u8; STORED];
         let plen = eth_len + ip_len + udp::HEADER_LEN;
         if n >= plen {
             bytes[..plen].copy_from_slice(&scratch[..plen]);
@@ -110,9 +113,9 @@ impl HeaderTemplate {
         let buf = buf.get_mut(..n).ok_or(Error::BufferTooSmall)?;
         // A fixed-size copy (a few vector moves, no memcpy call) when the frame is that long: the bytes past the
         // prefix are all written again below.
-        match buf.first_chunk_mut::<MAX_PREFIX>() {
+        match buf.first_chunk_mut::<STORED>() {
             Some(head) => *head = self.bytes,
-            None => buf[..prefix].copy_from_slice(&self.bytes[..prefix]),
+            None => copy_prefix(buf, &self.bytes[..prefix]),
         }
         {
             let ip = &mut buf[eth_len..eth_len + ip_len];
@@ -135,10 +138,19 @@ impl HeaderTemplate {
         ext(info, &mut tp[..hdr])?;
         let (payload, tail) = tp[hdr..].split_at_mut(payload_len);
         fill(payload);
-        tail[..pad].fill(0);
+        // Pad and ICRC as one 4-byte store of zeros at the pad (the ICRC is written over it below).
+        tail[..hdr_len::ICRC].fill(0);
         icrc::fill(&mut buf[eth_len..])?;
         Ok(n)
     }
+}
+
+/// The prefix of a frame shorter than [`STORED`] (an ACK). Out of line: inlined, the compiler merges it with the
+/// fixed-size copy into one variable-length `memcpy` call.
+#[cold]
+#[inline(never)]
+fn copy_prefix(buf: &mut [u8], prefix: &[u8]) {
+    buf[..prefix.len()].copy_from_slice(prefix);
 }
 
 #[cfg(test)]
