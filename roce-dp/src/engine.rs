@@ -562,8 +562,11 @@ impl Engine {
             let mut ctx = Ctx { now: Instant::ZERO, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
             let qp = self.qps[i as usize].as_deref_mut().expect("checked");
             qp.enter_error(&mut ctx);
+            self.sync_qp(i);
+        } else {
+            // A post arms no timer (the requester arms the retransmit timer when it sends): only the ready queue.
+            self.mark_ready(i);
         }
-        self.sync_qp(i);
         Ok(())
     }
 
@@ -886,6 +889,12 @@ impl Engine {
     /// Mirrors a QP's timers into the heap and puts it in the ready queue if it has something to send.
     fn sync_qp(&mut self, i: u32) {
         self.sync_timers(i);
+        self.mark_ready(i);
+    }
+
+    /// Puts a QP in the ready queue if it has something to send and is not there yet.
+    #[inline]
+    fn mark_ready(&mut self, i: u32) {
         let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
         if qp.in_ready {
             return;
