@@ -238,7 +238,7 @@ tier85_daemon() {
 # dpd2_stat SOCK SCOPE ID NAME: one counter of the daemon (rdp-client open --stats), empty if absent.
 dpd2_stat() {
     timeout 10 "$ROOT/target/release/rdp-client" open --daemon "$1" --stats 2>/dev/null |
-        awk -v k="STAT $2 $(printf '%#x' "$3") $4" 'index($0, k " ") == 1 { print $NF }'
+        awk -v k="STAT $2 $(printf '0x%x' "$3") $4" 'index($0, k " ") == 1 { print $NF }'
 }
 
 # dpd2_wait_qps SOCK N: wait (10 s) until the daemon has N QPs.
