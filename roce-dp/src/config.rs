@@ -81,11 +81,28 @@ pub struct DaemonSection {
     /// Backing of the shared regions.
     #[serde(default)]
     pub backing: DaemonBacking,
-    /// The worker's lcore (default: the profile's first `[eal] lcores`). One worker for now.
+    /// The workers' lcores, one per `[worker] workers`, comma-separated (`"1,0"`: worker 0, the EAL main lcore, on
+    /// 1; worker 1 on 0). Optional with one worker (default: the profile's `[eal] lcores`). An lcore may appear
+    /// twice only when the workers back off when idle (`[worker] idle` other than `busy`).
     pub worker_lcores: Option<String>,
     /// Largest queue depth a client may ask for.
     #[serde(default = "max_depth")]
     pub max_depth: u32,
+}
+
+impl DaemonSection {
+    /// `worker_lcores` as numbers (`None` if absent; `Err` names what does not parse).
+    pub fn lcores(&self) -> Option<Result<Vec<u32>, String>> {
+        let l = self.worker_lcores.as_ref()?;
+        Some(
+            l.split(',')
+                .map(|x| match x.trim().parse::<u32>() {
+                    Ok(n) if n < 1024 => Ok(n),
+                    _ => Err(format!("{l:?}: {x:?} is not an lcore number (comma-separated lcores, one per worker)")),
+                })
+                .collect(),
+        )
+    }
 }
 
 fn socket_mode() -> u32 {
@@ -415,9 +432,32 @@ impl Profile {
                     format!("{:#o} must be 0o600..=0o777 with owner rw", d.socket_mode),
                 ));
             }
-            if let Some(l) = &d.worker_lcores {
-                if l.parse::<u32>().is_err() {
-                    return Err(("daemon.worker_lcores", format!("{l:?}: one lcore number (one worker for now)")));
+            match d.lcores() {
+                None if w.workers > 1 => {
+                    return Err((
+                        "daemon.worker_lcores",
+                        format!("missing: {} workers need one lcore each, e.g. \"1,0\"", w.workers),
+                    ))
+                }
+                None => {}
+                Some(Err(e)) => return Err(("daemon.worker_lcores", e)),
+                Some(Ok(l)) if l.len() != w.workers as usize => {
+                    return Err((
+                        "daemon.worker_lcores",
+                        format!("{} lcores for worker.workers = {}: give one per worker", l.len(), w.workers),
+                    ))
+                }
+                Some(Ok(l)) => {
+                    let twice = l.iter().enumerate().find(|(i, c)| l[..*i].contains(c));
+                    if let (Some((_, c)), "busy") = (twice, w.idle.as_str()) {
+                        return Err((
+                            "daemon.worker_lcores",
+                            format!(
+                                "lcore {c} twice with worker.idle = \"busy\": two busy-polling workers on one core \
+                                 (give each its own lcore, or set worker.idle to sleep, yield or pause)"
+                            ),
+                        ));
+                    }
                 }
             }
             if !(1..=1 << 16).contains(&d.max_depth) {
@@ -538,6 +578,27 @@ mod tests {
 
     fn err(text: &str) -> String {
         Profile::parse("t.toml", text).unwrap_err().0
+    }
+
+    #[test]
+    fn daemon_worker_lcores_one_per_worker() {
+        let d = |workers: u32, idle: &str, lcores: Option<&str>| {
+            let l = lcores.map(|l| format!("worker_lcores = \"{l}\"\n")).unwrap_or_default();
+            format!("{BASE}[worker]\nworkers = {workers}\nidle = \"{idle}\"\n[daemon]\nsocket = \"/run/x.sock\"\n{l}")
+        };
+        let ok = Profile::parse("t.toml", &d(2, "sleep", Some("1,0"))).unwrap();
+        assert_eq!(ok.daemon.unwrap().lcores(), Some(Ok(vec![1, 0])));
+        assert!(Profile::parse("t.toml", &d(1, "busy", None)).is_ok());
+        assert!(Profile::parse("t.toml", &d(2, "sleep", Some("1, 1"))).is_ok(), "idle workers may share a core");
+        for (text, want) in [
+            (d(2, "sleep", None), "t.toml: daemon.worker_lcores: missing: 2 workers need one lcore each"),
+            (d(2, "sleep", Some("1")), "t.toml: daemon.worker_lcores: 1 lcores for worker.workers = 2"),
+            (d(1, "busy", Some("x")), "t.toml: daemon.worker_lcores: \"x\": \"x\" is not an lcore number"),
+            (d(2, "busy", Some("1,1")), "t.toml: daemon.worker_lcores: lcore 1 twice with worker.idle = \"busy\""),
+        ] {
+            let e = err(&text);
+            assert!(e.starts_with(want) && !e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

@@ -251,6 +251,17 @@ pub struct Engine {
     ip_ident: u16,
 }
 
+/// QPN distance between the engines of two workers on one port: worker `w`'s engine numbers its QPs from
+/// `qpn_base + w * QPN_STRIDE`, so the worker owning a frame's destination QP is a division ([`qpn_owner`]).
+pub const QPN_STRIDE: u32 = 0x1_0000;
+
+/// The worker owning `qpn` among `workers` workers whose engines start at `base + w * QPN_STRIDE`, if any.
+#[inline]
+pub fn qpn_owner(base: u32, workers: usize, qpn: u32) -> Option<usize> {
+    let w = (qpn.checked_sub(base)? / QPN_STRIDE) as usize;
+    (w < workers).then_some(w)
+}
+
 /// Bytes of headers around a payload, at most (Ethernet + VLAN, IPv6, UDP, BTH + largest extension, ICRC).
 pub const MAX_HEADER_BYTES: usize = 18 + 40 + 8 + 12 + 28 + 4 + 4;
 
@@ -316,6 +327,22 @@ impl Engine {
         access: AccessFlags,
     ) -> Result<MrKeys, VerbsError> {
         self.mrs.register_shared(pd, va, mem, access).ok_or(VerbsError::BadMr("too many regions, or range overflows"))
+    }
+
+    /// [`reg_mr_shared`](Self::reg_mr_shared) under a key chosen elsewhere (another worker's engine registered the
+    /// same region first): the key's slot must be free.
+    #[cfg(target_os = "linux")]
+    pub fn reg_mr_shared_at(
+        &mut self,
+        key: u32,
+        pd: Pd,
+        va: u64,
+        mem: crate::ctrl::shm::ShmBytes,
+        access: AccessFlags,
+    ) -> Result<MrKeys, VerbsError> {
+        self.mrs
+            .register_shared_at(key, pd, va, mem, access)
+            .ok_or(VerbsError::BadMr("key in use or beyond max_mrs, or range overflows"))
     }
 
     /// Registered memory regions.
@@ -510,27 +537,9 @@ impl Engine {
 
     /// Posts a send work request with its scatter/gather list.
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr, sgl: &[Sge]) -> Result<(), VerbsError> {
-        let i = self.qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
-        let qp = self.qps[i as usize].as_deref_mut().expect("checked");
-        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(VerbsError::BadState(qp.state));
-        }
-        if sgl.len() > qp.caps.max_send_sge as usize {
-            return Err(VerbsError::TooManySge(sgl.len()));
-        }
         let length: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
-        if length > MAX_MSG_LEN || (wr.opcode.is_atomic() && length != 8) {
-            return Err(VerbsError::BadLength(length));
-        }
-        if wr.inline {
-            let payload_op = !wr.opcode.is_rd_atomic();
-            if !payload_op || length > u64::from(qp.caps.max_inline) {
-                return Err(VerbsError::BadInline(length));
-            }
-        }
-        if qp.sq.is_full() {
-            return Err(VerbsError::QueueFull);
-        }
+        let i = self.check_post_send(qpn, wr, sgl.len(), length)?;
+        let qp = self.qps[i as usize].as_deref_mut().expect("checked");
         let idx = qp.sq.tail;
         if wr.inline && length > 0 {
             // Inline data is copied now: the buffer may be reused as soon as post_send returns.
@@ -548,9 +557,59 @@ impl Engine {
         let per = qp.caps.max_send_sge.max(1) as usize;
         let base = qp.sq.slot(idx) * per;
         qp.sq_sges[base..base + sgl.len()].copy_from_slice(sgl);
+        self.push_send(i, *wr, sgl.len() as u32, length);
+        Ok(())
+    }
+
+    /// Posts a send work request whose payload is `data`, copied now into the QP's inline area (the bytes need not
+    /// be in a registered region; the caller may reuse them at once). SEND and WRITE variants only, at most the
+    /// QP's `max_inline` bytes. The daemon posts the inline payload it read from a client's ring with this.
+    pub fn post_send_inline(&mut self, qpn: u32, wr: &SendWr, data: &[u8]) -> Result<(), VerbsError> {
+        let wr = SendWr { inline: true, ..*wr };
+        let i = self.check_post_send(qpn, &wr, 0, data.len() as u64)?;
+        let qp = self.qps[i as usize].as_deref_mut().expect("checked");
+        let base = qp.sq.slot(qp.sq.tail) * qp.caps.max_inline as usize;
+        // Cannot fail: data.len() <= max_inline (checked), and the area holds max_inline bytes per slot.
+        if let Some(dst) = qp.sq_inline.get_mut(base..base + data.len()) {
+            crate::copy::copy_bytes(dst, data);
+        }
+        self.push_send(i, wr, 0, data.len() as u64);
+        Ok(())
+    }
+
+    /// The checks of a send post: the QP's state, SGE count, message length, inline limits and room in the send
+    /// queue. Returns the QP's index.
+    fn check_post_send(&self, qpn: u32, wr: &SendWr, num_sge: usize, length: u64) -> Result<u32, VerbsError> {
+        let i = self.qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let qp = self.qps[i as usize].as_deref().expect("checked");
+        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::BadState(qp.state));
+        }
+        if num_sge > qp.caps.max_send_sge as usize {
+            return Err(VerbsError::TooManySge(num_sge));
+        }
+        if length > MAX_MSG_LEN || (wr.opcode.is_atomic() && length != 8) {
+            return Err(VerbsError::BadLength(length));
+        }
+        if wr.inline {
+            let payload_op = !wr.opcode.is_rd_atomic();
+            if !payload_op || length > u64::from(qp.caps.max_inline) {
+                return Err(VerbsError::BadInline(length));
+            }
+        }
+        if qp.sq.is_full() {
+            return Err(VerbsError::QueueFull);
+        }
+        Ok(i)
+    }
+
+    /// Appends the send WQE (its SGEs or inline bytes already in the slot) and wakes the requester.
+    fn push_send(&mut self, i: u32, wr: SendWr, num_sge: u32, length: u64) {
+        let qp = self.qps[i as usize].as_deref_mut().expect("checked");
+        let idx = qp.sq.tail;
         *qp.sq.get_mut(idx) = SendWqe {
-            wr: *wr,
-            num_sge: sgl.len() as u32,
+            wr,
+            num_sge,
             length,
             state: WqeState::Posted,
             first_psn: Psn::new(0),
@@ -567,7 +626,6 @@ impl Engine {
             // A post arms no timer (the requester arms the retransmit timer when it sends): only the ready queue.
             self.mark_ready(i);
         }
-        Ok(())
     }
 
     /// Posts a receive work request.

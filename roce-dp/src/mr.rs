@@ -136,6 +136,11 @@ pub struct MrTable {
     max: usize,
 }
 
+/// A region of `len` bytes at `va` is within the limits (not over [`MAX_MR_LEN`], no address overflow).
+fn fits(va: u64, len: usize) -> bool {
+    len as u64 <= MAX_MR_LEN && va.checked_add(len as u64).is_some()
+}
+
 /// Largest region accepted (the IBA maximum message is 2^31 bytes; a region may be larger but the engine keeps it
 /// bounded so a bad request cannot make it allocate without limit).
 pub const MAX_MR_LEN: u64 = 1 << 32;
@@ -148,7 +153,7 @@ impl MrTable {
 
     /// Registers a zero-filled region of `len` bytes at virtual address `va`.
     pub fn register(&mut self, pd: Pd, va: u64, len: usize, access: AccessFlags) -> Option<MrKeys> {
-        if len as u64 > MAX_MR_LEN || va.checked_add(len as u64).is_none() {
+        if !fits(va, len) {
             return None;
         }
         self.insert(pd, va, access, Mem::Owned(vec![0u8; len].into_boxed_slice()))
@@ -164,10 +169,39 @@ impl MrTable {
         mem: crate::ctrl::shm::ShmBytes,
         access: AccessFlags,
     ) -> Option<MrKeys> {
-        if mem.len() as u64 > MAX_MR_LEN || va.checked_add(mem.len() as u64).is_none() {
+        fits(va, mem.len()).then(|| self.insert(pd, va, access, Mem::Shared(mem)))?
+    }
+
+    /// Registers a shared region under a key another table chose (`index << 8 | generation`): the daemon's workers
+    /// keep one region under the same key in each of their engines, so a client's lkey and rkey mean the same on
+    /// every worker. `None` if the key's slot is taken or beyond the table's limit, or the range overflows.
+    #[cfg(target_os = "linux")]
+    pub fn register_shared_at(
+        &mut self,
+        key: u32,
+        pd: Pd,
+        va: u64,
+        mem: crate::ctrl::shm::ShmBytes,
+        access: AccessFlags,
+    ) -> Option<MrKeys> {
+        let idx = key >> 8;
+        let i = idx as usize;
+        if i >= self.max || !fits(va, mem.len()) {
             return None;
         }
-        self.insert(pd, va, access, Mem::Shared(mem))
+        while self.slots.len() <= i {
+            // Slots skipped on the way are free for this table's own registrations.
+            self.free.push(self.slots.len() as u32);
+            self.slots.push(None);
+            self.gens.push(1);
+        }
+        if self.slots[i].is_some() {
+            return None;
+        }
+        self.free.retain(|&f| f != idx);
+        self.gens[i] = (key as u8).wrapping_add(1);
+        self.slots[i] = Some(Mr { pd, va, access, valid: true, key, mem: Mem::Shared(mem) });
+        Some(MrKeys { lkey: key, rkey: key })
     }
 
     fn insert(&mut self, pd: Pd, va: u64, access: AccessFlags, mem: Mem) -> Option<MrKeys> {
@@ -352,6 +386,30 @@ fn check_mr(mr: &Mr, pd: Pd, va: u64, len: u64, need: AccessFlags) -> Result<usi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    #[cfg_attr(miri, ignore)] // memfd
+    fn shared_region_under_a_given_key() {
+        use crate::ctrl::shm::{Backing, ShmRegion};
+        let region = std::sync::Arc::new(ShmRegion::create("roce-dp-mr-at", 8192, Backing::Pages).unwrap());
+        let win = || region.window(0, 4096).unwrap();
+        let mut t = MrTable::new(16);
+        // Slot 5, generation 3: the slots before it are free for the table's own registrations.
+        let k = t.register_shared_at(5 << 8 | 3, Pd(1), 0x1000, win(), AccessFlags::ALL).unwrap();
+        assert_eq!((k.lkey, k.rkey), (0x503, 0x503));
+        assert!(t.check(0x503, Pd(1), 0x1000, 4096, AccessFlags::REMOTE_WRITE).is_ok());
+        assert_eq!(t.check(0x503, Pd(2), 0x1000, 8, AccessFlags::NONE), Err(AccessError::WrongPd));
+        assert!(t.register_shared_at(5 << 8 | 9, Pd(1), 0, win(), AccessFlags::ALL).is_none(), "slot taken");
+        assert!(t.register_shared_at(16 << 8 | 1, Pd(1), 0, win(), AccessFlags::ALL).is_none(), "beyond max");
+        let own: Vec<u32> = (0..5).map(|_| t.register(Pd(1), 0, 8, AccessFlags::NONE).unwrap().lkey >> 8).collect();
+        let mut sorted = own.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, [0, 1, 2, 3, 4], "own registrations fill the skipped slots, never slot 5");
+        // The next generation of slot 5 follows the given key's.
+        assert!(t.deregister(0x503));
+        assert_eq!(t.register(Pd(1), 0, 8, AccessFlags::NONE).unwrap().lkey, 0x504);
+    }
 
     #[test]
     fn keys_carry_a_generation() {

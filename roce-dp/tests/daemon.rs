@@ -11,10 +11,12 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use roce_dp::client::{Cq, Device, Error, ErrorCode, Mr, Qp, QpInit, Remote};
+use roce_dp::client::{Cq, Device, Error, ErrorCode, Mr, Qp, QpInit, Remote, StatRecord};
 use roce_dp::ctrl::daemon::{Appliance, Job, Server, ServerConfig};
+use roce_dp::ctrl::loopback::{LoopbackConfig, LoopbackDaemon};
 use roce_dp::ctrl::proto::DeviceInfo;
 use roce_dp::ctrl::shm::Backing;
+use roce_dp::engine::QPN_STRIDE;
 use roce_dp::neigh::Neighbours;
 use roce_dp::wire::MacAddr;
 use roce_dp::{AccessFlags, Cqe, Engine, EngineConfig, LocalIp, QpState, SendWr, WcOpcode, WcStatus, WrOpcode};
@@ -111,12 +113,17 @@ struct Side {
 }
 
 fn side(path: &Path) -> Side {
+    side_inline(path, 0)
+}
+
+/// A session with one QP whose send WRs may carry `max_inline` bytes inline.
+fn side_inline(path: &Path, max_inline: u32) -> Side {
     let dev = Device::open(path).expect("open");
     let pd = dev.alloc_pd().unwrap();
     let mr = pd.reg_mr(64 * 1024, AccessFlags::ALL).unwrap();
     let cq = dev.create_cq(64).unwrap();
-    let qp =
-        dev.create_qp(&pd, &cq, &cq, QpInit { sq_depth: 32, rq_depth: 32, max_send_sge: 2, max_recv_sge: 2 }).unwrap();
+    let init = QpInit { sq_depth: 32, rq_depth: 32, max_send_sge: 2, max_recv_sge: 2, max_inline };
+    let qp = dev.create_qp(&pd, &cq, &cq, init).unwrap();
     Side { dev, _pd: pd, mr, cq, qp }
 }
 
@@ -151,7 +158,47 @@ fn two_sessions_send_write_read_and_atomics_through_the_rings() {
     let (mut a, mut b) = (side(&d.path), side(&d.path));
     connect(&a, &b);
     assert_eq!(a.qp.query().unwrap().state, QpState::Rts);
+    every_operation(&mut a, &mut b);
 
+    let stats = a.dev.stats().unwrap();
+    let get = |scope: &str, name: &str| stats.iter().find(|s| s.scope == scope && s.name == name).map(|s| s.value);
+    assert_eq!(get("daemon", "qps"), Some(2));
+    assert!(get("daemon", "wqes_posted").unwrap() >= 6);
+    assert!(stats.iter().any(|s| s.scope == "qp" && s.id == a.qp.qpn() && s.name == "tx_packets" && s.value > 0));
+
+    // Shutdown: the next poll or call reports the daemon gone, it does not hang.
+    let app = d.shutdown();
+    assert_eq!(app.counts(), (0, 0, 0, 0), "both sessions reclaimed");
+    let e = poll_until_gone(&mut a.cq);
+    assert!(e.to_string().contains("test over") && !e.to_string().contains('\n'), "{e}");
+    let e = b.qp.query().unwrap_err();
+    assert!(matches!(e, Error::DaemonGone { .. }), "{e}");
+    assert!(!d.path.exists(), "socket removed");
+}
+
+/// Polls `cq` until the library reports the daemon gone (5 s at most); completions before that are returned too.
+fn poll_until_gone(cq: &mut Cq) -> Error {
+    poll_until_gone_with(cq).0
+}
+
+fn poll_until_gone_with(cq: &mut Cq) -> (Error, Vec<Cqe>) {
+    let mut out = [Cqe::EMPTY; 4];
+    let mut seen = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        match cq.poll(&mut out) {
+            Err(e) => {
+                assert!(matches!(e, Error::DaemonGone { .. }), "{e}");
+                return (e, seen);
+            }
+            Ok(n) => seen.extend_from_slice(&out[..n]),
+        }
+        assert!(Instant::now() < until, "poll never noticed the daemon going away");
+    }
+}
+
+/// SEND, WRITE, READ, FETCH_ADD and CMP_SWP from A to B, every byte checked, then A trying B's lkey.
+fn every_operation(a: &mut Side, b: &mut Side) {
     // SEND of 3000 bytes (3 packets at MTU 1024) from two SGEs into one receive buffer.
     let data = pattern(1, 3000);
     a.mr.as_mut_slice()[..3000].copy_from_slice(&data);
@@ -202,29 +249,170 @@ fn two_sessions_send_write_read_and_atomics_through_the_rings() {
     a.qp.post_send(&wr, &[b.mr.sge(0, 4096)]).unwrap();
     assert_eq!(wait(&mut a.cq).status, WcStatus::LocProtErr);
     assert_eq!(&b.mr.as_slice()[..4096], &before[..]);
+}
 
-    let stats = a.dev.stats().unwrap();
-    let get = |scope: &str, name: &str| stats.iter().find(|s| s.scope == scope && s.name == name).map(|s| s.value);
-    assert_eq!(get("daemon", "qps"), Some(2));
-    assert!(get("daemon", "wqes_posted").unwrap() >= 6);
-    assert!(stats.iter().any(|s| s.scope == "qp" && s.id == a.qp.qpn() && s.name == "tx_packets" && s.value > 0));
+fn stat(recs: &[StatRecord], scope: &str, id: u32, name: &str) -> Option<u64> {
+    recs.iter().find(|r| r.scope == scope && r.id == id && r.name == name).map(|r| r.value)
+}
 
-    // Shutdown: the next poll or call reports the daemon gone, it does not hang.
-    let app = d.shutdown();
-    assert_eq!(app.counts(), (0, 0, 0, 0), "both sessions reclaimed");
-    let mut out = [Cqe::EMPTY; 4];
-    let until = Instant::now() + Duration::from_secs(5);
-    let e = loop {
-        match a.cq.poll(&mut out) {
-            Err(e) => break e,
-            Ok(_) => assert!(Instant::now() < until, "poll never noticed the daemon going away"),
+fn two_worker_daemon(tag: &str) -> LoopbackDaemon {
+    LoopbackDaemon::start(LoopbackConfig { workers: 2, ..LoopbackConfig::new(sock_path(tag)) }).expect("daemon starts")
+}
+
+const WORKER1: u32 = 0x100 + QPN_STRIDE;
+
+/// Two workers, each with its own engine: sessions' QPs land on the least-loaded worker, a QP follows its CQs,
+/// PDs and keys are the same on both (traffic between QPs of different workers, every byte checked), a dead
+/// session on worker 1 is reclaimed on both, and shutdown flushes the QPs of both.
+#[test]
+fn two_workers_own_their_qps_share_keys_reclaim_and_flush() {
+    let mut d = two_worker_daemon("workers");
+    // A session with several MRs ends without deregistering them: each worker frees their key slots in its own
+    // order, so keys handed out later would differ between the workers if each picked its own.
+    let z = Device::open(d.path()).unwrap();
+    let zpd = z.alloc_pd().unwrap();
+    let zmrs: Vec<Mr> = (0..6).map(|_| zpd.reg_mr(4096, AccessFlags::ALL).unwrap()).collect();
+    z.abandon();
+    let until = Instant::now() + Duration::from_secs(1);
+    let probe = Device::open(d.path()).unwrap();
+    while stat(&probe.stats().unwrap(), "daemon", 0, "mrs") != Some(0) {
+        assert!(Instant::now() < until, "the abandoned session's MRs are still there");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop((zmrs, zpd, z, probe));
+    let (mut a, mut b) = (side(d.path()), side(d.path()));
+    assert!((0x100..WORKER1).contains(&a.qp.qpn()), "first QP on worker 0: {:#x}", a.qp.qpn());
+    assert!(b.qp.qpn() >= WORKER1, "second QP on the least-loaded worker 1: {:#x}", b.qp.qpn());
+    let st = a.dev.stats().unwrap();
+    assert_eq!(stat(&st, "daemon", 0, "workers"), Some(2));
+    assert_eq!(stat(&st, "qp", a.qp.qpn(), "worker"), Some(0));
+    assert_eq!(stat(&st, "qp", b.qp.qpn(), "worker"), Some(1));
+    assert_eq!((stat(&st, "worker", 0, "qps"), stat(&st, "worker", 1, "qps")), (Some(1), Some(1)));
+    assert_eq!(stat(&st, "daemon", 0, "qps"), Some(2));
+    assert_eq!(stat(&st, "daemon", 0, "mrs"), Some(2), "each MR counted once, though both workers hold it");
+    assert_eq!(stat(&st, "daemon", 0, "pds"), Some(2));
+    assert!(st.iter().any(|r| r.scope == "engine" && r.id == 1), "worker 1's engine reports");
+    connect(&a, &b);
+    every_operation(&mut a, &mut b);
+    let st = a.dev.stats().unwrap();
+    assert!(stat(&st, "worker", 0, "wqes_posted").unwrap_or(0) >= 6, "A's WRs went through worker 0");
+    assert!(stat(&st, "worker", 1, "recvs_posted").unwrap_or(0) >= 1, "B's receive went through worker 1");
+    for w in [0, 1] {
+        assert!(stat(&st, "engine", w, "rx_frames").unwrap_or(0) > 0, "worker {w}'s engine received");
+    }
+
+    // A QP goes where its CQs are; CQs on two workers cannot serve one QP.
+    let c = Device::open(d.path()).unwrap();
+    let pd = c.alloc_pd().unwrap();
+    let (cq1, cq2) = (c.create_cq(16).unwrap(), c.create_cq(16).unwrap());
+    let q1 = c.create_qp(&pd, &cq1, &cq1, QpInit::default()).unwrap(); // loads 1, 1: worker 0
+    let q2 = c.create_qp(&pd, &cq2, &cq2, QpInit::default()).unwrap(); // loads 2, 1: worker 1
+    assert!(q1.qpn() < WORKER1 && q2.qpn() >= WORKER1, "{:#x} {:#x}", q1.qpn(), q2.qpn());
+    let q3 = c.create_qp(&pd, &cq2, &cq2, QpInit::default()).unwrap(); // loads 2, 2, but cq2 is on worker 1
+    assert!(q3.qpn() >= WORKER1, "a QP follows its bound CQ: {:#x}", q3.qpn());
+    let e = c.create_qp(&pd, &cq1, &cq2, QpInit::default()).err().unwrap();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Refused { code: ErrorCode::Invalid, .. }), "{msg}");
+    assert!(msg.contains("worker 0") && msg.contains("worker 1") && !msg.contains('\n'), "{msg}");
+    assert!(c.create_qp(&pd, &cq1, &a.cq, QpInit::default()).is_err(), "another session's CQ");
+
+    // B (worker 1) dies: its QP, CQ, MR and PD go from both workers within a second; A and C carry on.
+    let mrs = || stat(&a.dev.stats().unwrap(), "daemon", 0, "mrs");
+    assert_eq!(mrs(), Some(2));
+    let b_qpn = b.qp.qpn();
+    b.dev.abandon();
+    let until = Instant::now() + Duration::from_secs(1);
+    loop {
+        let st = a.dev.stats().unwrap();
+        if stat(&st, "qp", b_qpn, "client").is_none() && stat(&st, "daemon", 0, "mrs") == Some(1) {
+            assert_eq!(stat(&st, "worker", 1, "qps"), Some(2), "C's two QPs are left on worker 1");
+            assert_eq!(stat(&st, "daemon", 0, "pds"), Some(2));
+            break;
         }
-    };
-    assert!(matches!(e, Error::DaemonGone { .. }), "{e}");
-    assert!(e.to_string().contains("test over") && !e.to_string().contains('\n'), "{e}");
-    let e = b.qp.query().unwrap_err();
-    assert!(matches!(e, Error::DaemonGone { .. }), "{e}");
-    assert!(!d.path.exists(), "socket removed");
+        assert!(Instant::now() < until, "worker 1's dead session is still there after 1 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(b);
+
+    // Shutdown with QPs on both workers: a receive outstanding on each is flushed, then the daemon is gone.
+    for (x, y) in [(&q2, &q3), (&q3, &q2)] {
+        x.to_init(AccessFlags::ALL).unwrap();
+        x.to_rtr(&Remote { qpn: y.qpn(), psn: 0, gid: c.gid(), mac: None }, 1024).unwrap();
+        x.to_rts(0).unwrap();
+    }
+    let mut q2 = q2;
+    let mut cq2 = cq2;
+    a.qp.post_recv(11, &[a.mr.sge(0, 64)]).unwrap();
+    q2.post_recv(22, &[]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let apps = d.shutdown_workers("test over").expect("both workers stopped cleanly");
+    assert_eq!(apps.len(), 2);
+    for (w, app) in apps.iter().enumerate() {
+        assert_eq!(app.counts(), (0, 0, 0, 0), "worker {w}: every session reclaimed");
+    }
+    for (cq, wr_id) in [(&mut a.cq, 11), (&mut cq2, 22)] {
+        let (e, seen) = poll_until_gone_with(cq);
+        assert!(seen.iter().any(|c| c.wr_id == wr_id && c.status == WcStatus::WrFlushErr), "{wr_id}: {seen:?}");
+        assert!(e.to_string().contains("test over"), "{e}");
+    }
+}
+
+/// Inline data through the rings: copied at post time (the buffer is reused at once and is not in any registered
+/// region), SEND and WRITE between QPs of two workers; limits refused with one line at the client and the daemon.
+#[test]
+fn inline_payload_is_copied_at_post_time() {
+    let d = two_worker_daemon("inline");
+    let (mut a, mut b) = (side_inline(d.path(), 200), side_inline(d.path(), 0));
+    assert_eq!(a.qp.max_inline(), 256, "200 rounded up to a multiple of 64");
+    assert_eq!(b.qp.max_inline(), 0);
+    assert!(b.qp.qpn() >= WORKER1, "B on worker 1");
+    connect(&a, &b);
+    b.mr.as_mut_slice().fill(0);
+
+    let mut buf = pattern(5, 256);
+    let sent = buf.clone();
+    b.qp.post_recv(1, &[b.mr.sge(0, 4096)]).unwrap();
+    a.qp.post_send_inline(&SendWr::new(10, WrOpcode::Send), &buf[..200]).unwrap();
+    buf.fill(0xee); // reused at once: the SEND carries what was there at post time
+    let wr = SendWr::new(11, WrOpcode::RdmaWrite).remote(b.mr.addr() + 8192, b.mr.rkey());
+    a.qp.post_send_inline(&wr, &buf).unwrap();
+    buf.fill(0x11);
+    let mut imm = SendWr::new(12, WrOpcode::RdmaWriteWithImm).remote(b.mr.addr() + 16384, b.mr.rkey());
+    imm.imm = 0x1234;
+    b.qp.post_recv(2, &[]).unwrap();
+    a.qp.post_send_inline(&imm, &buf[..1]).unwrap();
+    for want in [10, 11, 12] {
+        let c = wait(&mut a.cq);
+        assert_eq!((c.wr_id, c.status), (want, WcStatus::Success));
+    }
+    let r = wait(&mut b.cq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (1, WcStatus::Success, 200));
+    let r = wait(&mut b.cq);
+    assert_eq!((r.wr_id, r.status, r.imm), (2, WcStatus::Success, Some(0x1234)));
+    assert_eq!(&b.mr.as_slice()[..200], &sent[..200]);
+    assert!(b.mr.as_slice()[200..8192].iter().all(|&x| x == 0), "nothing past the SEND's 200 bytes");
+    assert!(b.mr.as_slice()[8192..8192 + 256].iter().all(|&x| x == 0xee));
+    assert_eq!(b.mr.as_slice()[16384], 0x11);
+
+    // Limits: more than the QP's max_inline, inline on a READ, inline on a QP without it; max_inline over the
+    // daemon's limit.
+    let read = SendWr::new(21, WrOpcode::RdmaRead).remote(b.mr.addr(), b.mr.rkey());
+    for (on_a, wr, n) in
+        [(true, SendWr::new(20, WrOpcode::Send), 257), (true, read, 8), (false, SendWr::new(22, WrOpcode::Send), 1)]
+    {
+        let qp = if on_a { &mut a.qp } else { &mut b.qp };
+        let e = qp.post_send_inline(&wr, &vec![0; n]).unwrap_err();
+        assert!(matches!(e, Error::BadRequest(_)) && !e.to_string().contains('\n'), "{e}");
+    }
+    let init = QpInit { max_inline: roce_dp::ctrl::abi::MAX_INLINE_DATA + 1, ..QpInit::default() };
+    let e = a.dev.create_qp(&a._pd, &a.cq, &a.cq, init).err().unwrap();
+    assert!(matches!(e, Error::Refused { code: ErrorCode::Invalid, .. }), "{e}");
+    assert!(e.to_string().contains("max_inline 1025 exceeds the daemon's limit of 1024 bytes"), "{e}");
+    let init = QpInit { max_inline: roce_dp::ctrl::abi::MAX_INLINE_DATA, ..QpInit::default() };
+    assert_eq!(a.dev.create_qp(&a._pd, &a.cq, &a.cq, init).unwrap().max_inline(), 1024);
+    // Both QPs still work.
+    assert_eq!(a.qp.query().unwrap().state, QpState::Rts);
+    assert_eq!(b.qp.query().unwrap().state, QpState::Rts);
 }
 
 #[test]
@@ -317,6 +505,7 @@ fn garbage_in_one_sessions_rings_errors_only_its_own_qps() {
             rq_depth: 16,
             max_send_sge: 2,
             max_recv_sge: 1,
+            max_inline: 0,
         };
         let (Response::Qp { qpn }, mut fds) = call(conn, q) else { panic!("qp") };
         let region = ShmRegion::map(fds.pop().unwrap()).unwrap();

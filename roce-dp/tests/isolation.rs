@@ -6,8 +6,8 @@
 //!   every byte checked), and the dead client's QPs, CQs, MRs and PD are gone from the statistics (what roce-stat
 //!   shows) within one second.
 //! - A client that writes garbage into its rings and WQEs (random ring indices, huge lengths, another client's lkey
-//!   and rkey, addresses outside its regions, random WQE bytes, a random CQ head, random bytes over its whole QP
-//!   region) and names another client's handles: each of its QPs goes to the error state with a clear completion
+//!   and rkey, addresses outside its regions, an inline length past its slot's inline area, random WQE bytes, a
+//!   random CQ head, random bytes over its whole QP region) and names another client's handles: each of its QPs goes to the error state with a clear completion
 //!   status, the other client's transfer runs on unaffected, the other client's untouched region keeps every byte,
 //!   canary pages beside the garbage client's registered window (in the same memfd the daemon maps) keep theirs, and
 //!   the daemon's worker never panics.
@@ -368,6 +368,7 @@ fn raw_pair(s: &mut Raw, pd: u32, cq: u32) -> (RawQp, RawQp) {
         rq_depth: 16,
         max_send_sge: 2,
         max_recv_sge: 2,
+        max_inline: 64,
     };
     let mk = |s: &mut Raw| {
         let (qpn, r, h) = s.region(&q);
@@ -493,6 +494,23 @@ fn garbage_client_errors_only_its_own_qps() {
             }),
         ),
         (
+            "inline length 65 past its 64-byte inline area",
+            Box::new(|x, _, _| {
+                let mut wr = SendWr::new(0xbad, WrOpcode::Send);
+                wr.inline = true;
+                assert_eq!(x.h.sq_inline.per_slot, 64, "max_inline 64 asked, 64 granted");
+                x.post(Wqe::encode(&wr, &[], 65))
+            }),
+        ),
+        (
+            "inline length 2^32 - 1 on a WRITE",
+            Box::new(move |x, _, _| {
+                let mut wr = SendWr::new(0xbad, WrOpcode::RdmaWrite).remote(win, rkey);
+                wr.inline = true;
+                x.post(Wqe::encode(&wr, &[], u32::MAX))
+            }),
+        ),
+        (
             "random WQE bytes",
             Box::new(|x, _, rng| {
                 let mut w = Wqe::default();
@@ -544,6 +562,10 @@ fn garbage_client_errors_only_its_own_qps() {
         }
         if what.contains("tail") {
             assert_eq!((c.status, c.vendor_err), (WcStatus::LocQpOpErr.code() as u8, VENDOR_RING_CORRUPT), "{what}");
+        }
+        if what.starts_with("inline length") {
+            // WqeError::InlineTooLong: the worker copies at most the slot's inline area and refuses the rest.
+            assert_eq!((c.status, c.vendor_err), (WcStatus::LocQpOpErr.code() as u8, 5), "{what}");
         }
         if matches!(*what, "num_sge 200" | "random WQE bytes") {
             assert_eq!(c.status, WcStatus::LocQpOpErr.code() as u8, "{what}");

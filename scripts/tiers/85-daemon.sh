@@ -7,7 +7,7 @@
 # --data_validation, perftest's result line parsed); --daemon with --port-conf and with no daemon: one line each. One-line errors: daemon absent, socket permission denied (a client as user nobody on the default
 # 0600 socket), ABI mismatch (both sides say so), socket in use, invalid config, [daemon] missing. SIGTERM: a
 # client mid-transfer gets a clear error instead of hanging, the daemon exits 0, removes its socket and EAL runtime
-# directory.
+# directory. Then tier85_workers (below): a daemon with two workers and inline data through the rings.
 TIERS+=(tier85_daemon)
 
 # dpd_start SOCK PREFIX LOG: starts roce-dpd; DPD_PID. Waits for the socket (10 s).
@@ -15,7 +15,8 @@ dpd_start() {
     local sock="$1" prefix="$2" log="$3" i
     track_prefix "$prefix"
     track_path "$sock"
-    "$ROOT/target/release/roce-dpd" --config "$ROOT/conf/daemon-ring.toml" --socket "$sock" --file-prefix "$prefix" \
+    "$ROOT/target/release/roce-dpd" --config "${DPD_CONF:-$ROOT/conf/daemon-ring.toml}" --socket "$sock" \
+        --file-prefix "$prefix" \
         >"$log" 2>&1 &
     DPD_PID=$!
     track_pid "$DPD_PID"
@@ -223,6 +224,179 @@ tier85_daemon() {
     check "SIGTERM: every session reclaimed, nothing left" grep -q '^roce-dpd: stopped; .* 0 QPs 0 CQs 0 MRs 0 PDs left' "$dlog"
     check "SIGTERM: socket removed" test ! -e "$sock"
     check "SIGTERM: EAL runtime directory removed" test ! -e "/var/run/dpdk/$prefix"
-    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms)"
+    TIER85_WORKERS_NOTE=""
+    tier85_workers
+    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms; ${TIER85_WORKERS_NOTE:-2 workers: failed})"
     tier_end
+}
+
+# ---- Two workers and inline data (conf/daemon-ring-2w.toml: worker 0 on lcore 1 receives and dispatches, worker 1
+# on lcore 0; both sleep when idle, so two workers and the clients share the 2 cores without two busy-pollers on one).
+# QPs go to the worker with the fewest QPs (lowest index on a tie), so the order in which clients create their QPs
+# decides where each lands; the checks read where they landed from roce-stat --json.
+
+# dpd2_stat SOCK SCOPE ID NAME: one counter of the daemon (rdp-client open --stats), empty if absent.
+dpd2_stat() {
+    timeout 10 "$ROOT/target/release/rdp-client" open --daemon "$1" --stats 2>/dev/null |
+        awk -v k="STAT $2 $(printf '0x%x' "$3") $4" 'index($0, k " ") == 1 { print $NF }'
+}
+
+# dpd2_wait_qps SOCK N: wait (10 s) until the daemon has N QPs.
+dpd2_wait_qps() {
+    local i
+    for i in $(seq 100); do
+        [[ $(dpd2_stat "$1" daemon 0 qps) == "$2" ]] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# dpd2_qps SOCK: "QPN CLIENT WORKER" per QP, from roce-stat --json.
+dpd2_qps() {
+    timeout 10 "$ROOT/target/release/roce-stat" --socket "$1" --json |
+        grep -o '"scope":"qp","id":[0-9]*,"counters":{"client":[0-9]*,"worker":[0-9]*' |
+        sed -E 's/.*"id":([0-9]+),"counters":\{"client":([0-9]+),"worker":([0-9]+)/\1 \2 \3/'
+}
+
+tier85_workers() {
+    local client="$ROOT/target/release/rdp-client" sock="/run/roce-dpd-${RUN_ID}-2w.sock" prefix="${RUN_ID}dpd2w"
+    local dlog="$LOG_DIR/tier9-2w-daemon.log" L="$LOG_DIR/tier9-2w" rc i qps
+    if ! DPD_CONF="$ROOT/conf/daemon-ring-2w.toml" dpd_start "$sock" "$prefix" "$dlog"; then
+        fail "2 workers: roce-dpd starts: $(tail -n 2 "$dlog")"
+        return
+    fi
+    check "2 workers: roce-dpd serves on lcores 1,0 with idle back-off" \
+        grep -q '^roce-dpd: serving .* 2 workers on lcores 1,0 (idle sleep)$' "$dlog"
+    local ok="/run/rdp-oob-${RUN_ID}2k.sock" oa="/run/rdp-oob-${RUN_ID}2a.sock" ob="/run/rdp-oob-${RUN_ID}2b.sock"
+    local oc="/run/rdp-oob-${RUN_ID}2c.sock" od="/run/rdp-oob-${RUN_ID}2d.sock"
+    local pk qk pa qa pb qb pc qc pd qd ra=0 aa=0 rb=0 ab=0 rd=0 rqc=0 rqd=0
+    for i in "$ok" "$oa" "$ob" "$oc" "$od"; do track_path "$i"; done
+
+    # Pair K, one QP after the other: the passive's on worker 0, the active's on worker 1.
+    timeout 60 "$client" passive --daemon "$sock" --oob "$ok" >"$L-k-passive.log" 2>&1 &
+    pk=$!
+    track_pid "$pk"
+    dpd2_wait_qps "$sock" 1
+    "$client" active --daemon "$sock" --oob "$ok" --op write --size 65536 --iters 100000000 --timeout 60 \
+        >"$L-k-active.log" 2>&1 &
+    qk=$!
+    track_pid "$qk"
+    dpd2_wait_qps "$sock" 2
+    dpd2_qps "$sock" >"$L-qps-k.txt"
+    check "2 workers: the two clients' QPs are on different workers, each its own session (roce-stat --json)" test \
+        "$(awk '{ w[$3]++; c[$2]++ } END { print length(w), length(c), NR }' "$L-qps-k.txt")" = "2 2 2"
+    # Pair A meanwhile: SEND, WRITE, READ and both atomics between a QP on each worker (loads 1/1: worker 0 first).
+    timeout 60 "$client" passive --daemon "$sock" --oob "$oa" >"$L-a-passive.log" 2>&1 &
+    pa=$!
+    track_pid "$pa"
+    dpd2_wait_qps "$sock" 3
+    timeout 60 "$client" active --daemon "$sock" --oob "$oa" --op all --size 4096 --iters 200 >"$L-a-active.log" 2>&1 &
+    qa=$!
+    track_pid "$qa"
+    dpd2_wait_qps "$sock" 4
+    dpd2_qps "$sock" >"$L-qps-ka.txt"
+    check "2 workers: 4 QPs, 2 on each worker" test \
+        "$(awk '{ w[$3]++ } END { print w[0] + 0, w[1] + 0 }' "$L-qps-ka.txt")" = "2 2"
+    # kill -9 of the active client of pair K (the second QP made: worker 1): its QP is gone within a second.
+    local t_kill reclaimed_ms="" victim
+    victim=$(awk '$3 == 1 { print $1 }' "$L-qps-k.txt")
+    check "2 workers, kill -9: the victim (QP $victim on worker 1) was running" kill -0 "$qk"
+    t_kill=$(date +%s%N)
+    kill -KILL "$qk" 2>/dev/null
+    wait "$qk" 2>/dev/null
+    local now
+    for i in $(seq 100); do
+        now=$(dpd2_qps "$sock")
+        # (pair A's QPs are still there: an empty answer is a failed query, not a reclaim)
+        if [[ -n $now && -n $victim ]] && ! grep -q "^$victim " <<<"$now"; then
+            reclaimed_ms=$((($(date +%s%N) - t_kill) / 1000000))
+            break
+        fi
+        sleep 0.01
+    done
+    check "2 workers, kill -9: worker 1 reclaimed the killed client's QP within 1 s (${reclaimed_ms:-no} ms)" \
+        test -n "$reclaimed_ms" -a "${reclaimed_ms:-9999}" -le 1000
+    wait "$qa" || aa=$?
+    wait_pid "$pa" 20 || ra=$?
+    wait_pid "$pk" 10
+    check "2 workers: pair A (4096 B x 200, a QP on each worker) exits 0 (active $aa, passive $ra)" \
+        test "$aa" -eq 0 -a "$ra" -eq 0
+    for i in send write read fadd cswap; do
+        check "2 workers: pair A $i verified" grep -q "^CHECK ok   $i: 200 x .* bytes verified" "$L-a-active.log"
+    done
+    check "2 workers: pair A's passive verified 1638400 bytes" grep -q '^CHECK ok   passive: 1638400 bytes' \
+        "$L-a-passive.log"
+
+    # Inline: SEND and WRITE payloads copied into the send ring at post time from an unregistered buffer that is
+    # overwritten right after each post; the passive side checks every byte.
+    timeout 60 "$client" passive --daemon "$sock" --oob "$ob" >"$L-b-passive.log" 2>&1 &
+    pb=$!
+    track_pid "$pb"
+    timeout 60 "$client" active --daemon "$sock" --oob "$ob" --op all --size 1000 --iters 100 --inline 1024 \
+        >"$L-b-active.log" 2>&1 || ab=$?
+    wait_pid "$pb" 20 || rb=$?
+    check "inline: pair B (1000 B inline, max_inline 1024) exits 0 (active $ab, passive $rb)" \
+        test "$ab" -eq 0 -a "$rb" -eq 0
+    for i in send write; do
+        check "inline: $i verified (inline)" grep -q "^CHECK ok   $i: 100 x 1000 B, 100000 bytes verified, .* (inline)$" \
+            "$L-b-active.log"
+    done
+    check "inline: the passive received and verified 200000 bytes" grep -q '^CHECK ok   passive: 200000 bytes' \
+        "$L-b-passive.log"
+    rc=0
+    timeout 10 "$client" active --daemon "$sock" --oob "$ob" --size 2000 --inline 1024 >/dev/null 2>"$L-inl.err" || rc=$?
+    check "inline: --size over --inline: exit 2 (got $rc), one line" test "$rc" -eq 2 -a -n \
+        "$(one_line "$L-inl.err" '^rdp-client: --inline 1024: --size 2000 does not fit' && echo y)"
+    timeout 10 "$client" open --daemon "$sock" --stats >"$L-stats.out" 2>&1
+    check "2 workers: every client's QPs, CQs, MRs and PDs are gone from both workers" test -n \
+        "$(grep -q '^STAT daemon 0x0 qps 0$' "$L-stats.out" && grep -q '^STAT daemon 0x0 cqs 0$' "$L-stats.out" &&
+            grep -q '^STAT daemon 0x0 mrs 0$' "$L-stats.out" && grep -q '^STAT daemon 0x0 pds 0$' "$L-stats.out" &&
+            grep -q '^STAT worker 0x1 qps 0$' "$L-stats.out" && grep -q '^STAT daemon 0x0 workers 2$' "$L-stats.out" &&
+            echo y)"
+    check "2 workers: worker 0 dispatched frames to worker 1, which sent on its own tx queue and posted WQEs" test -n \
+        "$(grep -Eq '^STAT worker 0x0 dispatched [1-9]' "$L-stats.out" &&
+            grep -Eq '^STAT worker 0x1 tx_frames [1-9]' "$L-stats.out" &&
+            grep -Eq '^STAT worker 0x1 wqes_posted [1-9]' "$L-stats.out" && echo y)"
+
+    # SIGTERM with an active client mid-transfer on each worker (QPs made in the order passive C, passive D,
+    # active C, active D: workers 0, 1, 0, 1): both are flushed and told, the daemon exits 0 and leaves nothing.
+    timeout 60 "$client" passive --daemon "$sock" --oob "$oc" >"$L-c-passive.log" 2>&1 &
+    pc=$!
+    dpd2_wait_qps "$sock" 1
+    timeout 60 "$client" passive --daemon "$sock" --oob "$od" >"$L-d-passive.log" 2>&1 &
+    pd=$!
+    dpd2_wait_qps "$sock" 2
+    timeout 60 "$client" active --daemon "$sock" --oob "$oc" --op write --size 4096 --iters 100000000 \
+        >"$L-c-active.log" 2>&1 &
+    qc=$!
+    dpd2_wait_qps "$sock" 3
+    timeout 60 "$client" active --daemon "$sock" --oob "$od" --op write --size 4096 --iters 100000000 \
+        >"$L-d-active.log" 2>&1 &
+    qd=$!
+    for i in "$pc" "$pd" "$qc" "$qd"; do track_pid "$i"; done
+    dpd2_wait_qps "$sock" 4
+    sleep 1
+    dpd2_qps "$sock" >"$L-qps-cd.txt"
+    check "2 workers, SIGTERM: both active clients running, 2 QPs on each worker" test \
+        "$(kill -0 "$qc" && kill -0 "$qd" && awk '{ w[$3]++ } END { print w[0] + 0, w[1] + 0 }' "$L-qps-cd.txt")" = "2 2"
+    local t0=$SECONDS
+    kill -TERM "$DPD_PID"
+    wait_pid "$DPD_PID" 15 || rd=$?
+    wait_pid "$qc" 10 || rqc=$?
+    wait_pid "$qd" 10 || rqd=$?
+    wait_pid "$pc" 10
+    wait_pid "$pd" 10
+    check "2 workers, SIGTERM: roce-dpd exits 0 (got $rd) within 5 s ($((SECONDS - t0)) s)" \
+        test "$rd" -eq 0 -a $((SECONDS - t0)) -le 5
+    for i in c d; do
+        [[ $i == c ]] && rc=$rqc || rc=$rqd
+        check "2 workers, SIGTERM: active $i stops with exit 2 (got $rc), one line saying the daemon is gone" \
+            test "$rc" -eq 2 -a "$(grep -c '^rdp-client: roce-dpd on .* is gone (it is shutting down: roce-dpd stopped by SIGTERM)' \
+            "$L-$i-active.log")" -eq 1
+    done
+    check "2 workers, SIGTERM: every session reclaimed on both workers, nothing left" \
+        grep -q '^roce-dpd: stopped; .* 0 QPs 0 CQs 0 MRs 0 PDs left; worker 0: .*; worker 1: ' "$dlog"
+    check "2 workers, SIGTERM: socket and EAL runtime directory removed" \
+        test ! -e "$sock" -a ! -e "/var/run/dpdk/$prefix"
+    TIER85_WORKERS_NOTE="2 workers: kill -9 reclaimed in ${reclaimed_ms:-?} ms"
 }

@@ -122,6 +122,48 @@ fn snapshot_and_json_show_every_scope_and_the_qps_counters() {
 }
 
 #[test]
+fn two_workers_show_a_line_each_and_every_qps_worker() {
+    let d = LoopbackDaemon::start(LoopbackConfig { workers: 2, ..LoopbackConfig::new(sock("2w")) }).unwrap();
+    // Each pair's two QPs share a CQ, so they stay together: the first pair on worker 0, the second on worker 1.
+    let mut p0 = LoopPair::open(d.path(), 64 * 1024, 32, 1024).unwrap();
+    let mut p1 = LoopPair::open(d.path(), 64 * 1024, 32, 1024).unwrap();
+    writes(&mut p0, 2, 4096, 3);
+    writes(&mut p1, 3, 4096, 4);
+    let path = d.path().to_str().unwrap();
+    let o = roce_stat(&["--socket", path]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let m = parse(&out);
+    let get = |scope: &str, id: &str, name: &str| -> Option<&str> {
+        m.get(&(scope.to_string(), id.to_string())).and_then(|c| c.get(name)).map(String::as_str)
+    };
+    assert_eq!((get("daemon", "0", "workers"), get("daemon", "0", "qps")), (Some("2"), Some("4")), "{out}");
+    for (w, pair, writes) in [("0", &p0, "2"), ("1", &p1, "3")] {
+        assert_eq!(get("worker", w, "qps"), Some("2"), "{out}");
+        assert_eq!(get("worker", w, "wqes_posted"), Some(writes), "{out}");
+        assert!(get("engine", w, "rx_frames").is_some(), "engine {w}\n{out}");
+        for qpn in [pair.a.qpn(), pair.b.qpn()] {
+            // `worker` is an identity field: shown in the text even when it is 0.
+            assert_eq!(get("qp", &qp_id(qpn), "worker"), Some(w), "{out}");
+        }
+    }
+    // --json: each QP's counters begin with its session and its worker (tier 9 greps them in that order).
+    let json = text(&roce_stat(&["--socket", path, "--json"]).stdout);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("--json is JSON");
+    for (w, pair) in [(0, &p0), (1, &p1)] {
+        let q = v["objects"].as_array().unwrap().iter().find(|x| x["scope"] == "qp" && x["id"] == pair.a.qpn());
+        let c = &q.expect("qp object")["counters"];
+        assert_eq!(c["worker"], w);
+        let head = format!(
+            "\"scope\":\"qp\",\"id\":{},\"counters\":{{\"client\":{},\"worker\":{w},",
+            pair.a.qpn(),
+            c["client"]
+        );
+        assert!(json.contains(&head), "{head} in {json}");
+    }
+}
+
+#[test]
 fn watch_prints_deltas_until_sigint() {
     let d = daemon("watch");
     let mut p = LoopPair::open(d.path(), 64 * 1024, 32, 1024).unwrap();

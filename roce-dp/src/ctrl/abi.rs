@@ -51,6 +51,14 @@ pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"RoCEdpSH");
 /// The most SGEs one WQE may carry (the engine's limit).
 pub const MAX_WQE_SGE: usize = 32;
 
+/// The most inline bytes per send WQE the daemon grants a QP (`QpInit::max_inline`, rounded up to a multiple of
+/// [`INLINE_ALIGN`]): each send-queue slot gets an inline area of that size, in the region and in the engine's QP,
+/// so a 4096-deep send queue at the limit holds 4 MiB of inline areas on each side.
+pub const MAX_INLINE_DATA: u32 = 1024;
+
+/// The daemon rounds a QP's `max_inline` up to a multiple of this (one cache line per 64 bytes of a slot's area).
+pub const INLINE_ALIGN: u32 = 64;
+
 /// A scatter/gather element in shared memory.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -306,6 +306,7 @@ impl Device {
             rq_depth: init.rq_depth,
             max_send_sge: init.max_send_sge,
             max_recv_sge: init.max_recv_sge,
+            max_inline: init.max_inline,
         };
         let (r, mut fds) = self.inner.call(&q, &[])?;
         let Response::Qp { qpn } = r else { return Err(Error::Protocol(format!("{r:?} to CreateQp"))) };
@@ -498,11 +499,15 @@ pub struct QpInit {
     pub max_send_sge: u8,
     /// SGEs per receive WR.
     pub max_recv_sge: u8,
+    /// Bytes of inline data per send WR ([`Qp::post_send_inline`]); 0: none. The daemon rounds it up to a multiple
+    /// of [`INLINE_ALIGN`](super::abi::INLINE_ALIGN) (see [`Qp::max_inline`]) and refuses more than
+    /// [`MAX_INLINE_DATA`](super::abi::MAX_INLINE_DATA).
+    pub max_inline: u32,
 }
 
 impl Default for QpInit {
     fn default() -> Self {
-        QpInit { sq_depth: 128, rq_depth: 128, max_send_sge: 4, max_recv_sge: 4 }
+        QpInit { sq_depth: 128, rq_depth: 128, max_send_sge: 4, max_recv_sge: 4, max_inline: 0 }
     }
 }
 
@@ -582,9 +587,23 @@ impl Qp {
         }
     }
 
-    /// Posts a send work request (no system call).
+    /// Posts a send work request (no system call). The payload is read from the SGEs' registered regions when the
+    /// daemon's worker takes the WR, so the buffer must stay as it is until the WR completes; `wr.inline` is
+    /// ignored here (for data copied at post time use [`post_send_inline`](Self::post_send_inline)).
     pub fn post_send(&mut self, wr: &SendWr, sgl: &[Sge]) -> Result<(), Error> {
         self.region.sq.post(wr, sgl).map_err(wq_err)
+    }
+
+    /// Posts a SEND or WRITE (with or without immediate) whose payload `data` is copied into the send ring's
+    /// inline area now (`IBV_SEND_INLINE`): `data` need not be in a registered region, and the caller may reuse it
+    /// as soon as this returns. At most [`max_inline`](Self::max_inline) bytes (else [`Error::BadRequest`]).
+    pub fn post_send_inline(&mut self, wr: &SendWr, data: &[u8]) -> Result<(), Error> {
+        self.region.sq.post_inline(wr, data).map_err(wq_err)
+    }
+
+    /// Inline bytes per send WR this QP has (what [`QpInit::max_inline`] asked for, rounded up by the daemon).
+    pub fn max_inline(&self) -> u32 {
+        self.region.header.sq_inline.per_slot
     }
 
     /// Posts a receive work request (no system call).

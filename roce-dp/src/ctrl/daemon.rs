@@ -1,18 +1,35 @@
 //! The appliance's two halves, without DPDK: [`Server`] (control threads: the Unix socket, sessions, descriptor
-//! passing, region creation) and [`Appliance`] (owned by the worker that owns the engine: it executes the
-//! sessions' commands, feeds the engine from the QPs' shared send and receive rings and moves completions into the
-//! CQ rings). `roce-dpd` joins them to a DPDK port; tests join them to an engine over an in-memory link.
+//! passing, region creation, and the routing of each command to the worker that owns its object) and
+//! [`Appliance`] (one per worker, owned by the worker that owns its engine: it executes the commands routed to it,
+//! feeds the engine from its QPs' shared send and receive rings and moves completions into its CQ rings).
+//! `roce-dpd` joins them to a DPDK port; tests join them to engines over an in-memory link.
 //!
-//! The two halves talk through an `mpsc` channel of [`Job`]s: the worker drains it between bursts with
-//! `try_recv` (a load when empty: no lock on the packet path) and answers each job on its own reply channel. So
-//! the engine is only ever touched by its worker, and control requests wait at most one poll iteration.
+//! The two halves talk through one `mpsc` channel of [`Job`]s per worker: each worker drains its own between
+//! bursts with `try_recv` (a load when empty: no lock on the packet path) and answers each job on its own reply
+//! channel. So each engine is only ever touched by its worker, and control requests wait at most one poll
+//! iteration.
+//!
+//! # Several workers
+//! Each worker runs its own engine (worker `w` numbers its QPs from `qpn_base + w *`
+//! [`QPN_STRIDE`](crate::engine::QPN_STRIDE)) and polls only its own QPs' rings. The server routes:
+//! - a QP to one worker, chosen at `CreateQp`: the worker its CQs are bound to, else the worker with the fewest
+//!   QPs (the lowest index on a tie); modify, query and destroy go to that worker;
+//! - a CQ to the worker of the first QP that uses it (until then the server holds its ring region): its ring has
+//!   one producer, so a QP whose send and receive CQs are bound to different workers is refused;
+//! - PDs and MRs to every worker: worker 0 allocates the PD number and the keys, the others take the same ones
+//!   ([`Cmd::SharePd`], [`Cmd::ShareMr`]), so a key means the same on every worker, locally and for peers;
+//! - a modify-to-RTR whose peer MAC must be resolved to worker 0 first ([`Cmd::Resolve`]: it receives ARP/ND);
+//! - statistics, reclaim and shutdown to every worker (reclaim last to worker 0, whose keys are then free).
+//!
+//! Commands that change what the routes know run one at a time (a mutex held only by control threads).
 //!
 //! Isolation: every handle a request names (PD, lkey, CQ, QPN) is looked up in the session's own objects; a
 //! handle of another session is "not found". Each session has its own PDs, so the engine's PD check refuses an
 //! SGE or rkey of another session's region (a key must belong to the QP's protection domain). A WQE the ring
-//! reader refuses completes with [`Cqe::refused`](super::abi::Cqe::refused) and moves its QP to the error state.
-//! A session whose socket closes (its process exited or was killed) has its QPs moved to the error state and
-//! everything it owned destroyed at once.
+//! reader refuses completes with [`Cqe::refused`](super::abi::Cqe::refused) and moves its QP to the error state;
+//! inline payload is copied out of the slot's inline area once, at most the QP's `max_inline` bytes (a longer
+//! `inline_len` is refused the same way, `vendor_err` 5). A session whose socket closes (its process exited or was
+//! killed) has its QPs moved to the error state and everything it owned destroyed at once, on every worker.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -35,13 +52,15 @@ use crate::qp::{PeerAddr, QpAttr, QpCaps, QpState, VerbsError};
 use crate::verbs::{CqId, WcOpcode, WcStatus};
 use crate::wire::{IpAddrs, MacAddr};
 
-/// A command for the worker, from one session.
+/// A command for a worker, from one session.
 pub enum Cmd {
-    /// Allocate a PD.
+    /// Allocate a PD (worker 0: the engine picks the number).
     AllocPd,
+    /// Take the PD worker 0 allocated (every other worker: the same number).
+    SharePd(u32),
     /// Free a PD.
     DeallocPd(u32),
-    /// Register a window of the session's shared memory.
+    /// Register a window of the session's shared memory (worker 0: the engine picks the keys).
     RegMr {
         /// PD.
         pd: u32,
@@ -52,13 +71,31 @@ pub enum Cmd {
         /// Rights.
         access: AccessFlags,
     },
+    /// Register the window worker 0 registered, under its keys (every other worker).
+    ShareMr {
+        /// PD.
+        pd: u32,
+        /// The client's address of the window's first byte.
+        va: u64,
+        /// The bytes.
+        mem: ShmBytes,
+        /// Rights.
+        access: AccessFlags,
+        /// The key worker 0 chose (lkey = rkey).
+        lkey: u32,
+    },
     /// Deregister.
     DeregMr(u32),
-    /// Create a CQ over a region the control thread made.
-    CreateCq(Box<DaemonCqRegion>),
+    /// Bind a CQ the control thread made (its handle and ring region) to this worker.
+    CreateCq {
+        /// The handle the session knows it by.
+        handle: u32,
+        /// Ring region.
+        region: Box<DaemonCqRegion>,
+    },
     /// Destroy a CQ.
     DestroyCq(u32),
-    /// Create a QP over a region the control thread made.
+    /// Create a QP over a region the control thread made; its CQs are bound to this worker.
     CreateQp {
         /// PD.
         pd: u32,
@@ -66,11 +103,19 @@ pub enum Cmd {
         send_cq: u32,
         /// Receive CQ.
         recv_cq: u32,
-        /// Ring region.
+        /// Ring region (its header gives the depths, SGE limits and `max_inline`).
         region: Box<DaemonQpRegion>,
     },
     /// Modify a QP.
     ModifyQp(u32, ModifyQp),
+    /// The MAC of a peer GID (worker 0, which receives ARP/ND): sent on `mac`, answered `Ok`; not known yet:
+    /// [`ErrorCode::Unresolved`] and a solicitation.
+    Resolve {
+        /// The peer's GID.
+        gid: [u8; 16],
+        /// Where its MAC goes.
+        mac: mpsc::Sender<[u8; 6]>,
+    },
     /// Query a QP.
     QueryQp(u32),
     /// Destroy a QP.
@@ -114,6 +159,8 @@ pub struct ApplianceStats {
 
 struct CqSlot {
     client: u32,
+    /// The session's handle.
+    handle: u32,
     region: DaemonCqRegion,
     /// The client corrupted the ring's indices: completions are dropped.
     broken: bool,
@@ -131,18 +178,30 @@ struct QpSlot {
     broken: bool,
 }
 
-/// The worker's half: the sessions' objects on one engine.
-#[derive(Default)]
+/// A worker's half: the sessions' objects on its engine.
 pub struct Appliance {
+    /// This worker's index (statistics scopes).
+    worker: u32,
     pds: HashMap<u32, u32>,
     /// lkey -> (client, pd).
     mrs: HashMap<u32, (u32, u32)>,
+    /// By the engine's CQ id.
     cqs: Vec<Option<CqSlot>>,
+    /// The sessions' CQ handles -> the engine's CQ ids.
+    cq_ids: HashMap<u32, CqId>,
     qps: Vec<QpSlot>,
     req: SendRequest,
     sges: SgeList,
+    /// Inline payload copied out of a send-queue slot ([`abi::MAX_INLINE_DATA`] bytes, allocated once).
+    inline: Vec<u8>,
     /// Counters.
     pub stats: ApplianceStats,
+}
+
+impl Default for Appliance {
+    fn default() -> Appliance {
+        Appliance::for_worker(0)
+    }
 }
 
 fn err(code: ErrorCode, msg: impl Into<String>) -> Response {
@@ -187,13 +246,58 @@ fn gid_addrs(gid: [u8; 16], local: crate::qp::LocalIp) -> Result<(IpAddrs, Neigh
     }
 }
 
+/// The peer's addresses for a GID: the IP pair and the MAC (`given`, the port's own for its own address, else the
+/// neighbour table's). Not in the table: [`ErrorCode::Unresolved`] and the address to solicit.
+fn peer_of(
+    e: &Engine,
+    neigh: &Neighbours,
+    gid: [u8; 16],
+    given: Option<[u8; 6]>,
+) -> Result<(IpAddrs, MacAddr), (Response, Option<NeighIp>)> {
+    let cfg = e.config();
+    let (ip, nip) = gid_addrs(gid, cfg.local_ip).map_err(|r| (r, None))?;
+    let own = match nip {
+        NeighIp::V4(a) => cfg.local_ip.v4 == Some(a),
+        NeighIp::V6(a) => cfg.local_ip.v6 == Some(a),
+    };
+    let mac = match given {
+        Some(mac) => MacAddr(mac),
+        None if own => cfg.local_mac,
+        None => match neigh.lookup(nip) {
+            Some(mac) => mac,
+            None => return Err((err(ErrorCode::Unresolved, "peer MAC not resolved yet (ARP/ND sent)"), Some(nip))),
+        },
+    };
+    Ok((ip, mac))
+}
+
+/// Names of the `daemon` counters every worker holds the same value of (PDs and MRs live on every worker, and
+/// every worker reclaims every ended session): a statistics merge takes worker 0's instead of the sum.
+const SHARED_COUNTERS: [&str; 4] = ["sessions_with_objects", "mrs", "pds", "sessions_reclaimed"];
+
 impl Appliance {
-    /// An appliance with no sessions.
+    /// An appliance with no sessions (worker 0).
     pub fn new() -> Appliance {
-        Appliance::default()
+        Appliance::for_worker(0)
     }
 
-    /// Live QPs, CQs, MRs and PDs of all sessions.
+    /// An appliance with no sessions for worker `worker` (the id of its `worker` and `engine` statistics).
+    pub fn for_worker(worker: u32) -> Appliance {
+        Appliance {
+            worker,
+            pds: HashMap::new(),
+            mrs: HashMap::new(),
+            cqs: Vec::new(),
+            cq_ids: HashMap::new(),
+            qps: Vec::new(),
+            req: SendRequest::default(),
+            sges: SgeList::default(),
+            inline: vec![0; abi::MAX_INLINE_DATA as usize],
+            stats: ApplianceStats::default(),
+        }
+    }
+
+    /// Live QPs, CQs, MRs and PDs of all sessions on this worker.
     pub fn counts(&self) -> (usize, usize, usize, usize) {
         (self.qps.len(), self.cqs.iter().flatten().count(), self.mrs.len(), self.pds.len())
     }
@@ -205,10 +309,10 @@ impl Appliance {
         }
     }
 
-    fn own_cq(&self, client: u32, cq: u32) -> Result<CqId, Response> {
-        match self.cqs.get(cq as usize) {
-            Some(Some(s)) if s.client == client => Ok(CqId(cq)),
-            _ => Err(err(ErrorCode::NotFound, format!("no completion queue {cq} in this session"))),
+    fn own_cq(&self, client: u32, handle: u32) -> Result<CqId, Response> {
+        match self.cq_ids.get(&handle).map(|id| (id, self.cqs.get(id.0 as usize))) {
+            Some((&id, Some(Some(s)))) if s.client == client => Ok(id),
+            _ => Err(err(ErrorCode::NotFound, format!("no completion queue {handle} in this session"))),
         }
     }
 
@@ -220,7 +324,8 @@ impl Appliance {
     }
 
     /// Serves one job (the answer goes back on its channel). Returns an address to solicit (ARP/ND) when a
-    /// modify-to-RTR needs a MAC the neighbour table does not have yet; the control thread retries.
+    /// modify-to-RTR or a [`Cmd::Resolve`] needs a MAC the neighbour table does not have yet; the control thread
+    /// retries.
     pub fn serve(
         &mut self,
         e: &mut Engine,
@@ -256,6 +361,13 @@ impl Appliance {
                 self.pds.insert(pd.0, client);
                 Response::Pd { pd: pd.0 }
             }
+            Cmd::SharePd(pd) => {
+                if self.pds.get(&pd).is_some_and(|&c| c != client) {
+                    return Err(no(err(ErrorCode::Busy, format!("protection domain {pd} belongs to another session"))));
+                }
+                self.pds.insert(pd, client);
+                Response::Pd { pd }
+            }
             Cmd::DeallocPd(pd) => {
                 self.own_pd(client, pd).map_err(no)?;
                 if self.mrs.values().any(|&(_, p)| p == pd) {
@@ -270,6 +382,12 @@ impl Appliance {
                 self.mrs.insert(k.lkey, (client, pd.0));
                 Response::Mr { lkey: k.lkey, rkey: k.rkey }
             }
+            Cmd::ShareMr { pd, va, mem, access, lkey } => {
+                let pd = self.own_pd(client, pd).map_err(no)?;
+                let k = e.reg_mr_shared_at(lkey, pd, va, mem, access).map_err(|x| no(verbs_err(x)))?;
+                self.mrs.insert(k.lkey, (client, pd.0));
+                Response::Mr { lkey: k.lkey, rkey: k.rkey }
+            }
             Cmd::DeregMr(lkey) => {
                 match self.mrs.get(&lkey) {
                     Some(&(c, _)) if c == client => {}
@@ -281,20 +399,25 @@ impl Appliance {
                 self.mrs.remove(&lkey);
                 Response::Ok
             }
-            Cmd::CreateCq(region) => {
+            Cmd::CreateCq { handle, region } => {
+                if self.cq_ids.contains_key(&handle) {
+                    return Err(no(err(ErrorCode::Busy, format!("completion queue {handle} is already bound"))));
+                }
                 // The engine's CQ holds what the ring cannot take yet.
                 let cq = e.create_cq(region.header.sq.capacity).map_err(|x| no(verbs_err(x)))?;
                 let i = cq.0 as usize;
                 if self.cqs.len() <= i {
                     self.cqs.resize_with(i + 1, || None);
                 }
-                self.cqs[i] = Some(CqSlot { client, region: *region, broken: false });
-                Response::Cq { cq: cq.0 }
+                self.cqs[i] = Some(CqSlot { client, handle, region: *region, broken: false });
+                self.cq_ids.insert(handle, cq);
+                Response::Cq { cq: handle }
             }
-            Cmd::DestroyCq(cq) => {
-                let id = self.own_cq(client, cq).map_err(no)?;
+            Cmd::DestroyCq(handle) => {
+                let id = self.own_cq(client, handle).map_err(no)?;
                 e.destroy_cq(id).map_err(|x| no(verbs_err(x)))?;
-                self.cqs[cq as usize] = None;
+                self.cqs[id.0 as usize] = None;
+                self.cq_ids.remove(&handle);
                 Response::Ok
             }
             Cmd::CreateQp { pd, send_cq, recv_cq, region } => {
@@ -307,7 +430,7 @@ impl Appliance {
                     max_recv_wr: h.rq.capacity,
                     max_send_sge: h.sq_sges.per_slot + 1,
                     max_recv_sge: h.rq_sges.per_slot + 1,
-                    max_inline: 0,
+                    max_inline: h.sq_inline.per_slot,
                 };
                 let qpn = e.create_qp(pd, scq, rcq, caps).map_err(|x| no(verbs_err(x)))?;
                 self.qps.push(QpSlot {
@@ -326,28 +449,15 @@ impl Appliance {
                 self.own_qp(client, qpn).map_err(no)?;
                 let mut attr = QpAttr { peer: None, ..m.attr };
                 if let Some(gid) = m.gid {
-                    let cfg = e.config();
-                    let (ip, nip) = gid_addrs(gid, cfg.local_ip).map_err(no)?;
-                    let own = match nip {
-                        NeighIp::V4(a) => cfg.local_ip.v4 == Some(a),
-                        NeighIp::V6(a) => cfg.local_ip.v6 == Some(a),
-                    };
-                    let mac = match m.mac {
-                        Some(mac) => MacAddr(mac),
-                        None if own => cfg.local_mac,
-                        None => match neigh.lookup(nip) {
-                            Some(mac) => mac,
-                            None => {
-                                return Err((
-                                    err(ErrorCode::Unresolved, "peer MAC not resolved yet (ARP/ND sent)"),
-                                    Some(nip),
-                                ))
-                            }
-                        },
-                    };
+                    let (ip, mac) = peer_of(e, neigh, gid, m.mac)?;
                     attr.peer = Some(PeerAddr { ip, mac });
                 }
                 e.modify_qp(qpn, &attr).map_err(|x| no(verbs_err(x)))?;
+                Response::Ok
+            }
+            Cmd::Resolve { gid, mac } => {
+                let (_, m) = peer_of(e, neigh, gid, None)?;
+                let _ = mac.send(m.0);
                 Response::Ok
             }
             Cmd::QueryQp(qpn) => {
@@ -388,7 +498,8 @@ impl Appliance {
             false
         });
         for (i, slot) in self.cqs.iter_mut().enumerate() {
-            if slot.as_ref().is_some_and(|s| s.client == client) {
+            if let Some(s) = slot.as_ref().filter(|s| s.client == client) {
+                self.cq_ids.remove(&s.handle);
                 let _ = e.destroy_cq(CqId(i as u32));
                 *slot = None;
             }
@@ -403,6 +514,9 @@ impl Appliance {
         self.stats.sessions_reclaimed += 1;
     }
 
+    /// This worker's records: the `daemon` scope (its objects and counters: [`Server`] merges the workers'), its
+    /// own objects and ring counters again under `worker` (id = worker), its engine's counters under `engine` (id
+    /// = worker), each QP (with its `worker`), then what `extra` adds (the worker loop's and the port's counters).
     fn stat_records(&self, e: &Engine, extra: &dyn Fn(&mut Vec<StatRecord>)) -> Vec<StatRecord> {
         let mut v = Vec::new();
         let mut rec = |scope: &str, id: u32, name: &str, value: u64| {
@@ -411,6 +525,16 @@ impl Appliance {
         let (qps, cqs, mrs, pds) = self.counts();
         let s = &self.stats;
         let sessions: std::collections::HashSet<u32> = self.pds.values().copied().collect();
+        let own = [
+            ("qps", qps as u64),
+            ("cqs", cqs as u64),
+            ("wqes_posted", s.wqes_posted),
+            ("recvs_posted", s.recvs_posted),
+            ("wqes_refused", s.wqes_refused),
+            ("cqes_delivered", s.cqes_delivered),
+            ("cqes_dropped", s.cqes_dropped),
+            ("commands", s.commands),
+        ];
         for (n, val) in [
             ("sessions_with_objects", sessions.len() as u64),
             ("qps", qps as u64),
@@ -427,11 +551,15 @@ impl Appliance {
         ] {
             rec("daemon", 0, n, val);
         }
+        for (n, val) in own {
+            rec("worker", self.worker, n, val);
+        }
         for (n, val) in e.stats().iter() {
-            rec("engine", 0, n, val);
+            rec("engine", self.worker, n, val);
         }
         for q in &self.qps {
             rec("qp", q.qpn, "client", u64::from(q.client));
+            rec("qp", q.qpn, "worker", u64::from(self.worker));
             if let Ok(info) = e.query_qp(q.qpn) {
                 rec("qp", q.qpn, "state", u64::from(info.state as u8));
             }
@@ -469,12 +597,20 @@ impl Appliance {
         // Send queue: only as many as the engine's queue has room for; the rest wait in the ring.
         let mut room = q.sq_cap.saturating_sub(info.sq_outstanding);
         while room > 0 {
-            match q.region.sq.poll_into(&mut self.req, &mut []) {
+            // Inline payload is copied out of the slot into `inline` (at most the QP's max_inline bytes: the
+            // reader refuses a longer inline_len), then into the engine's own inline area.
+            match q.region.sq.poll_into(&mut self.req, &mut self.inline) {
                 Ok(false) => break,
                 Ok(true) => {
                     moved = true;
                     room -= 1;
-                    match e.post_send(q.qpn, &self.req.wr, self.req.sges.as_slice()) {
+                    let r = if self.req.wr.inline {
+                        let data = self.inline.get(..self.req.inline_len as usize).unwrap_or_default();
+                        e.post_send_inline(q.qpn, &self.req.wr, data)
+                    } else {
+                        e.post_send(q.qpn, &self.req.wr, self.req.sges.as_slice())
+                    };
+                    match r {
                         Ok(()) => self.stats.wqes_posted += 1,
                         Err(_) => {
                             failed = Some(refused(self.req.wr.wr_id, q.qpn, WcOpcode::Send, VENDOR_ENGINE_REFUSED));
@@ -570,6 +706,315 @@ impl Appliance {
     }
 }
 
+// ------------------------------------------------------------------------------------------------ the routes
+
+/// A CQ as the server knows it.
+struct RouteCq {
+    client: u32,
+    /// The worker it is bound to (that of the first QP using it), once bound.
+    worker: Option<usize>,
+    /// Its ring region until it is bound (then the worker's appliance holds it).
+    region: Option<Box<DaemonCqRegion>>,
+}
+
+/// Which worker owns what (only the control threads touch this).
+#[derive(Default)]
+struct Routes {
+    /// Live QPs: QPN -> (session, worker).
+    qps: HashMap<u32, (u32, usize)>,
+    /// CQs by handle.
+    cqs: HashMap<u32, RouteCq>,
+    next_cq: u32,
+}
+
+/// Sends each command to the worker(s) that own its objects (see the module documentation).
+struct Router {
+    workers: Vec<mpsc::Sender<Job>>,
+    routes: Mutex<Routes>,
+}
+
+/// How long the server retries a modify-to-RTR whose peer MAC is not resolved yet.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
+
+fn not_found_cq(cq: u32) -> Response {
+    err(ErrorCode::NotFound, format!("no completion queue {cq} in this session"))
+}
+
+fn not_found_qp(qpn: u32) -> Response {
+    err(ErrorCode::NotFound, format!("no queue pair {qpn:#x} in this session"))
+}
+
+impl Router {
+    fn new(workers: Vec<mpsc::Sender<Job>>) -> Router {
+        Router { workers, routes: Mutex::default() }
+    }
+
+    fn ask(&self, w: usize, client: u32, cmd: Cmd) -> Response {
+        ask(&self.workers[w], client, cmd)
+    }
+
+    fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
+        self.routes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Worker 0 allocates the number, the others take it.
+    fn alloc_pd(&self, client: u32) -> Response {
+        let _one_at_a_time = self.routes();
+        let r = self.ask(0, client, Cmd::AllocPd);
+        let Response::Pd { pd } = r else { return r };
+        for w in 1..self.workers.len() {
+            let s = self.ask(w, client, Cmd::SharePd(pd));
+            if !matches!(s, Response::Pd { .. }) {
+                for v in 0..w {
+                    self.ask(v, client, Cmd::DeallocPd(pd));
+                }
+                return s;
+            }
+        }
+        r
+    }
+
+    fn dealloc_pd(&self, client: u32, pd: u32) -> Response {
+        let _one_at_a_time = self.routes();
+        let r = self.ask(0, client, Cmd::DeallocPd(pd));
+        if matches!(r, Response::Ok) {
+            for w in 1..self.workers.len() {
+                self.ask(w, client, Cmd::DeallocPd(pd));
+            }
+        }
+        r
+    }
+
+    /// Worker 0 picks the keys; the others register the same window under them.
+    fn reg_mr(&self, client: u32, pd: u32, va: u64, mem: ShmBytes, access: AccessFlags) -> Response {
+        let _one_at_a_time = self.routes();
+        let r = self.ask(0, client, Cmd::RegMr { pd, va, mem: mem.clone(), access });
+        let Response::Mr { lkey, .. } = r else { return r };
+        for w in 1..self.workers.len() {
+            let s = self.ask(w, client, Cmd::ShareMr { pd, va, mem: mem.clone(), access, lkey });
+            if !matches!(s, Response::Mr { .. }) {
+                for v in (0..w).rev() {
+                    self.ask(v, client, Cmd::DeregMr(lkey));
+                }
+                return s;
+            }
+        }
+        r
+    }
+
+    /// Worker 0 last: its key slot is free again only when no other worker still holds the key.
+    fn dereg_mr(&self, client: u32, lkey: u32) -> Response {
+        let _one_at_a_time = self.routes();
+        let mut r = Response::Ok;
+        for w in (0..self.workers.len()).rev() {
+            r = self.ask(w, client, Cmd::DeregMr(lkey));
+            if !matches!(r, Response::Ok) {
+                return r;
+            }
+        }
+        r
+    }
+
+    /// A new CQ: its handle; the server holds its region until a QP binds it to a worker.
+    fn create_cq(&self, client: u32, region: Box<DaemonCqRegion>) -> u32 {
+        let mut rt = self.routes();
+        let mut h = rt.next_cq;
+        while rt.cqs.contains_key(&h) {
+            h = h.wrapping_add(1);
+        }
+        rt.next_cq = h.wrapping_add(1);
+        rt.cqs.insert(h, RouteCq { client, worker: None, region: Some(region) });
+        h
+    }
+
+    fn destroy_cq(&self, client: u32, cq: u32) -> Response {
+        let mut rt = self.routes();
+        let w = match rt.cqs.get(&cq) {
+            Some(c) if c.client == client => c.worker,
+            _ => return not_found_cq(cq),
+        };
+        let r = match w {
+            Some(w) => self.ask(w, client, Cmd::DestroyCq(cq)),
+            None => Response::Ok,
+        };
+        if matches!(r, Response::Ok) {
+            rt.cqs.remove(&cq);
+        }
+        r
+    }
+
+    /// Picks the QP's worker (that of its CQs, else the one with the fewest QPs), binds its CQs there and creates it.
+    fn create_qp(&self, client: u32, pd: u32, send_cq: u32, recv_cq: u32, region: Box<DaemonQpRegion>) -> Response {
+        let mut rt = self.routes();
+        let mut bound = Vec::new();
+        for cq in [send_cq, recv_cq] {
+            match rt.cqs.get(&cq) {
+                Some(c) if c.client == client => bound.push(c.worker),
+                _ => return not_found_cq(cq),
+            }
+        }
+        let w = match (bound[0], bound[1]) {
+            (Some(a), Some(b)) if a != b => {
+                return err(
+                    ErrorCode::Invalid,
+                    format!(
+                        "send CQ {send_cq} completes on worker {a} and receive CQ {recv_cq} on worker {b}: a QP's \
+                         CQs must be on one worker (a CQ is bound to the worker of the first QP that uses it)"
+                    ),
+                )
+            }
+            (Some(a), _) | (None, Some(a)) => a,
+            (None, None) => {
+                let mut load = vec![0usize; self.workers.len()];
+                for &(_, w) in rt.qps.values() {
+                    load[w] += 1;
+                }
+                (0..load.len()).min_by_key(|&w| (load[w], w)).unwrap_or(0)
+            }
+        };
+        for cq in [send_cq, recv_cq] {
+            let Some(c) = rt.cqs.get_mut(&cq) else { continue };
+            let Some(region) = c.region.take() else { continue };
+            match self.ask(w, client, Cmd::CreateCq { handle: cq, region }) {
+                Response::Cq { .. } => c.worker = Some(w),
+                r => {
+                    // The region went with the command: this CQ cannot be used any more.
+                    rt.cqs.remove(&cq);
+                    return r;
+                }
+            }
+        }
+        let r = self.ask(w, client, Cmd::CreateQp { pd, send_cq, recv_cq, region });
+        if let Response::Qp { qpn } = r {
+            rt.qps.insert(qpn, (client, w));
+        }
+        r
+    }
+
+    /// The worker of the session's QP `qpn`.
+    fn qp_worker(&self, client: u32, qpn: u32) -> Result<usize, Response> {
+        match self.routes().qps.get(&qpn) {
+            Some(&(c, w)) if c == client => Ok(w),
+            _ => Err(not_found_qp(qpn)),
+        }
+    }
+
+    /// Asks until the answer is not [`ErrorCode::Unresolved`] (the worker solicits the peer meanwhile) or
+    /// [`RESOLVE_TIMEOUT`] has passed.
+    fn ask_resolving(&self, w: usize, client: u32, mut cmd: impl FnMut() -> Cmd, gid: [u8; 16]) -> Response {
+        let until = std::time::Instant::now() + RESOLVE_TIMEOUT;
+        loop {
+            match self.ask(w, client, cmd()) {
+                Response::Error { code: ErrorCode::Unresolved, .. } if std::time::Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Response::Error { code: ErrorCode::Unresolved, .. } => {
+                    let ip = std::net::Ipv6Addr::from(gid);
+                    return err(ErrorCode::Unresolved, format!("no ARP/ND answer from the peer {ip} in 3 s"));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn modify_qp(&self, client: u32, qpn: u32, mut m: ModifyQp) -> Response {
+        let w = match self.qp_worker(client, qpn) {
+            Ok(w) => w,
+            Err(r) => return r,
+        };
+        let Some(gid) = m.gid else { return self.ask(w, client, Cmd::ModifyQp(qpn, m)) };
+        if w != 0 && m.mac.is_none() {
+            // Only worker 0 receives ARP/ND: it resolves the peer for the QP's worker.
+            let (tx, rx) = mpsc::channel();
+            let r = self.ask_resolving(0, client, || Cmd::Resolve { gid, mac: tx.clone() }, gid);
+            match (r, rx.try_recv()) {
+                (Response::Ok, Ok(mac)) => m.mac = Some(mac),
+                (Response::Ok, Err(_)) => return err(ErrorCode::ShuttingDown, "worker 0 did not resolve the peer"),
+                (r, _) => return r,
+            }
+        }
+        self.ask_resolving(w, client, || Cmd::ModifyQp(qpn, m), gid)
+    }
+
+    fn on_qp(&self, client: u32, qpn: u32, cmd: Cmd) -> Response {
+        match self.qp_worker(client, qpn) {
+            Ok(w) => self.ask(w, client, cmd),
+            Err(r) => r,
+        }
+    }
+
+    fn destroy_qp(&self, client: u32, qpn: u32) -> Response {
+        let mut rt = self.routes();
+        let w = match rt.qps.get(&qpn) {
+            Some(&(c, w)) if c == client => w,
+            _ => return not_found_qp(qpn),
+        };
+        let r = self.ask(w, client, Cmd::DestroyQp(qpn));
+        if matches!(r, Response::Ok) {
+            rt.qps.remove(&qpn);
+        }
+        r
+    }
+
+    /// Every worker's records: one `daemon` scope (the workers' counters summed, those in [`SHARED_COUNTERS`]
+    /// from worker 0; `cqs` also counts CQs not bound yet, `workers` the workers), then the rest in worker order.
+    fn stats(&self) -> Response {
+        let unbound = self.routes().cqs.values().filter(|c| c.worker.is_none()).count() as u64;
+        let mut daemon: Vec<StatRecord> = Vec::new();
+        let mut rest = Vec::new();
+        for w in 0..self.workers.len() {
+            let Response::Stats(recs) = self.ask(w, 0, Cmd::Stats) else {
+                return err(ErrorCode::ShuttingDown, format!("worker {w} did not answer the statistics request"));
+            };
+            for r in recs {
+                if r.scope != "daemon" {
+                    rest.push(r);
+                } else if let Some(d) = daemon.iter_mut().find(|d| d.name == r.name) {
+                    if !SHARED_COUNTERS.contains(&r.name.as_str()) {
+                        d.value += r.value;
+                    }
+                } else {
+                    daemon.push(r);
+                }
+            }
+        }
+        if let Some(d) = daemon.iter_mut().find(|d| d.name == "cqs") {
+            d.value += unbound;
+        }
+        daemon.push(StatRecord {
+            scope: "daemon".into(),
+            id: 0,
+            name: "workers".into(),
+            value: self.workers.len() as u64,
+        });
+        daemon.extend(rest);
+        Response::Stats(daemon)
+    }
+
+    /// Every worker reclaims the session (worker 0 last: see [`dereg_mr`](Self::dereg_mr)); its routes go.
+    fn reclaim(&self, client: u32) -> Response {
+        let mut rt = self.routes();
+        let mut r = Response::Ok;
+        for w in (0..self.workers.len()).rev() {
+            let x = self.ask(w, client, Cmd::Reclaim);
+            if !matches!(x, Response::Ok) {
+                r = x;
+            }
+        }
+        rt.qps.retain(|_, &mut (c, _)| c != client);
+        rt.cqs.retain(|_, c| c.client != client);
+        r
+    }
+
+    /// Every QP on every worker to the error state, flushed into its CQ ring.
+    fn stop_qps(&self) {
+        let _one_at_a_time = self.routes();
+        for w in 0..self.workers.len() {
+            self.ask(w, 0, Cmd::Shutdown);
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------------ the server
 
 /// How the daemon serves its socket.
@@ -605,11 +1050,11 @@ struct Session {
     writer: Mutex<Conn>,
 }
 
-/// The control half: listens, runs one thread per session, forwards commands to the worker.
+/// The control half: listens, runs one thread per session, routes commands to the workers.
 pub struct Server {
     cfg: ServerConfig,
     listener: UnixListener,
-    jobs: mpsc::Sender<Job>,
+    router: Arc<Router>,
     sessions: Arc<Mutex<HashMap<u32, Arc<Session>>>>,
     stop: Arc<AtomicBool>,
     threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
@@ -621,8 +1066,18 @@ const WORKER_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Server {
     /// Binds the socket (refusing a path another daemon answers on; replacing a stale socket file), sets its
-    /// mode, and starts accepting. Commands go to `jobs`.
+    /// mode, and starts accepting. Commands go to the one worker's `jobs`.
     pub fn start(cfg: ServerConfig, jobs: mpsc::Sender<Job>) -> Result<Server, ServeError> {
+        Server::start_workers(cfg, vec![jobs])
+    }
+
+    /// [`start`](Self::start) for several workers: `jobs[w]` reaches worker `w`, whose engine numbers its QPs
+    /// from `qpn_base + w * QPN_STRIDE` (QPNs are routed by what `CreateQp` answered, not by that rule). Worker 0
+    /// receives ARP/ND (it resolves peers for the others).
+    pub fn start_workers(cfg: ServerConfig, jobs: Vec<mpsc::Sender<Job>>) -> Result<Server, ServeError> {
+        if jobs.is_empty() {
+            return Err(ServeError("no worker to serve the socket".into()));
+        }
         let path = cfg.path.clone();
         let path = path.as_path();
         let shown = path.display();
@@ -645,7 +1100,7 @@ impl Server {
         let mut s = Server {
             cfg,
             listener,
-            jobs,
+            router: Arc::new(Router::new(jobs)),
             sessions: Arc::default(),
             stop: Arc::default(),
             threads: Arc::default(),
@@ -657,8 +1112,8 @@ impl Server {
 
     fn spawn_accept(&mut self) -> std::io::Result<()> {
         let listener = self.listener.try_clone()?;
-        let (cfg, jobs, sessions, stop, threads) =
-            (self.cfg.clone(), self.jobs.clone(), self.sessions.clone(), self.stop.clone(), self.threads.clone());
+        let (cfg, router, sessions, stop, threads) =
+            (self.cfg.clone(), self.router.clone(), self.sessions.clone(), self.stop.clone(), self.threads.clone());
         let next = Arc::new(AtomicU32::new(1));
         self.accept = Some(std::thread::Builder::new().name("roce-dpd-accept".into()).spawn(move || {
             while !stop.load(Ordering::Relaxed) {
@@ -669,9 +1124,9 @@ impl Server {
                         let Ok(w) = sock.try_clone() else { continue };
                         let sess = Arc::new(Session { writer: Mutex::new(Conn::new(w)) });
                         sessions.lock().expect("sessions").insert(id, sess.clone());
-                        let (cfg, jobs, sessions) = (cfg.clone(), jobs.clone(), sessions.clone());
+                        let (cfg, router, sessions) = (cfg.clone(), router.clone(), sessions.clone());
                         let h = std::thread::Builder::new().name(format!("roce-dpd-s{id}")).spawn(move || {
-                            session(id, Conn::new(sock), &sess, &cfg, &jobs);
+                            session(id, Conn::new(sock), &sess, &cfg, &router);
                             sessions.lock().expect("sessions").remove(&id);
                         });
                         if let Ok(h) = h {
@@ -693,14 +1148,26 @@ impl Server {
         self.sessions.lock().expect("sessions").len()
     }
 
-    /// Stops accepting, tells every session why (a [`Response::Shutdown`] notice), closes their sockets, waits
-    /// for their threads (each reclaims its session through the worker, which must still be polling), and removes
-    /// the socket file.
+    /// Every QP of every session on every worker to the error state, its completions flushed into the CQ rings
+    /// (the workers must be polling). [`shutdown`](Self::shutdown) does this first.
+    pub fn stop_qps(&self) {
+        self.router.stop_qps();
+    }
+
+    /// Workers the server routes to.
+    pub fn workers(&self) -> usize {
+        self.router.workers.len()
+    }
+
+    /// Stops accepting, moves every QP to the error state and flushes it ([`stop_qps`](Self::stop_qps)), tells
+    /// every session why (a [`Response::Shutdown`] notice), closes their sockets, waits for their threads (each
+    /// reclaims its session through the workers, which must still be polling), and removes the socket file.
     pub fn shutdown(mut self, reason: &str) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.accept.take() {
             let _ = h.join();
         }
+        self.router.stop_qps();
         let sessions: Vec<Arc<Session>> = self.sessions.lock().expect("sessions").values().cloned().collect();
         for s in sessions {
             let w = s.writer.lock().expect("writer");
@@ -731,7 +1198,7 @@ fn ask(jobs: &mpsc::Sender<Job>, client: u32, cmd: Cmd) -> Response {
 }
 
 /// One session: `Hello` first, then requests until the socket closes; then the worker reclaims what it owned.
-fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, jobs: &mpsc::Sender<Job>) {
+fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, router: &Router) {
     let reply = |seq: u32, r: &Response, fd: Option<std::os::fd::BorrowedFd<'_>>| -> bool {
         let w = sess.writer.lock().expect("writer");
         let fds: Vec<_> = fd.into_iter().collect();
@@ -777,14 +1244,14 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, jobs: &m
             }
         }
         objects += 1;
-        let (r, fd) = handle(id, objects, f.msg, f.fds, cfg, jobs);
+        let (r, fd) = handle(id, objects, f.msg, f.fds, cfg, router);
         let ok = reply(seq, &r, fd.as_ref().map(|f| f.as_fd()));
         if !ok {
             break;
         }
     }
     if opened {
-        let r = ask(jobs, id, Cmd::Reclaim);
+        let r = router.reclaim(id);
         if cfg.log {
             let how = if matches!(r, Response::Ok) { "its resources reclaimed".to_owned() } else { format!("{r:?}") };
             eprintln!("roce-dpd: session {id} ended after {objects} requests, {how}");
@@ -792,21 +1259,21 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, jobs: &m
     }
 }
 
-/// Builds the worker command for a request (mapping the client's memfd, creating ring regions here, off the
-/// worker), asks the worker, and returns the answer with the descriptor it carries.
+/// Serves one request: maps the client's memfd or creates a ring region here (off the workers), routes the command
+/// to its worker(s), and returns the answer with the descriptor it carries.
 fn handle(
     id: u32,
     n: u32,
     q: Request,
     mut fds: Vec<OwnedFd>,
     cfg: &ServerConfig,
-    jobs: &mpsc::Sender<Job>,
+    router: &Router,
 ) -> (Response, Option<OwnedFd>) {
     let max = cfg.max_depth;
-    let cmd = match q {
-        Request::Hello { .. } => return (err(ErrorCode::Protocol, "Hello was already sent"), None),
-        Request::AllocPd => Cmd::AllocPd,
-        Request::DeallocPd { pd } => Cmd::DeallocPd(pd),
+    let r = match q {
+        Request::Hello { .. } => err(ErrorCode::Protocol, "Hello was already sent"),
+        Request::AllocPd => router.alloc_pd(id),
+        Request::DeallocPd { pd } => router.dealloc_pd(id, pd),
         Request::RegMr { pd, va, len, offset, access } => {
             if fds.len() != 1 {
                 return (err(ErrorCode::Protocol, "RegMr needs exactly one memfd"), None);
@@ -828,68 +1295,58 @@ fn handle(
                     None,
                 );
             };
-            Cmd::RegMr { pd, va, mem, access: AccessFlags(access & AccessFlags::ALL.0) }
+            router.reg_mr(id, pd, va, mem, AccessFlags(access & AccessFlags::ALL.0))
         }
-        Request::DeregMr { lkey } => Cmd::DeregMr(lkey),
+        Request::DeregMr { lkey } => router.dereg_mr(id, lkey),
         Request::CreateCq { depth } => {
             if depth == 0 || depth > max {
                 return (err(ErrorCode::Invalid, format!("CQ depth {depth} not in 1..={max}")), None);
             }
-            match DaemonCqRegion::create(&format!("roce-dpd-cq-s{id}-{n}"), depth, cfg.backing) {
-                Ok(r) => Cmd::CreateCq(Box::new(r)),
+            let region = match DaemonCqRegion::create(&format!("roce-dpd-cq-s{id}-{n}"), depth, cfg.backing) {
+                Ok(r) => r,
                 Err(e) => return (err(ErrorCode::Exhausted, format!("CQ region: {e}")), None),
-            }
+            };
+            // The region's descriptor goes back with the reply (a duplicate: the region stays the daemon's).
+            let fd = region.fd().try_clone_to_owned().ok();
+            let cq = router.create_cq(id, Box::new(region));
+            return (Response::Cq { cq }, fd);
         }
-        Request::DestroyCq { cq } => Cmd::DestroyCq(cq),
-        Request::CreateQp { pd, send_cq, recv_cq, sq_depth, rq_depth, max_send_sge, max_recv_sge } => {
+        Request::DestroyCq { cq } => router.destroy_cq(id, cq),
+        Request::CreateQp { pd, send_cq, recv_cq, sq_depth, rq_depth, max_send_sge, max_recv_sge, max_inline } => {
             for (what, d) in [("send queue depth", sq_depth), ("receive queue depth", rq_depth)] {
                 if d == 0 || d > max {
                     return (err(ErrorCode::Invalid, format!("{what} {d} not in 1..={max}")), None);
                 }
+            }
+            if max_inline > abi::MAX_INLINE_DATA {
+                return (
+                    err(
+                        ErrorCode::Invalid,
+                        format!("max_inline {max_inline} exceeds the daemon's limit of {} bytes", abi::MAX_INLINE_DATA),
+                    ),
+                    None,
+                );
             }
             let caps = QpRegionCaps {
                 sq_depth,
                 rq_depth,
                 max_send_sge: max_send_sge.max(1),
                 max_recv_sge: max_recv_sge.max(1),
-                max_inline: 0,
+                max_inline: max_inline.next_multiple_of(abi::INLINE_ALIGN),
             };
-            match DaemonQpRegion::create(&format!("roce-dpd-qp-s{id}-{n}"), caps, cfg.backing) {
-                Ok(region) => Cmd::CreateQp { pd, send_cq, recv_cq, region: Box::new(region) },
+            let region = match DaemonQpRegion::create(&format!("roce-dpd-qp-s{id}-{n}"), caps, cfg.backing) {
+                Ok(region) => region,
                 Err(e) => return (err(ErrorCode::Invalid, format!("QP region: {e}")), None),
-            }
+            };
+            let fd = region.fd().try_clone_to_owned().ok();
+            let r = router.create_qp(id, pd, send_cq, recv_cq, Box::new(region));
+            let fd = if matches!(r, Response::Qp { .. }) { fd } else { None };
+            return (r, fd);
         }
-        Request::ModifyQp { qpn, m } => {
-            // Resolving the peer's MAC may take a few ARP/ND rounds: retry while the worker solicits.
-            let until = std::time::Instant::now() + Duration::from_secs(3);
-            loop {
-                let r = ask(jobs, id, Cmd::ModifyQp(qpn, m));
-                match r {
-                    Response::Error { code: ErrorCode::Unresolved, .. } if std::time::Instant::now() < until => {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    Response::Error { code: ErrorCode::Unresolved, .. } => {
-                        let ip = m.gid.map(|g| std::net::Ipv6Addr::from(g).to_string()).unwrap_or_default();
-                        return (
-                            err(ErrorCode::Unresolved, format!("no ARP/ND answer from the peer {ip} in 3 s")),
-                            None,
-                        );
-                    }
-                    r => return (r, None),
-                }
-            }
-        }
-        Request::QueryQp { qpn } => Cmd::QueryQp(qpn),
-        Request::DestroyQp { qpn } => Cmd::DestroyQp(qpn),
-        Request::Stats => Cmd::Stats,
+        Request::ModifyQp { qpn, m } => router.modify_qp(id, qpn, m),
+        Request::QueryQp { qpn } => router.on_qp(id, qpn, Cmd::QueryQp(qpn)),
+        Request::DestroyQp { qpn } => router.destroy_qp(id, qpn),
+        Request::Stats => router.stats(),
     };
-    // The ring region's descriptor goes back with the reply (a duplicate: the region stays the worker's).
-    let fd = match &cmd {
-        Cmd::CreateCq(r) => r.fd().try_clone_to_owned().ok(),
-        Cmd::CreateQp { region, .. } => region.fd().try_clone_to_owned().ok(),
-        _ => None,
-    };
-    let r = ask(jobs, id, cmd);
-    let fd = if matches!(r, Response::Cq { .. } | Response::Qp { .. }) { fd } else { None };
-    (r, fd)
+    (r, None)
 }

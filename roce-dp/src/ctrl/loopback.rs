@@ -1,25 +1,29 @@
-//! The appliance without a port: a [`Server`] and an [`Appliance`] on one engine whose frames come straight back
-//! into it (every QP on one soft NIC, as `roce-dpd` on a loopback net_ring port), driven by a worker thread. No
-//! DPDK: tests of the control plane, of isolation and of `roce-stat`, and the daemon benchmark, run it in-process
-//! (or in a child process when the daemon's death is what is tested).
+//! The appliance without a port: a [`Server`] and an [`Appliance`] per worker, on engines whose frames come straight
+//! back to them (every QP on one soft NIC, as `roce-dpd` on a loopback net_ring port), each worker on a thread (or,
+//! with one worker, stepped by the caller). No DPDK: tests of the control plane, of isolation and of `roce-stat`,
+//! and the daemon benchmark, run it in-process (or in a child process when the daemon's death is what is tested).
 //!
 //! The worker loop is [`pump`] (engine frames back into the engine, timers) plus the appliance's ring polling and
-//! the control jobs, as `roce-dpd`'s worker does between bursts. Statistics carry a `worker` scope (id 0: loop
-//! iterations, busy iterations, jobs) and a `port` scope (id 0: frames and bytes through the loopback).
+//! the control jobs, as `roce-dpd`'s worker does between bursts. With several workers ([`LoopbackConfig::workers`])
+//! each has its own engine (worker `w`'s QPs numbered from `0x100 + w * QPN_STRIDE`), and a frame whose BTH
+//! destination QP belongs to another worker goes to that worker over a channel (one allocation per such frame:
+//! a model of `roce-dpd`'s software dispatcher for tests, not a data path). Statistics carry a `worker` scope (id
+//! = worker: loop iterations, busy iterations, jobs) and a `port` scope (id 0: frames and bytes through the
+//! loopback, all workers).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::client::{Cq, Device, Error, Mr, Pd, Qp, QpInit, Remote};
-use super::daemon::{Appliance, Cmd, Job, ServeError, Server, ServerConfig};
+use super::daemon::{Appliance, Job, ServeError, Server, ServerConfig};
 use super::proto::{DeviceInfo, StatRecord};
 use super::shm::Backing;
-use crate::engine::{Engine, EngineConfig, RxMeta, MAX_HEADER_BYTES};
+use crate::engine::{qpn_owner, Engine, EngineConfig, RxMeta, MAX_HEADER_BYTES, QPN_STRIDE};
 use crate::mr::AccessFlags;
-use crate::neigh::Neighbours;
+use crate::neigh::{classify, FrameKind, Neighbours};
 use crate::qp::LocalIp;
 use crate::time::Instant;
 use crate::verbs::Cqe;
@@ -41,15 +45,24 @@ pub struct LoopbackConfig {
     pub mtu: u32,
     /// Largest queue depth a client may ask for.
     pub max_depth: u32,
-    /// `None`: the worker busy-polls (benchmarks); `Some(us)`: it sleeps that long after an idle iteration (tests,
-    /// so that a test's worker does not hold a core).
+    /// `None`: the workers busy-poll (benchmarks); `Some(us)`: they sleep that long after an idle iteration
+    /// (tests, so that a test's workers do not hold a core).
     pub idle_sleep_us: Option<u64>,
+    /// Workers, each on its own thread with its own engine (1..=16; [`LoopbackDaemon::start_stepped`] runs one).
+    pub workers: usize,
 }
 
 impl LoopbackConfig {
-    /// Defaults for tests: mode 0o600, MTU 1024, depth 4096, 20 us sleeps when idle.
+    /// Defaults for tests: mode 0o600, MTU 1024, depth 4096, 20 us sleeps when idle, one worker.
     pub fn new(path: impl Into<PathBuf>) -> LoopbackConfig {
-        LoopbackConfig { path: path.into(), mode: 0o600, mtu: 1024, max_depth: 4096, idle_sleep_us: Some(20) }
+        LoopbackConfig {
+            path: path.into(),
+            mode: 0o600,
+            mtu: 1024,
+            max_depth: 4096,
+            idle_sleep_us: Some(20),
+            workers: 1,
+        }
     }
 }
 
@@ -83,15 +96,18 @@ pub fn frame_buf() -> Vec<u8> {
     vec![0u8; 4096 + MAX_HEADER_BYTES]
 }
 
-/// The engine configuration of the loopback port (MAC [`MAC`], IPv4 [`IPV4`]).
+/// The engine configuration of the loopback port (MAC [`MAC`], IPv4 [`IPV4`]) for worker 0.
 pub fn engine_config() -> EngineConfig {
     EngineConfig {
         local_mac: MacAddr(MAC),
         local_ip: LocalIp { v4: Some(IPV4), v6: None },
-        qpn_base: 0x100,
+        qpn_base: QPN_BASE,
         ..EngineConfig::default()
     }
 }
+
+/// The first QPN of worker 0's engine.
+pub const QPN_BASE: u32 = 0x100;
 
 fn server_config(cfg: &LoopbackConfig) -> ServerConfig {
     let info = DeviceInfo {
@@ -117,40 +133,66 @@ fn server_config(cfg: &LoopbackConfig) -> ServerConfig {
 pub struct LoopbackDaemon {
     server: Option<Server>,
     stop: Arc<AtomicBool>,
-    worker: Option<JoinHandle<Appliance>>,
-    jobs: mpsc::Sender<Job>,
+    workers: Vec<JoinHandle<Appliance>>,
     path: PathBuf,
 }
 
 impl LoopbackDaemon {
-    /// Starts the worker and the server on `cfg.path`.
+    /// Starts the workers and the server on `cfg.path`.
     pub fn start(cfg: LoopbackConfig) -> Result<LoopbackDaemon, ServeError> {
-        let (tx, rx) = mpsc::channel::<Job>();
+        let n = cfg.workers;
+        if !(1..=16).contains(&n) {
+            return Err(ServeError(format!("workers = {n} is not in 1..=16")));
+        }
         let stop = Arc::new(AtomicBool::new(false));
-        let st = stop.clone();
-        let idle = cfg.idle_sleep_us;
-        let worker = std::thread::Builder::new()
-            .name("roce-dpd-lo-worker".into())
-            .spawn(move || worker(&rx, &st, idle))
-            .map_err(|e| ServeError(format!("worker thread: {e}")))?;
-        let server = match Server::start(server_config(&cfg), tx.clone()) {
-            Ok(s) => s,
+        let port = Arc::new(PortCounters::new(n));
+        let wires: Vec<_> = (0..n).map(|_| mpsc::channel::<Vec<u8>>()).collect();
+        let peers: Vec<_> = wires.iter().map(|(tx, _)| tx.clone()).collect();
+        let mut jobs = Vec::new();
+        let mut workers = Vec::new();
+        let mut fail = None;
+        for (w, (_, wire)) in wires.into_iter().enumerate() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            jobs.push(tx);
+            let mut lw = LoopWorker::new(w, port.clone());
+            if n > 1 {
+                lw.wire = Some(Wire { rx: wire, peers: peers.clone() });
+            }
+            let (st, idle) = (stop.clone(), cfg.idle_sleep_us);
+            match std::thread::Builder::new()
+                .name(format!("roce-dpd-lo-w{w}"))
+                .spawn(move || worker(lw, &rx, &st, idle))
+            {
+                Ok(h) => workers.push(h),
+                Err(e) => {
+                    fail = Some(ServeError(format!("worker thread: {e}")));
+                    break;
+                }
+            }
+        }
+        let server = match fail {
+            Some(e) => Err(e),
+            None => Server::start_workers(server_config(&cfg), jobs),
+        };
+        match server {
+            Ok(s) => Ok(LoopbackDaemon { server: Some(s), stop, workers, path: cfg.path }),
             Err(e) => {
                 stop.store(true, Ordering::Relaxed);
-                let _ = worker.join();
-                return Err(e);
+                for h in workers {
+                    let _ = h.join();
+                }
+                Err(e)
             }
-        };
-        Ok(LoopbackDaemon { server: Some(server), stop, worker: Some(worker), jobs: tx, path: cfg.path })
+        }
     }
 
-    /// Starts the server only: the worker is the returned [`Stepper`], which the caller steps. Control calls (a
+    /// Starts the server only: its one worker is the returned [`Stepper`], which the caller steps. Control calls (a
     /// client opening its session, [`shutdown`](Self::shutdown)) wait for steps, so make them on another thread.
     pub fn start_stepped(cfg: LoopbackConfig) -> Result<(LoopbackDaemon, Stepper), ServeError> {
         let (tx, rx) = mpsc::channel::<Job>();
-        let server = Server::start(server_config(&cfg), tx.clone())?;
-        let d = LoopbackDaemon { server: Some(server), stop: Arc::default(), worker: None, jobs: tx, path: cfg.path };
-        Ok((d, Stepper { w: LoopWorker::new(), jobs: rx }))
+        let server = Server::start(server_config(&cfg), tx)?;
+        let d = LoopbackDaemon { server: Some(server), stop: Arc::default(), workers: Vec::new(), path: cfg.path };
+        Ok((d, Stepper { w: LoopWorker::new(0, Arc::new(PortCounters::new(1))), jobs: rx }))
     }
 
     /// The socket path.
@@ -164,33 +206,62 @@ impl LoopbackDaemon {
     }
 
     /// Stops as `roce-dpd` does on SIGTERM: every QP to the error state and flushed into its CQ ring, every session
-    /// told `reason` and closed (and reclaimed), the socket removed, the worker stopped. Returns the appliance, for
-    /// its counts (`None` if the worker panicked, or for a stepped daemon, whose stepper must keep stepping while
-    /// this runs).
+    /// told `reason` and closed (and reclaimed), the socket removed, the workers stopped. Returns worker 0's
+    /// appliance, for its counts (`None` if a worker panicked, or for a stepped daemon, whose stepper must keep
+    /// stepping while this runs).
     pub fn shutdown(&mut self, reason: &str) -> Option<Appliance> {
+        self.shutdown_workers(reason)?.into_iter().next()
+    }
+
+    /// [`shutdown`](Self::shutdown) returning every worker's appliance, in worker order (`None` if one panicked or
+    /// the daemon is stepped or already shut down).
+    pub fn shutdown_workers(&mut self, reason: &str) -> Option<Vec<Appliance>> {
         let server = self.server.take()?;
-        let (tx, rx) = mpsc::channel();
-        let _ = self.jobs.send(Job { client: 0, cmd: Cmd::Shutdown, reply: tx });
-        let _ = rx.recv_timeout(Duration::from_secs(5));
         server.shutdown(reason);
         self.stop.store(true, Ordering::Relaxed);
-        self.worker.take()?.join().ok()
+        let mut apps = Vec::new();
+        let mut ok = !self.workers.is_empty();
+        for h in self.workers.drain(..) {
+            match h.join() {
+                Ok(a) => apps.push(a),
+                Err(_) => ok = false,
+            }
+        }
+        ok.then_some(apps)
     }
 }
 
 impl Drop for LoopbackDaemon {
     fn drop(&mut self) {
-        self.shutdown("the daemon was dropped");
+        self.shutdown_workers("the daemon was dropped");
     }
 }
 
-/// The worker's state: the engine, the appliance and the loopback port's counters.
+/// The port's frame and byte counts, one pair per worker (each stores its own; worker 0's statistics sum them).
+struct PortCounters(Vec<[AtomicU64; 2]>);
+
+impl PortCounters {
+    fn new(workers: usize) -> PortCounters {
+        PortCounters((0..workers).map(|_| [AtomicU64::new(0), AtomicU64::new(0)]).collect())
+    }
+}
+
+/// With several workers: this worker's incoming frames and the senders to every worker (its own included).
+struct Wire {
+    rx: mpsc::Receiver<Vec<u8>>,
+    peers: Vec<mpsc::Sender<Vec<u8>>>,
+}
+
+/// A worker's state: its engine, its appliance and its share of the loopback port's counters.
 struct LoopWorker {
+    w: usize,
     e: Engine,
     neigh: Neighbours,
     app: Appliance,
     buf: Vec<u8>,
     port: PumpStats,
+    shared: Arc<PortCounters>,
+    wire: Option<Wire>,
     loops: u64,
     busy_loops: u64,
     served: u64,
@@ -198,13 +269,17 @@ struct LoopWorker {
 }
 
 impl LoopWorker {
-    fn new() -> LoopWorker {
+    fn new(w: usize, shared: Arc<PortCounters>) -> LoopWorker {
+        let cfg = EngineConfig { qpn_base: QPN_BASE + w as u32 * QPN_STRIDE, ..engine_config() };
         LoopWorker {
-            e: Engine::new(engine_config()),
+            w,
+            e: Engine::new(cfg),
             neigh: Neighbours::new(MacAddr(MAC), Some(IPV4), None),
-            app: Appliance::new(),
+            app: Appliance::for_worker(w as u32),
             buf: frame_buf(),
             port: PumpStats::default(),
+            shared,
+            wire: None,
             loops: 0,
             busy_loops: 0,
             served: 0,
@@ -218,25 +293,36 @@ impl LoopWorker {
         let mut busy = false;
         while let Ok(job) = jobs.try_recv() {
             self.served += 1;
-            let (loops, busy_loops, served, port) = (self.loops, self.busy_loops, self.served, self.port);
+            let (w, loops, busy_loops, served) = (self.w as u32, self.loops, self.busy_loops, self.served);
+            let shared = &self.shared;
             let extra = |v: &mut Vec<StatRecord>| {
-                let mut rec = |scope: &str, name: &str, value: u64| {
-                    v.push(StatRecord { scope: scope.into(), id: 0, name: name.into(), value })
+                let mut rec = |scope: &str, id: u32, name: &str, value: u64| {
+                    v.push(StatRecord { scope: scope.into(), id, name: name.into(), value })
                 };
-                rec("worker", "loops", loops);
-                rec("worker", "busy_loops", busy_loops);
-                rec("worker", "jobs", served);
-                rec("port", "frames", port.frames);
-                rec("port", "bytes", port.bytes);
+                rec("worker", w, "loops", loops);
+                rec("worker", w, "busy_loops", busy_loops);
+                rec("worker", w, "jobs", served);
+                if w == 0 {
+                    let sum = |k: usize| shared.0.iter().map(|c| c[k].load(Ordering::Relaxed)).sum();
+                    rec("port", 0, "frames", sum(0));
+                    rec("port", 0, "bytes", sum(1));
+                }
             };
             self.app.serve(&mut self.e, &self.neigh, job, &extra);
             busy = true;
         }
         let now = Instant(self.t0.elapsed().as_nanos() as u64);
         busy |= self.app.poll(&mut self.e);
-        if pump(&mut self.e, now, &mut self.buf, &mut self.port) {
+        let moved = match &self.wire {
+            None => pump(&mut self.e, now, &mut self.buf, &mut self.port),
+            Some(wire) => pump_wire(&mut self.e, now, &mut self.buf, &mut self.port, self.w, wire),
+        };
+        if moved {
             // Completions the frames just made go into the CQ rings in this iteration, not the next.
             self.app.poll(&mut self.e);
+            let mine = &self.shared.0[self.w];
+            mine[0].store(self.port.frames, Ordering::Relaxed);
+            mine[1].store(self.port.bytes, Ordering::Relaxed);
             busy = true;
         }
         if busy {
@@ -246,8 +332,36 @@ impl LoopWorker {
     }
 }
 
-fn worker(jobs: &mpsc::Receiver<Job>, stop: &AtomicBool, idle_sleep_us: Option<u64>) -> Appliance {
-    let mut w = LoopWorker::new();
+/// [`pump`] for one of several workers: each frame goes to the worker owning its BTH destination QP (this one,
+/// or another over the channel), then the frames other workers sent here go into this engine.
+fn pump_wire(e: &mut Engine, now: Instant, buf: &mut [u8], st: &mut PumpStats, me: usize, wire: &Wire) -> bool {
+    let mut moved = false;
+    while let Some(n) = e.poll_transmit(now, buf) {
+        let frame = &buf[..n];
+        st.frames += 1;
+        st.bytes += n as u64;
+        moved = true;
+        let owner = match classify(frame) {
+            FrameKind::Roce { dest_qp } => qpn_owner(QPN_BASE, wire.peers.len(), dest_qp).unwrap_or(me),
+            _ => me,
+        };
+        if owner == me {
+            e.handle_rx(now, frame, RxMeta::default());
+        } else {
+            let _ = wire.peers[owner].send(frame.to_vec());
+        }
+    }
+    while let Ok(f) = wire.rx.try_recv() {
+        e.handle_rx(now, &f, RxMeta::default());
+        moved = true;
+    }
+    if e.poll_timeout().is_some_and(|t| t <= now) {
+        e.handle_timeout(now);
+    }
+    moved
+}
+
+fn worker(mut w: LoopWorker, jobs: &mpsc::Receiver<Job>, stop: &AtomicBool, idle_sleep_us: Option<u64>) -> Appliance {
     while !stop.load(Ordering::Relaxed) {
         if !w.step(jobs) {
             if let Some(us) = idle_sleep_us {
@@ -297,7 +411,7 @@ impl LoopPair {
         let pd = dev.alloc_pd()?;
         let mr = pd.reg_mr(mr_len, AccessFlags::ALL)?;
         let cq = dev.create_cq(4 * depth)?;
-        let init = QpInit { sq_depth: depth, rq_depth: depth, max_send_sge: 2, max_recv_sge: 2 };
+        let init = QpInit { sq_depth: depth, rq_depth: depth, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
         let a = dev.create_qp(&pd, &cq, &cq, init)?;
         let b = dev.create_qp(&pd, &cq, &cq, init)?;
         for (x, y, psn) in [(&a, &b, 100), (&b, &a, 5000)] {

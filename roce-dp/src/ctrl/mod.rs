@@ -20,9 +20,11 @@
 //!   `post`/`post_inline` (one Release store each) and [`wq::CqReader::poll`].
 //!
 //! - Control plane: [`proto`] (the versioned request/reply framing on the daemon's Unix socket, descriptors passed
-//!   with SCM_RIGHTS), [`daemon`] (the daemon's socket server and the worker-side [`daemon::Appliance`] that feeds
-//!   the engine from the rings and the rings from the engine's CQs) and [`client`] (the application library,
-//!   re-exported as `roce_dp::client`). Memory regions live in the client's shared memory: the daemon maps the
+//!   with SCM_RIGHTS), [`daemon`] (the daemon's socket server, which routes each command to the worker owning its
+//!   object, and the per-worker [`daemon::Appliance`] that feeds its engine from its QPs' rings and its CQ rings
+//!   from its engine) and [`client`] (the application library, re-exported as `roce_dp::client`). Inline payload
+//!   goes into the send-queue slot's inline area at post time (`SendQueueWriter::post_inline`) and is copied out
+//!   once by the worker, at most `max_inline` bytes. Memory regions live in the client's shared memory: the daemon maps the
 //!   client's memfd and the engine copies through [`shm::ShmBytes`]. Each session has its own PDs, so the engine's
 //!   per-PD key check refuses another client's lkeys and rkeys; a session's socket closing reclaims everything.
 //!

@@ -30,9 +30,10 @@
 //!    frees everything it owned.
 //!
 //! # Statistics
-//! `Stats` returns flat [`StatRecord`]s `(scope, id, name, value)`: scope `daemon` (id 0: sessions, objects),
-//! `port` (id = port), `worker` (id = worker index), `engine` (id = worker: the engine's cause-named counters) and
-//! `qp` (id = QPN: the QP's counters, `state`, `rate_kbps`, `client`). A tool such as `roce-stat` sends `Hello` then
+//! `Stats` returns flat [`StatRecord`]s `(scope, id, name, value)`: scope `daemon` (id 0: sessions, objects and
+//! ring counters summed over the workers, `workers`), `port` (id = port), `worker` (id = worker index: the worker
+//! loop's counters and its own `qps`, `cqs`, `wqes_posted`, ...), `engine` (id = worker: the engine's cause-named
+//! counters) and `qp` (id = QPN: the QP's counters, `state`, `rate_kbps`, `client`, `worker`). A tool such as `roce-stat` sends `Hello` then
 //! `Stats` on a fresh connection and prints or diffs the records; new counters appear without a protocol change.
 
 use core::fmt;
@@ -45,8 +46,8 @@ use crate::engine::QpInfo;
 use crate::mr::AccessFlags;
 use crate::qp::{QpAttr, QpState};
 
-/// Version of this framing and of the messages; bumped on any change.
-pub const PROTO_VERSION: u16 = 1;
+/// Version of this framing and of the messages; bumped on any change (2: `CreateQp` carries `max_inline`).
+pub const PROTO_VERSION: u16 = 2;
 
 /// Largest frame accepted (statistics of many QPs are the big ones).
 pub const MAX_FRAME: usize = 8 << 20;
@@ -167,6 +168,9 @@ pub enum Request {
         max_send_sge: u8,
         /// SGEs per receive WR.
         max_recv_sge: u8,
+        /// Inline bytes per send WR (0: none; the daemon rounds up to a multiple of 64, at most
+        /// [`MAX_INLINE_DATA`](super::abi::MAX_INLINE_DATA)).
+        max_inline: u32,
     },
     /// Modify a QP.
     ModifyQp {
@@ -480,12 +484,13 @@ impl Request {
                 w.u32(*cq);
                 7
             }
-            Request::CreateQp { pd, send_cq, recv_cq, sq_depth, rq_depth, max_send_sge, max_recv_sge } => {
+            Request::CreateQp { pd, send_cq, recv_cq, sq_depth, rq_depth, max_send_sge, max_recv_sge, max_inline } => {
                 for v in [*pd, *send_cq, *recv_cq, *sq_depth, *rq_depth] {
                     w.u32(v);
                 }
                 w.u8(*max_send_sge);
                 w.u8(*max_recv_sge);
+                w.u32(*max_inline);
                 8
             }
             Request::ModifyQp { qpn, m } => {
@@ -522,6 +527,7 @@ impl Request {
                 rq_depth: r.u32()?,
                 max_send_sge: r.u8()?,
                 max_recv_sge: r.u8()?,
+                max_inline: r.u32()?,
             },
             9 => Request::ModifyQp { qpn: r.u32()?, m: get_modify(r)? },
             10 => Request::QueryQp { qpn: r.u32()? },
@@ -815,6 +821,7 @@ mod tests {
                 rq_depth: 32,
                 max_send_sge: 4,
                 max_recv_sge: 1,
+                max_inline: 256,
             },
             Request::ModifyQp { qpn: 0x100, m },
             Request::QueryQp { qpn: 0x100 },
@@ -883,10 +890,11 @@ mod tests {
     fn bad_frames_are_errors_not_panics() {
         let (a, b) = UnixStream::pair().unwrap();
         let mut b = Conn::new(b);
-        send_raw_frame(&a, 2, 1, 0, &1u32.to_le_bytes()).unwrap();
+        let other = PROTO_VERSION + 1;
+        send_raw_frame(&a, other, 1, 0, &1u32.to_le_bytes()).unwrap();
         let e = b.recv_request().err().unwrap();
-        assert!(matches!(e, ProtoError::Version { peer: 2 }), "{e}");
-        assert!(e.to_string().contains("v2") && e.to_string().contains("v1"));
+        assert!(matches!(e, ProtoError::Version { peer } if peer == other), "{e}");
+        assert!(e.to_string().contains(&format!("v{other}")) && e.to_string().contains(&format!("v{PROTO_VERSION}")));
         // Truncated bodies, trailing bytes, unknown kinds, option flags.
         for (kind, body) in [(1u16, vec![1u8]), (1, vec![1, 0, 0, 0, 9]), (77, vec![]), (9, vec![0, 1, 0, 0, 7])] {
             let (a, b) = UnixStream::pair().unwrap();

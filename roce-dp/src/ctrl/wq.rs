@@ -219,6 +219,9 @@ impl SendQueueWriter {
     pub fn post_inline(&mut self, wr: &SendWr, data: &[u8]) -> Result<(), WqError> {
         let max = self.limits.max_inline;
         let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        if wr.opcode.is_rd_atomic() {
+            return Err(self.refuse(wr, WqeError::InlineNotAllowed(super::abi::wr_opcode_code(wr.opcode))));
+        }
         if len > max {
             return Err(self.refuse(wr, WqeError::InlineTooLong { len, max }));
         }

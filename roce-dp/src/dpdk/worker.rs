@@ -39,8 +39,7 @@ use super::mempool::Mempool;
 use super::port::{PortInfo, QueuePair};
 use super::ring::Ring;
 
-/// QPN distance between the engines of two workers on one port (worker `w` starts at `base + w * QPN_STRIDE`).
-pub const QPN_STRIDE: u32 = 0x1_0000;
+pub use crate::engine::QPN_STRIDE;
 
 /// TSC → nanoseconds since the clock was made (fixed-point: one multiply and a shift per reading).
 #[derive(Clone, Copy, Debug)]
@@ -203,8 +202,7 @@ impl Dispatch {
 
     /// The worker owning `qpn`, if any.
     pub fn owner(&self, qpn: u32) -> Option<usize> {
-        let w = (qpn.checked_sub(self.base)? / QPN_STRIDE) as usize;
-        (w < self.rings.len()).then_some(w)
+        crate::engine::qpn_owner(self.base, self.rings.len(), qpn)
     }
 }
 

@@ -3,7 +3,9 @@
 //! READ, FETCH_ADD and CMP_SWP with every byte verified.
 //!
 //! `rdp-client passive --daemon /run/roce-dpd.sock --oob /tmp/x.sock` (start it first) and
-//! `rdp-client active --daemon /run/roce-dpd.sock --oob /tmp/x.sock --op all --size 4096 --iters 100`.
+//! `rdp-client active --daemon /run/roce-dpd.sock --oob /tmp/x.sock --op all --size 4096 --iters 100` (with
+//! `--inline N`, SEND and WRITE payloads are posted inline from a buffer that is not registered and is overwritten
+//! right after each post).
 //! The active side posts the work; the passive side checks what landed in its buffer, fills what the active side
 //! READs and checks the atomics' counter, when told over the out-of-band Unix socket (which also carries the QP
 //! numbers, PSNs, GIDs, rkeys and addresses).
@@ -57,6 +59,10 @@ enum Mode {
         /// Messages per operation.
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
         iters: u64,
+        /// SEND and WRITE payloads go inline (copied into the send ring at post time from a buffer that is not
+        /// registered, and overwritten right after posting); the QP asks for this many inline bytes (>= --size).
+        #[arg(long, default_value_t = 0)]
+        inline: u32,
     },
 }
 
@@ -122,7 +128,7 @@ fn main() -> ExitCode {
             Ok(true)
         }),
         Mode::Passive { c } => passive(c),
-        Mode::Active { c, op, size, iters } => active(c, *op, *size, *iters),
+        Mode::Active { c, op, size, iters, inline } => active(c, *op, *size, *iters, *inline),
     };
     match r {
         Ok(true) => ExitCode::SUCCESS,
@@ -156,12 +162,17 @@ struct Node {
     deadline: Instant,
 }
 
-fn node(c: &Common, psn: u32) -> Result<Node, Fail> {
+fn node(c: &Common, psn: u32, max_inline: u32) -> Result<Node, Fail> {
     let dev = open(c)?;
     let pd = dev.alloc_pd()?;
     let mr = pd.reg_mr(BUF_LEN, AccessFlags::ALL)?;
     let cq = dev.create_cq(256)?;
-    let qp = dev.create_qp(&pd, &cq, &cq, QpInit { sq_depth: 64, rq_depth: 64, max_send_sge: 2, max_recv_sge: 2 })?;
+    let qp = dev.create_qp(
+        &pd,
+        &cq,
+        &cq,
+        QpInit { sq_depth: 64, rq_depth: 64, max_send_sge: 2, max_recv_sge: 2, max_inline },
+    )?;
     qp.to_init(AccessFlags::ALL)?;
     let deadline = Instant::now() + Duration::from_secs(c.timeout);
     Ok(Node { dev, _pd: pd, mr, cq, qp, psn, deadline })
@@ -255,7 +266,7 @@ fn passive(c: &Common) -> Result<bool, Fail> {
     let path = oob_path(c)?;
     let _ = std::fs::remove_file(path);
     let l = UnixListener::bind(path).map_err(|e| Fail(format!("out-of-band listen on {}: {e}", path.display())))?;
-    let mut n = node(c, 0x2000)?;
+    let mut n = node(c, 0x2000, 0)?;
     let (s, _) = l.accept().map_err(|e| Fail(format!("out-of-band accept: {e}")))?;
     let _ = std::fs::remove_file(path);
     let mut oob = Oob { r: BufReader::new(s.try_clone()?), w: s };
@@ -319,8 +330,11 @@ fn passive(c: &Common) -> Result<bool, Fail> {
     Ok(ok)
 }
 
-fn active(c: &Common, op: Op, size: u32, iters: u64) -> Result<bool, Fail> {
+fn active(c: &Common, op: Op, size: u32, iters: u64, inline: u32) -> Result<bool, Fail> {
     let path = oob_path(c)?;
+    if inline > 0 && size > inline {
+        return Err(Fail(format!("--inline {inline}: --size {size} does not fit (give --inline >= --size)")));
+    }
     let until = Instant::now() + Duration::from_secs(10);
     let s = loop {
         match UnixStream::connect(path) {
@@ -330,7 +344,9 @@ fn active(c: &Common, op: Op, size: u32, iters: u64) -> Result<bool, Fail> {
         }
     };
     let mut oob = Oob { r: BufReader::new(s.try_clone()?), w: s };
-    let mut n = node(c, 0x1000)?;
+    let mut n = node(c, 0x1000, inline)?;
+    // The inline payload's buffer: plain memory, not a registered region.
+    let mut plain = vec![0u8; if inline > 0 { size as usize } else { 0 }];
     let mtu = n.dev.info().mtu;
     let p = connect(&n, &mut oob, mtu)?;
     let ops: Vec<Op> = if op == Op::All { vec![Op::Send, Op::Write, Op::Read, Op::Fadd, Op::Cswap] } else { vec![op] };
@@ -353,8 +369,15 @@ fn active(c: &Common, op: Op, size: u32, iters: u64) -> Result<bool, Fail> {
                     Op::Send => {
                         oob.send(&format!("RECV {wr_id} {len}"))?;
                         oob.line()?;
-                        pattern(wr_id, &mut n.mr.as_mut_slice()[..len]);
-                        n.qp.post_send(&SendWr::new(wr_id, WrOpcode::Send), &[n.mr.sge(0, size)])?;
+                        let wr = SendWr::new(wr_id, WrOpcode::Send);
+                        if inline > 0 {
+                            pattern(wr_id, &mut plain);
+                            n.qp.post_send_inline(&wr, &plain)?;
+                            plain.fill(0xa5); // copied at post time: reusing the buffer changes nothing
+                        } else {
+                            pattern(wr_id, &mut n.mr.as_mut_slice()[..len]);
+                            n.qp.post_send(&wr, &[n.mr.sge(0, size)])?;
+                        }
                         expect(&mut n, wr_id, WcOpcode::Send)?;
                         oob.send(&format!("CHECKRECV {wr_id} {len}"))?;
                         let a = oob.line()?;
@@ -363,9 +386,15 @@ fn active(c: &Common, op: Op, size: u32, iters: u64) -> Result<bool, Fail> {
                         }
                     }
                     Op::Write => {
-                        pattern(wr_id, &mut n.mr.as_mut_slice()[..len]);
                         let wr = SendWr::new(wr_id, WrOpcode::RdmaWrite).remote(p.addr, p.rkey);
-                        n.qp.post_send(&wr, &[n.mr.sge(0, size)])?;
+                        if inline > 0 {
+                            pattern(wr_id, &mut plain);
+                            n.qp.post_send_inline(&wr, &plain)?;
+                            plain.fill(0xa5);
+                        } else {
+                            pattern(wr_id, &mut n.mr.as_mut_slice()[..len]);
+                            n.qp.post_send(&wr, &[n.mr.sge(0, size)])?;
+                        }
                         expect(&mut n, wr_id, WcOpcode::RdmaWrite)?;
                         oob.send(&format!("CHECK {wr_id} {len}"))?;
                         let a = oob.line()?;
@@ -436,9 +465,10 @@ fn active(c: &Common, op: Op, size: u32, iters: u64) -> Result<bool, Fail> {
         let secs = t0.elapsed().as_secs_f64();
         let what = match &failure {
             None => format!(
-                "{iters} x {} B, {verified} bytes verified, {:.1} us per op",
+                "{iters} x {} B, {verified} bytes verified, {:.1} us per op{}",
                 if matches!(op, Op::Fadd | Op::Cswap) { 8 } else { size },
-                secs * 1e6 / iters as f64
+                secs * 1e6 / iters as f64,
+                if inline > 0 && matches!(op, Op::Send | Op::Write) { " (inline)" } else { "" }
             ),
             Some(e) => e.clone(),
         };

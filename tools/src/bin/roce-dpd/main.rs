@@ -1,18 +1,21 @@
-//! roce-dpd: the soft-NIC appliance. It owns a DPDK port and a worker running the roce-dp engine, and serves
+//! roce-dpd: the soft-NIC appliance. It owns a DPDK port and workers running the roce-dp engine, and serves
 //! applications (the `roce_dp::client` library) on a Unix socket: they create PDs, register buffers they share with
 //! the daemon, create CQs and RC QPs whose rings live in shared memory, and then post work and poll completions
 //! without system calls.
 //!
 //! `roce-dpd --config conf/daemon-ring.toml`: the port profile (`[port]`, `[net]`, `[eal]`, `[worker]`) plus a
-//! `[daemon]` section (socket path and mode, memory backing, worker lcore). The worker is the EAL main thread on
-//! the worker lcore; between bursts it serves the control requests the socket threads forward to it (an `mpsc`
-//! channel polled with `try_recv`), moves new WQEs from every QP's rings into the engine and the engine's
-//! completions into the CQ rings.
+//! `[daemon]` section (socket path and mode, memory backing, worker lcores). `[worker] workers = N` runs N workers:
+//! worker 0 is the EAL main thread on the first of `worker_lcores`, the others are threads pinned to the rest and
+//! registered with EAL. Each has its own engine (worker w's QPs numbered from 0x100 + w * 0x10000), its own tx
+//! queue and its own QPs; worker 0 receives every frame and forwards RoCE frames for the others' QPs over SPSC rings
+//! (the software dispatcher) and answers ARP/ND. Between bursts each worker serves the control requests the socket
+//! threads route to it (its own `mpsc` channel polled with `try_recv`), moves new WQEs from its QPs' rings into its
+//! engine and its engine's completions into its CQ rings (see `roce_dp::ctrl::daemon` for the routing).
 //!
-//! SIGINT/SIGTERM: every QP goes to the error state and is flushed into its CQ ring, every client gets a
-//! shutdown notice and its socket closes, the socket file and EAL's runtime directory are removed, exit 0.
-//! Exit status 2 with one line on stderr when the configuration is invalid, the socket is in use, or a DPDK
-//! setup step fails.
+//! SIGINT/SIGTERM: every QP on every worker goes to the error state and is flushed into its CQ ring, every client
+//! gets a shutdown notice and its socket closes, the socket file and EAL's runtime directory are removed, exit 0.
+//! Exit status 2 with one line on stderr when the configuration is invalid, the socket is in use, or a DPDK setup
+//! step (or pinning a worker to its lcore) fails.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,13 +25,19 @@ use std::time::Duration;
 
 use clap::Parser;
 use roce_dp::config::{DaemonBacking, Driver, Profile};
-use roce_dp::ctrl::daemon::{Appliance, Cmd, Job, Server, ServerConfig};
+use roce_dp::ctrl::daemon::{Appliance, Job, Server, ServerConfig};
 use roce_dp::ctrl::proto::{DeviceInfo, StatRecord};
 use roce_dp::ctrl::shm::Backing;
-use roce_dp::dpdk::{self, choose_offloads, Eal, Idle, Mempool, Port, PortConfig, Ring, Worker, WorkerConfig};
+use roce_dp::dpdk::{
+    self, choose_offloads, register_thread, Clock, Dispatch, Eal, Idle, Mempool, Port, PortConfig, Ring, Worker,
+    WorkerConfig, WorkerStats, QPN_STRIDE,
+};
 use roce_dp::neigh::NeighIp;
 use roce_dp::wire::MacAddr;
 use roce_dp::{Engine, EngineConfig, LocalIp};
+
+/// The first QPN of worker 0's engine.
+const QPN_BASE: u32 = 0x100;
 
 #[derive(Parser)]
 #[command(name = "roce-dpd", version, about = "The roce-dp soft-NIC appliance: serves applications on a Unix socket")]
@@ -107,8 +116,11 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     };
     let ipv4 = prof.ipv4();
     let ipv6 = prof.ipv6();
-    // The socket first: "in use" fails before DPDK starts. Requests wait in the channel until the worker polls.
-    let (jobs_tx, jobs) = mpsc::channel::<Job>();
+    let nw = prof.worker.workers as usize;
+    // Validated with the profile: one lcore per worker when given (required for several workers).
+    let lcores: Vec<u32> = d.lcores().and_then(Result::ok).unwrap_or_default();
+    // The socket first: "in use" fails before DPDK starts. Requests wait in the channels until the workers poll.
+    let (jobs_tx, jobs_rx): (Vec<_>, Vec<_>) = (0..nw).map(|_| mpsc::channel::<Job>()).unzip();
     let mut info = DeviceInfo {
         abi: roce_dp::ctrl::abi::ABI_VERSION,
         pid: std::process::id(),
@@ -118,25 +130,17 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         mtu: prof.net.mtu,
         hugetlb: backing == Backing::Hugetlb,
     };
-    if prof.worker.workers != 1 {
-        return Err(Fail(format!(
-            "{}: worker.workers = {}: roce-dpd runs one worker for now",
-            cli.config.display(),
-            prof.worker.workers
-        )));
-    }
-    // The control threads start from a thread made before EAL pins this one (the worker) to its lcore, so they
-    // run on any core; the server itself starts once the port's MAC is known.
+    // The control threads start from a thread made before EAL pins this one (worker 0) to its lcore, so they run
+    // on any core; the server itself starts once the port's MAC is known.
     let (cfg_tx, cfg_rx) = mpsc::channel::<ServerConfig>();
     let (srv_tx, srv_rx) = mpsc::channel();
-    let control_jobs = jobs_tx;
     std::thread::Builder::new().name("roce-dpd-ctl".into()).spawn(move || {
         if let Ok(cfg) = cfg_rx.recv() {
-            let _ = srv_tx.send(Server::start(cfg, control_jobs));
+            let _ = srv_tx.send(Server::start_workers(cfg, jobs_tx));
         }
     })?;
-    // Port and EAL next.
-    let lcore = d.worker_lcores.clone();
+    // Port and EAL next. EAL gets worker 0's lcore (its main lcore); the other workers are threads pinned to theirs.
+    let lcore = lcores.first().map(u32::to_string);
     let args = prof.eal_args("roce-dpd", lcore.as_deref(), prefix);
     let shown = args.to_vec()[1..].join(" ");
     if path.exists() && std::os::unix::net::UnixStream::connect(&path).is_ok() {
@@ -153,13 +157,20 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     .map_err(|e| Fail(format!("EAL ({shown}): {e}")))?;
     let room = prof.pool_data_room();
     let (rx_desc, tx_desc) = (prof.port.rx_desc.unwrap_or(1024), prof.port.tx_desc.unwrap_or(1024));
-    let n = prof.mempool.mbufs.unwrap_or_else(|| dpdk::pool_size(1, rx_desc.into(), tx_desc.into(), 1, 256, 2048));
+    let nq = nw as u32;
+    // Each worker's tx queue and cache; the dispatcher's rings to workers 1.. hold up to 2048 frames each.
+    let n = prof
+        .mempool
+        .mbufs
+        .unwrap_or_else(|| dpdk::pool_size(1, rx_desc.into(), u32::from(tx_desc) * nq, nq, 256, 2048 * nq));
     let pool = Mempool::new(&eal, "roce_dpd_pool", n, 256, room)
         .map_err(|e| Fail(format!("mempool of {n} x {room} B: {e}")))?;
     let mut port = if prof.port.driver == Driver::NetRing {
-        // A loopback port: what the worker sends comes back to it (every QP on this one soft NIC).
-        let ring = Ring::new(&eal, "roce_dpd_lo", 4096)?;
-        Port::from_rings(&eal, "net_ring_lo", std::slice::from_ref(&ring), std::slice::from_ref(&ring))
+        // A loopback port: what the workers send comes back to worker 0 (every QP on this one soft NIC); with several
+        // workers their tx queues share the ring (multi-producer).
+        let ring =
+            if nw > 1 { Ring::new_mp(&eal, "roce_dpd_lo", 4096)? } else { Ring::new(&eal, "roce_dpd_lo", 4096)? };
+        Port::from_rings_tx(&eal, "net_ring_lo", &ring, &ring, nw as u16)
             .map_err(|e| Fail(format!("net_ring loopback port: {e}")))?
     } else {
         let name = match prof.vdev() {
@@ -170,7 +181,7 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     };
     let pinfo = port.info()?;
     let (_rx_off, tx_off) = choose_offloads(&pinfo);
-    let conf = PortConfig { rx_desc, tx_desc, tx_offloads: tx_off, ..PortConfig::default() };
+    let conf = PortConfig { rx_desc, tx_desc, tx_queues: nw as u16, tx_offloads: tx_off, ..PortConfig::default() };
     port.configure(&conf, &pool).map_err(|e| Fail(format!("configure {} ({}): {e}", port.name(), pinfo.driver)))?;
     let until = std::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -189,12 +200,6 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     }
     let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
     info.mac = mac.0;
-    let ecfg = EngineConfig {
-        local_mac: mac,
-        local_ip: LocalIp { v4: ipv4, v6: ipv6 },
-        qpn_base: 0x100,
-        ..EngineConfig::default()
-    };
     let idle = match prof.worker.idle.as_str() {
         "pause" => Idle::Pause { after: prof.worker.idle_after },
         "yield" => Idle::Yield { after: prof.worker.idle_after },
@@ -202,51 +207,164 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         _ => Idle::Busy,
     };
     let wcfg = WorkerConfig { burst: prof.worker.burst as usize, idle, ..WorkerConfig::default() };
-    let q = port.queue_pair(0).ok_or_else(|| Fail("port has no queue 0".into()))?;
-    let mut w = Worker::new(Engine::new(ecfg), q, &pool, prof.net.mtu, wcfg)?;
-    for nb in &prof.net.neighbours {
-        if let (Ok(ip), Some(m)) = (nb.ip.parse::<std::net::IpAddr>(), roce_dp::config::parse_mac(&nb.mac)) {
-            let ip = match ip {
-                std::net::IpAddr::V4(a) => NeighIp::V4(a.octets()),
-                std::net::IpAddr::V6(a) => NeighIp::V6(a.octets()),
+    // Worker 0 receives from the port and, with several workers, forwards each RoCE frame to the worker owning its
+    // BTH destination QP (worker w's engine numbers its QPs from QPN_BASE + w * QPN_STRIDE) over an SPSC ring.
+    let dispatch: Vec<Option<Ring>> = (0..nw)
+        .map(|w| (w > 0).then(|| Ring::new(&eal, &format!("roce_dpd_d{w}"), 2048)).transpose())
+        .collect::<Result<_, _>>()?;
+    let clock = Clock::new(dpdk::tsc_hz());
+    let mut workers = Vec::new();
+    for w in 0..nw {
+        let ecfg = EngineConfig {
+            local_mac: mac,
+            local_ip: LocalIp { v4: ipv4, v6: ipv6 },
+            qpn_base: QPN_BASE + w as u32 * QPN_STRIDE,
+            ..EngineConfig::default()
+        };
+        let q = port.queue_pair(w as u16).ok_or_else(|| Fail(format!("port has no queue {w}")))?;
+        let mut wk = Worker::new(Engine::new(ecfg), q, &pool, prof.net.mtu, wcfg)?.with_clock(clock);
+        if nw > 1 {
+            wk = match &dispatch[w] {
+                None => wk.with_dispatch(Dispatch::new(QPN_BASE, 0, dispatch.clone())),
+                Some(r) => wk.with_rx_ring(r.clone()),
             };
-            w.neigh.add_static(ip, m);
         }
+        for nb in &prof.net.neighbours {
+            if let (Ok(ip), Some(m)) = (nb.ip.parse::<std::net::IpAddr>(), roce_dp::config::parse_mac(&nb.mac)) {
+                let ip = match ip {
+                    std::net::IpAddr::V4(a) => NeighIp::V4(a.octets()),
+                    std::net::IpAddr::V6(a) => NeighIp::V6(a.octets()),
+                };
+                wk.neigh.add_static(ip, m);
+            }
+        }
+        workers.push(wk);
     }
-    let scfg =
-        ServerConfig { path: path.clone(), mode: d.socket_mode, backing, info, max_depth: d.max_depth, log: true };
-    cfg_tx.send(scfg).map_err(|_| Fail("control thread gone".into()))?;
-    let server = srv_rx.recv().map_err(|_| Fail("control thread gone".into()))?.map_err(|e| Fail(e.0))?;
-    println!(
-        "roce-dpd: serving {} (mode {:o}) on {} {} mtu {} ({} backing), worker lcore {}",
-        path.display(),
-        d.socket_mode,
-        pinfo.driver,
-        ipv4.map(|a| std::net::Ipv4Addr::from(a).to_string()).unwrap_or_default(),
-        prof.net.mtu,
-        if backing == Backing::Hugetlb { "hugetlbfs" } else { "memfd" },
-        eal.main_lcore()
-    );
 
-    let mut app = Appliance::new();
-    let mut server = Some(server);
+    let port_ref = &port;
+    let done = AtomicBool::new(false);
+    let mut jobs_rx = jobs_rx.into_iter();
+    let jobs0 = jobs_rx.next().expect("worker 0's channel");
+    let apps = std::thread::scope(|s| -> Result<Vec<(Appliance, WorkerStats)>, Fail> {
+        let mut handles = Vec::new();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let mut others = workers.drain(1..).collect::<Vec<_>>().into_iter();
+        for (w, jobs) in (1..nw).zip(jobs_rx.by_ref()) {
+            let wk = others.next().expect("one worker per channel");
+            let core = lcores.get(w).copied().unwrap_or(0);
+            let (ready_tx, done) = (ready_tx.clone(), &done);
+            let h = std::thread::Builder::new().name(format!("roce-dpd-w{w}")).spawn_scoped(s, move || {
+                let r = register_thread(core as usize).map_err(|e| format!("worker {w}: pin to lcore {core}: {e}"));
+                let ok = r.is_ok();
+                let _ = ready_tx.send(r);
+                drop(ready_tx);
+                ok.then(|| serve_worker(w, wk, &jobs, None, done, &mut None))
+            })?;
+            handles.push(h);
+        }
+        drop(ready_tx);
+        let mut failed = None;
+        for r in ready_rx.iter().take(nw - 1) {
+            if let Err(e) = r {
+                failed.get_or_insert(e);
+            }
+        }
+        if let Some(e) = failed {
+            done.store(true, Ordering::SeqCst);
+            for h in handles {
+                let _ = h.join();
+            }
+            return Err(Fail(e));
+        }
+        let scfg =
+            ServerConfig { path: path.clone(), mode: d.socket_mode, backing, info, max_depth: d.max_depth, log: true };
+        let server = cfg_tx
+            .send(scfg)
+            .map_err(|_| Fail("control thread gone".into()))
+            .and_then(|()| srv_rx.recv().map_err(|_| Fail("control thread gone".into())))
+            .and_then(|r| r.map_err(|e| Fail(e.0)));
+        let server = match server {
+            Ok(s) => s,
+            Err(e) => {
+                done.store(true, Ordering::SeqCst);
+                for h in handles {
+                    let _ = h.join();
+                }
+                return Err(e);
+            }
+        };
+        let where_ = if nw == 1 {
+            format!("worker lcore {}", eal.main_lcore())
+        } else {
+            let l: Vec<String> = lcores.iter().map(u32::to_string).collect();
+            format!("{nw} workers on lcores {} (idle {})", l.join(","), prof.worker.idle)
+        };
+        println!(
+            "roce-dpd: serving {} (mode {:o}) on {} {} mtu {} ({} backing), {where_}",
+            path.display(),
+            d.socket_mode,
+            pinfo.driver,
+            ipv4.map(|a| std::net::Ipv4Addr::from(a).to_string()).unwrap_or_default(),
+            prof.net.mtu,
+            if backing == Backing::Hugetlb { "hugetlbfs" } else { "memfd" },
+        );
+        let w0 = workers.pop().expect("worker 0");
+        let mut server = Some(server);
+        let mut apps = vec![serve_worker(0, w0, &jobs0, Some(port_ref), &done, &mut server)];
+        for h in handles {
+            apps.extend(h.join().map_err(|_| Fail("a worker thread panicked".into()))?);
+        }
+        Ok(apps)
+    })?;
+    drop(workers);
+    let (mut qps, mut cqs, mut mrs, mut pds) = (0, 0, 0, 0);
+    for (app, _) in &apps {
+        let (q, c, m, p) = app.counts();
+        (qps, cqs, mrs, pds) = (qps + q, cqs + c, mrs.max(m), pds.max(p));
+    }
+    let lines: Vec<String> = apps.iter().enumerate().map(|(w, (_, st))| format!("worker {w}: {}", st.line())).collect();
+    println!(
+        "roce-dpd: stopped; {} sessions reclaimed, {qps} QPs {cqs} CQs {mrs} MRs {pds} PDs left; {}",
+        apps[0].0.stats.sessions_reclaimed,
+        lines.join("; ")
+    );
+    drop(apps);
+    let _ = port.stop();
+    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
+/// One worker's loop: between bursts it serves the jobs routed to it, moves its QPs' new WQEs into its engine and
+/// its engine's completions into its CQ rings. Worker 0 (`port` and `server` given) also reports the port's
+/// counters, solicits peers for ARP/ND and, on SIGINT/SIGTERM, shuts the server down (every QP on every worker to
+/// the error state and flushed, the clients told, their sessions reclaimed through the still-polling workers),
+/// then sets `done`, which stops the others. Returns the worker's appliance and counters.
+fn serve_worker(
+    w: usize,
+    mut wk: Worker<'_>,
+    jobs: &mpsc::Receiver<Job>,
+    port: Option<&Port>,
+    done: &AtomicBool,
+    server: &mut Option<Server>,
+) -> (Appliance, WorkerStats) {
+    let mut app = Appliance::for_worker(w as u32);
     let mut closing: Option<std::thread::JoinHandle<()>> = None;
     let never = AtomicBool::new(false);
-    let port_ref = &port;
-    w.run(&never, |w| {
-        let wstats = w.stats;
+    wk.run(&never, |wk| {
+        let wstats = wk.stats;
         let extra = |v: &mut Vec<StatRecord>| {
             for kv in wstats.line().split_whitespace() {
                 if let Some((k, val)) = kv.split_once('=') {
                     v.push(StatRecord {
                         scope: "worker".into(),
-                        id: 0,
+                        id: w as u32,
                         name: k.into(),
                         value: val.parse().unwrap_or(0),
                     });
                 }
             }
-            if let Ok(p) = port_ref.stats() {
+            if let Some(p) = port.and_then(|p| p.stats().ok().map(|s| (p.id(), s))) {
+                let (id, p) = p;
                 for (k, val) in [
                     ("ipackets", p.ipackets),
                     ("opackets", p.opackets),
@@ -257,12 +375,7 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
                     ("oerrors", p.oerrors),
                     ("rx_nombuf", p.rx_nombuf),
                 ] {
-                    v.push(StatRecord {
-                        scope: "port".into(),
-                        id: u32::from(port_ref.id()),
-                        name: k.into(),
-                        value: val,
-                    });
+                    v.push(StatRecord { scope: "port".into(), id: u32::from(id), name: k.into(), value: val });
                 }
             }
         };
@@ -270,40 +383,27 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         let mut solicit = Vec::new();
         while let Ok(job) = jobs.try_recv() {
             busy = true;
-            if let Some(ip) = app.serve(&mut w.engine, &w.neigh, job, &extra) {
+            if let Some(ip) = app.serve(&mut wk.engine, &wk.neigh, job, &extra) {
                 solicit.push(ip);
             }
         }
         for ip in solicit {
-            w.solicit(ip);
+            wk.solicit(ip);
         }
-        busy |= app.poll(&mut w.engine);
-        if STOP.load(Ordering::Relaxed) && closing.is_none() {
-            // Every QP to the error state, flushed into the CQ rings; then the socket threads tell their clients and
-            // close (each reclaims its session through this loop, which keeps polling until they are done).
-            let (tx, _rx) = mpsc::channel();
-            app.serve(&mut w.engine, &w.neigh, Job { client: 0, cmd: Cmd::Shutdown, reply: tx }, &extra);
+        busy |= app.poll(&mut wk.engine);
+        if let Some(s) = server.take_if(|_| STOP.load(Ordering::Relaxed)) {
             let sig = SIGNAL.load(Ordering::SeqCst);
             let reason = format!("roce-dpd stopped by {}", if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" });
-            let s = server.take().expect("server");
             closing = Some(std::thread::spawn(move || s.shutdown(&reason)));
         }
         if closing.as_ref().is_some_and(|h| h.is_finished()) {
+            done.store(true, Ordering::SeqCst);
             return (false, busy);
         }
-        (true, busy)
+        (!(w > 0 && done.load(Ordering::Relaxed)), busy)
     });
     if let Some(h) = closing.take() {
         let _ = h.join();
     }
-    let (qps, cqs, mrs, pds) = app.counts();
-    println!(
-        "roce-dpd: stopped; {} sessions reclaimed, {qps} QPs {cqs} CQs {mrs} MRs {pds} PDs left; {}",
-        app.stats.sessions_reclaimed,
-        w.stats.line()
-    );
-    drop(w);
-    let _ = port.stop();
-    let _ = std::fs::remove_file(&path);
-    Ok(())
+    (app, wk.stats)
 }

@@ -5,7 +5,8 @@
 //! the daemon (sessions and objects, WQEs moved through the rings), each port, each worker, each worker's engine
 //! (the cause-named drop and transmit counters) and each QP (its session, state, DCQCN rate in kb/s, CNPs sent and
 //! received, every cause-named counter). Counters that are zero are left out unless `--all`; the identity fields
-//! of a QP (`client`, `state`, `rate_kbps`) and the daemon's object counts always show.
+//! of a QP (`client`, `worker`, `state`, `rate_kbps`) and the object counts of the daemon and of each worker
+//! always show.
 //!
 //! `--json` prints one JSON object instead (`{"pid":..,"socket":..,"objects":[{"scope","id","counters":{..}}]}`).
 //! `--watch SECS` prints, every SECS seconds until SIGINT or SIGTERM (then exit 0), what changed: counters as
@@ -52,8 +53,9 @@ extern "C" fn on_signal(_sig: libc::c_int) {
 /// Values that are states or levels, not running totals: printed as they are, never as deltas.
 fn is_gauge(scope: &str, name: &str) -> bool {
     match scope {
-        "daemon" => matches!(name, "sessions_with_objects" | "qps" | "cqs" | "mrs" | "pds"),
-        "qp" => matches!(name, "client" | "state" | "rate_kbps"),
+        "daemon" => matches!(name, "sessions_with_objects" | "qps" | "cqs" | "mrs" | "pds" | "workers"),
+        "worker" => matches!(name, "qps" | "cqs"),
+        "qp" => matches!(name, "client" | "worker" | "state" | "rate_kbps"),
         _ => false,
     }
 }
