@@ -101,6 +101,11 @@ impl Nic for Daemon {
         Ok(n)
     }
 
+    /// roce-dpd's port is up while it serves.
+    fn start(&mut self, _: Duration) -> Result<(), Fail> {
+        Ok(())
+    }
+
     fn connect(&mut self, qps: &[Local], remote: &[Dest], mtu: Mtu, p: &Params, _: Duration) -> Result<(), Fail> {
         for ((d, l), r) in self.qps.iter_mut().zip(qps).zip(remote) {
             let (rtr, rts) = crate::rc_attrs(&rc_connect(l, r, mtu, p));

@@ -111,7 +111,7 @@ pub(super) fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str, timeout
 fn run_session(test: TestKind, p: &Params, s: &mut Port_, stream: TcpStream, timeout: Duration) -> Result<(), Fail> {
     let client = p.is_client();
     let out = {
-        let mut nic = Embedded::new(s, client, timeout)?;
+        let mut nic = Embedded::new(s, client)?;
         session(&mut nic, test, p, stream, timeout)?
     };
     if s.memif {
@@ -139,6 +139,7 @@ struct EQp {
 /// The engine and the worker that polls it on queue 0 of the port.
 struct Embedded<'p> {
     w: Worker<'p>,
+    port: &'p Port,
     qps: Vec<EQp>,
     client: bool,
     my_ip: [u8; 4],
@@ -146,7 +147,7 @@ struct Embedded<'p> {
 }
 
 impl<'p> Embedded<'p> {
-    fn new(s: &'p Port_, client: bool, timeout: Duration) -> Result<Self, Fail> {
+    fn new(s: &'p Port_, client: bool) -> Result<Self, Fail> {
         let my_ip = s.profile.ipv4().ok_or_else(|| bad("the profile needs net.ipv4"))?;
         let ecfg = EngineConfig {
             local_mac: s.mac,
@@ -163,8 +164,7 @@ impl<'p> Embedded<'p> {
                 w.neigh.add_static(NeighIp::V4(ip.octets()), mac);
             }
         }
-        s.port.wait_link_up(timeout.min(Duration::from_secs(10))).map_err(|e| err(format!("link: {e}")))?;
-        Ok(Embedded { w, qps: Vec::new(), client, my_ip, mtu })
+        Ok(Embedded { w, port: &s.port, qps: Vec::new(), client, my_ip, mtu })
     }
 }
 
@@ -190,6 +190,11 @@ impl Nic for Embedded<'_> {
         e.modify_qp(qpn, &init).map_err(|x| err(format!("modify_qp INIT: {x}")))?;
         self.qps.push(EQp { qpn, cq, lkey: mr.lkey, va });
         Ok(NewQp { qpn, rkey: mr.rkey, va })
+    }
+
+    fn start(&mut self, timeout: Duration) -> Result<(), Fail> {
+        let t = timeout.min(Duration::from_secs(10));
+        self.port.wait_link_up(t).map(|_| ()).map_err(|e| err(format!("link: {e}")))
     }
 
     fn connect(&mut self, qps: &[Local], remote: &[Dest], mtu: Mtu, p: &Params, timeout: Duration) -> Result<(), Fail> {

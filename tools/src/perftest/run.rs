@@ -170,6 +170,8 @@ pub(super) trait Nic {
     fn gid(&self) -> [u8; 16];
     /// Creates the next QP (in INIT, all access rights) with a CQ and a zeroed `region_len`-byte region.
     fn add_qp(&mut self, p: &Params, region_len: usize) -> Result<NewQp, Fail>;
+    /// Brings the data path up before the records are swapped (embedded: waits for the port's link).
+    fn start(&mut self, timeout: Duration) -> Result<(), Fail>;
     /// Moves every QP to RTR and RTS towards its peer in `remote`.
     fn connect(&mut self, qps: &[Local], remote: &[Dest], mtu: Mtu, p: &Params, timeout: Duration) -> Result<(), Fail>;
     /// Posts a send WR of QP `q` with one SGE: `len` bytes at `offset` of its region.
@@ -307,6 +309,7 @@ pub(super) fn session<N: Nic>(
     let mine: Vec<Dest> = qps.iter().map(|q| record(q.qpn, q.psn, q.rkey, q.va, gid, out_reads)).collect();
     // The data path runs from here on: a peer such as Linux rxe resolves our MAC (ARP) while it moves its QP to
     // RTR, between the record exchange and the next hand-shake, so the port must answer while we wait on TCP.
+    nic.start(timeout)?;
     let remote = polling(nic, &abort, || ex.exchange_dests(test, &mine))?.map_err(err)?;
     exchange::check_gid_compatibility(&mine[0], &remote[0]).map_err(err)?;
     let banner = print_banner(test, p, n.mtu, out_reads, &mine, &remote);
