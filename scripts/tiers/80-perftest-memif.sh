@@ -9,25 +9,34 @@ PF_N=0
 
 # pf_spawn NAME TOOL TIMEOUT ARGS...: starts a server and a client of TOOL with ARGS (plus PF_SEXTRA / PF_CEXTRA) and
 # --timeout TIMEOUT in the background; sets PF_SPID, PF_CPID, PF_SLOG, PF_CLOG. Socket, TCP port and prefixes unique
-# per run.
+# per run. Both sides run on the memif profiles, or with PF_DAEMON set (tier 9) through the roce-dpd on that socket;
+# logs are $LOG_DIR/$PF_LOG-NAME-{server,client}.log.
 PF_SEXTRA=()
 PF_CEXTRA=()
+PF_DAEMON=""
+PF_LOG=tier8
 pf_spawn() {
     local name="$1" tool="$2" limit="$3"
     shift 3
     PF_N=$((PF_N + 1))
     local n=$PF_N
     local sock="/run/rdp-${RUN_ID}-p$n.sock" ps="${RUN_ID}p${n}s" pc="${RUN_ID}p${n}c" port=$((20000 + ($$ % 10000) + n))
-    PF_SLOG="$LOG_DIR/tier8-$name-server.log" PF_CLOG="$LOG_DIR/tier8-$name-client.log"
-    track_prefix "$ps"
-    track_prefix "$pc"
-    track_path "$sock"
-    "$ROOT/target/release/$tool" --port-conf "$ROOT/conf/memif-server.toml" --socket "$sock" --file-prefix "$ps" \
-        -p "$port" --timeout "$limit" "$@" "${PF_SEXTRA[@]}" >"$PF_SLOG" 2>&1 &
+    local back_s back_c
+    PF_SLOG="$LOG_DIR/$PF_LOG-$name-server.log" PF_CLOG="$LOG_DIR/$PF_LOG-$name-client.log"
+    if [[ -n $PF_DAEMON ]]; then
+        back_s=(--daemon "$PF_DAEMON") back_c=(--daemon "$PF_DAEMON")
+    else
+        track_prefix "$ps"
+        track_prefix "$pc"
+        track_path "$sock"
+        back_s=(--port-conf "$ROOT/conf/memif-server.toml" --socket "$sock" --file-prefix "$ps")
+        back_c=(--port-conf "$ROOT/conf/memif-client.toml" --socket "$sock" --file-prefix "$pc")
+    fi
+    "$ROOT/target/release/$tool" "${back_s[@]}" -p "$port" --timeout "$limit" "$@" "${PF_SEXTRA[@]}" >"$PF_SLOG" 2>&1 &
     PF_SPID=$!
     track_pid "$PF_SPID"
-    "$ROOT/target/release/$tool" --port-conf "$ROOT/conf/memif-client.toml" --socket "$sock" --file-prefix "$pc" \
-        -p "$port" --timeout "$limit" "$@" "${PF_CEXTRA[@]}" 127.0.0.1 >"$PF_CLOG" 2>&1 &
+    "$ROOT/target/release/$tool" "${back_c[@]}" -p "$port" --timeout "$limit" "$@" "${PF_CEXTRA[@]}" 127.0.0.1 \
+        >"$PF_CLOG" 2>&1 &
     PF_CPID=$!
     track_pid "$PF_CPID"
 }

@@ -3,11 +3,14 @@
 # processes at once (each client its own session, PD, buffer, CQ and QP; both QPs of a pair in the one daemon) run
 # SEND, WRITE, READ, FETCH_ADD and CMP_SWP with every byte verified, while the active client of a third pair is
 # killed with SIGKILL mid-transfer (its session reclaimed within 1 s; at the end the daemon's object counters are
-# back to zero). rdp_write_bw and rdp_read_bw with --daemon (server and client both in this daemon,
-# --data_validation, perftest's result line parsed); --daemon with --port-conf and with no daemon: one line each. One-line errors: daemon absent, socket permission denied (a client as user nobody on the default
-# 0600 socket), ABI mismatch (both sides say so), socket in use, invalid config, [daemon] missing. SIGTERM: a
-# client mid-transfer gets a clear error instead of hanging, the daemon exits 0, removes its socket and EAL runtime
-# directory. Then tier85_workers (below): a daemon with two workers and inline data through the rings.
+# back to zero). The eight perftest tools with --daemon (server and client both in this daemon): tables parsed by
+# column, data validated where it applies, JSON as printed; -a, -b, -D 2, --run_infinitely ended by SIGINT, -m, -t,
+# --report_gbits; a client and a server killed mid-run; --daemon with --port-conf and with no daemon: one line each.
+# One-line errors: daemon absent, socket permission denied (a client as user nobody on the default 0600 socket), ABI
+# mismatch (both sides say so), socket in use, invalid config, [daemon] missing. SIGTERM: a client mid-transfer gets
+# a clear error instead of hanging, the daemon exits 0, removes its socket and EAL runtime directory. SIGKILL to a
+# second daemon mid-run of rdp_write_bw: both tools say the daemon is gone in one line and exit 2.
+# Then tier85_workers (below): a daemon with two workers and inline data through the rings.
 TIERS+=(tier85_daemon)
 
 # dpd_start SOCK PREFIX LOG: starts roce-dpd; DPD_PID. Waits for the socket (10 s).
@@ -119,34 +122,10 @@ tier85_daemon() {
     check "pair a: passive received and verified 1638400 bytes (SEND + WRITE)" \
         grep -q '^CHECK ok   passive: 1638400 bytes' "$LOG_DIR/tier9-a-passive.log"
 
-    # The perftest tools through the daemon (--daemon): server and client are two processes with their QPs in this
-    # one roce-dpd; the result line is perftest's, every byte of the sink checked (WRITE: the server's region;
-    # READ: what the client read).
-    local tool pf pfs pfc rs rc_ pport
-    for tool in rdp_write_bw rdp_read_bw; do
-        # TCP ports below Linux's ephemeral range (32768-60999), as tiers 6 and 8: an outgoing connection cannot hold them.
-        pf="$LOG_DIR/tier9-$tool" pport=$((10000 + ($$ % 10000) + ${#tool}))
-        rs=0 rc_=0
-        timeout 60 "$ROOT/target/release/$tool" --daemon "$sock" -p "$pport" -s 65536 -n 2000 --data_validation \
-            >"$pf-server.log" 2>&1 &
-        pfs=$!
-        track_pid "$pfs"
-        sleep 0.3
-        timeout 60 "$ROOT/target/release/$tool" --daemon "$sock" -p "$pport" -s 65536 -n 2000 --data_validation \
-            127.0.0.1 >"$pf-client.log" 2>&1 &
-        pfc=$!
-        track_pid "$pfc"
-        wait_pid "$pfc" 60 || rc_=$?
-        wait_pid "$pfs" 10 || rs=$?
-        check "$tool --daemon: server and client exit 0 (server $rs, client $rc_)" test "$rs" -eq 0 -a "$rc_" -eq 0
-        for f in server client; do
-            check "$tool --daemon: the $f prints perftest's result line (65536 B x 2000)" \
-                grep -Eq '^ 65536 +2000 +[0-9]+\.[0-9]{2} +[0-9]*[1-9][0-9]*\.[0-9]{2}[[:space:]]+[0-9]+\.[0-9]{6}$' "$pf-$f.log"
-        done
-        [[ $tool == rdp_write_bw ]] && f=server || f=client
-        check "$tool --daemon: the $f verified the data" grep -q '^ Data validation: 65536 bytes verified$' "$pf-$f.log"
-        [[ -n "${VERBOSE:-}" ]] && grep -E '^ 65536 ' "$pf-client.log" | sed "s/^/       $tool:/"
-    done
+    # The eight perftest tools through the daemon (--daemon): server and client are two processes with their QPs in
+    # this one roce-dpd (pf_* helpers of tier 8, 80-perftest-memif.sh, with PF_DAEMON set).
+    tier9_perftest "$sock"
+
     err="$LOG_DIR/tier9-pf-both.err" rc=0
     timeout 10 "$ROOT/target/release/rdp_write_bw" --daemon "$sock" --port-conf "$ROOT/conf/memif-server.toml" \
         >/dev/null 2>"$err" || rc=$?
@@ -224,9 +203,13 @@ tier85_daemon() {
     check "SIGTERM: every session reclaimed, nothing left" grep -q '^roce-dpd: stopped; .* 0 QPs 0 CQs 0 MRs 0 PDs left' "$dlog"
     check "SIGTERM: socket removed" test ! -e "$sock"
     check "SIGTERM: EAL runtime directory removed" test ! -e "/var/run/dpdk/$prefix"
+
+    # roce-dpd killed with SIGKILL mid-run: both tools say the daemon is gone in one line and exit 2, no hang.
+    tier9_daemon_killed "/run/roce-dpd-${RUN_ID}k.sock" "${prefix}k"
+
     TIER85_WORKERS_NOTE=""
     tier85_workers
-    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms; ${TIER85_WORKERS_NOTE:-2 workers: failed})"
+    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms; the 8 perftest tools: write_bw 65536 B ${T9_AVG:-?} MiB/s; ${TIER85_WORKERS_NOTE:-2 workers: failed})"
     tier_end
 }
 
@@ -399,4 +382,135 @@ tier85_workers() {
     check "2 workers, SIGTERM: socket and EAL runtime directory removed" \
         test ! -e "$sock" -a ! -e "/var/run/dpdk/$prefix"
     TIER85_WORKERS_NOTE="2 workers: kill -9 reclaimed in ${reclaimed_ms:-?} ms"
+}
+
+# tier9_perftest SOCK: the eight perftest tools through the roce-dpd on SOCK: result tables parsed by column, data
+# validated where it applies, JSON as printed; -a, -b, -D 2, --run_infinitely ended by SIGINT, -m/-t/--report_gbits;
+# a client and a server killed mid-run (the other side: one line, non-zero, within its timeout). Sets T9_AVG.
+tier9_perftest() {
+    local PF_DAEMON="$1" PF_LOG=tier9 PF_SEXTRA=() PF_CEXTRA=() tool checker want lt
+    for tool in rdp_write_bw rdp_read_bw rdp_send_bw; do
+        PF_CEXTRA=(--out_json_file "$LOG_DIR/tier9-$tool.json")
+        pf_pair "$tool" "$tool" -s 65536 -n 2000 -q 2 --data_validation
+        PF_CEXTRA=()
+        check "$tool --daemon: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+        [[ $PF_CRC -ne 0 || $PF_SRC -ne 0 ]] && grep -h '^rdp_' "$PF_CLOG" "$PF_SLOG" | sed 's/^/    /'
+        check "$tool --daemon: client table parses (65536 B x 2000, BW > 0)" pf_table "$PF_CLOG" 65536 2000
+        check "$tool --daemon: server table parses" pf_table "$PF_SLOG" 65536 2000
+        # WRITE: the server's two regions; READ: what the client read into its two; SEND: every receive.
+        checker="$PF_SLOG" want=131072
+        [[ $tool == rdp_read_bw ]] && checker="$PF_CLOG"
+        [[ $tool == rdp_send_bw ]] && want=262144000
+        check "$tool --daemon: $want bytes validated" grep -q "^ Data validation: $want bytes verified$" "$checker"
+        check "$tool --daemon: JSON as printed" pf_json_last "$PF_CLOG" "$LOG_DIR/tier9-$tool.json" 1
+        [[ $tool == rdp_write_bw ]] && T9_AVG=$(awk '/^ #bytes/ {getline; print $4}' "$PF_CLOG")
+    done
+    for lt in "rdp_atomic_bw -A FETCH_AND_ADD" "rdp_atomic_bw -A CMP_AND_SWAP"; do
+        # shellcheck disable=SC2086
+        pf_pair "${lt// /}" $lt -n 2000 -q 2
+        check "$lt --daemon: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+        check "$lt --daemon: both tables parse" test -n "$(pf_table "$PF_CLOG" 8 2000 && pf_table "$PF_SLOG" 8 2000 && echo y)"
+    done
+    for lt in "rdp_read_lat -s 64" "rdp_read_lat -s 4096" "rdp_atomic_lat -A FETCH_AND_ADD" \
+        "rdp_atomic_lat -A CMP_AND_SWAP" "rdp_send_lat -s 64" "rdp_send_lat -s 4096" "rdp_write_lat -s 64" \
+        "rdp_write_lat -s 4096"; do
+        # shellcheck disable=SC2086
+        pf_pair "${lt// /}" $lt -n 1000 --data_validation
+        check "$lt --daemon: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+        [[ $PF_CRC -ne 0 || $PF_SRC -ne 0 ]] && grep -h '^rdp_' "$PF_CLOG" "$PF_SLOG" | sed 's/^/    /'
+        check "$lt --daemon: client latency row (1000 iterations, t_avg > 0)" \
+            awk '/^ #bytes #iterations/ {getline; ok = ($2 == 1000 && $6 > 0)} END {exit !ok}' "$PF_CLOG"
+        # send_lat / write_lat: both sides time their messages, both print the table.
+        [[ $lt == *send_lat* || $lt == *write_lat* ]] && check "$lt --daemon: server latency row" \
+            awk '/^ #bytes #iterations/ {getline; ok = ($2 == 1000 && $6 > 0)} END {exit !ok}' "$PF_SLOG"
+    done
+    check "rdp_read_lat -s 4096 --daemon: the client validated the READ" \
+        grep -q '^ Data validation: 4096 bytes verified$' "$LOG_DIR/tier9-rdp_read_lat-s4096-client.log"
+    check "rdp_atomic_lat --daemon: every FETCH_AND_ADD result validated" \
+        grep -q '^ Data validation: 8000 bytes verified$' "$LOG_DIR/tier9-rdp_atomic_lat-AFETCH_AND_ADD-client.log"
+
+    # -a: send BW steps through 2 .. 2^23 B on both sides in lockstep, every receive validated; 23 JSON rows.
+    PF_CEXTRA=(--out_json_file "$LOG_DIR/tier9-send_bw-all.json")
+    pf_pair send_bw-all rdp_send_bw -a -n 5 --data_validation
+    PF_CEXTRA=()
+    check "rdp_send_bw -a --daemon: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_send_bw -a --daemon: a row per size 2 .. 8388608 on both sides" pf_all_rows "$PF_CLOG" "$PF_SLOG"
+    check "rdp_send_bw -a --daemon: every receive validated (5 x 2 .. 2^23 B)" \
+        grep -q '^ Data validation: 83886070 bytes verified$' "$PF_SLOG"
+    check "rdp_send_bw -a --daemon: 23 JSON rows, the last as printed" \
+        pf_json_last "$PF_CLOG" "$LOG_DIR/tier9-send_bw-all.json" 23
+    pf_pair read_bw-all rdp_read_bw -a -n 5 --data_validation
+    check "rdp_read_bw -a --daemon: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_read_bw -a --daemon: the client prints a row per size and validated each" \
+        test -n "$(pf_all_rows "$PF_CLOG" && grep -q '^ Data validation: 16777214 bytes verified$' "$PF_CLOG" && echo y)"
+
+    # -b: both sides post; each prints the sum of both reports.
+    pf_pair write_bw-bidir rdp_write_bw -b -s 4096 -n 2000 -q 2 -Q 7
+    check "rdp_write_bw -b --daemon: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_write_bw -b --daemon: the server's row is the client's" test -n "$(pf_table "$PF_CLOG" 4096 2000 &&
+        [[ $(awk '/^ #bytes/ {getline; print $3, $4}' "$PF_CLOG") == $(awk '/^ #bytes/ {getline; print $3, $4}' "$PF_SLOG") ]] &&
+        echo y)"
+    pf_pair send_bw-bidir rdp_send_bw -b -s 4096 -n 2000
+    check "rdp_send_bw -b --daemon: both exit 0 (server $PF_SRC, client $PF_CRC), both tables parse" test -n \
+        "$([[ $PF_SRC -eq 0 && $PF_CRC -eq 0 ]] && pf_table "$PF_CLOG" 4096 2000 && pf_table "$PF_SLOG" 4096 2000 && echo y)"
+
+    # -D 2: what completed between the margins, no peak; the send BW receiver ends when the sender moves on.
+    PF_CEXTRA=(--out_json_file "$LOG_DIR/tier9-write_bw-duration.json")
+    pf_pair write_bw-duration rdp_write_bw -D 2 -s 4096
+    PF_CEXTRA=()
+    check "rdp_write_bw -D 2 --daemon: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_write_bw -D 2 --daemon: a row with iterations and no peak, JSON as printed" test -n "$(
+        awk '/^ #bytes/ {getline; ok = ($1 == 4096 && $2 > 0 && $3 == 0 && $4 > 0)} END {exit !ok}' "$PF_CLOG" &&
+            pf_json_last "$PF_CLOG" "$LOG_DIR/tier9-write_bw-duration.json" 1 && echo y)"
+    pf_pair send_bw-duration rdp_send_bw -D 2 -s 4096
+    check "rdp_send_bw -D 2 --daemon: both exit 0 (server $PF_SRC, client $PF_CRC), both print a row" test -n \
+        "$([[ $PF_SRC -eq 0 && $PF_CRC -eq 0 ]] &&
+            awk '/^ #bytes/ {getline; ok = ($2 > 0 && $4 > 0)} END {exit !ok}' "$PF_CLOG" &&
+            awk '/^ #bytes/ {getline; ok = ($2 > 0 && $4 > 0)} END {exit !ok}' "$PF_SLOG" && echo y)"
+
+    # -m 1024, -t 16, --report_gbits.
+    pf_pair read_bw-gbits rdp_read_bw -s 65536 -n 500 -m 1024 -t 16 --report_gbits
+    check "rdp_read_bw -m 1024 -t 16 --report_gbits --daemon: both exit 0 (server $PF_SRC, client $PF_CRC)" \
+        test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_read_bw --daemon: banner MTU 1024 and TX depth 16, Gb/s header, table parses" test -n "$(
+        grep -q '^ Mtu             : 1024\[B\]$' "$PF_CLOG" && grep -q '^ TX depth        : 16$' "$PF_CLOG" &&
+            grep -q 'BW average\[Gb/sec\]' "$PF_CLOG" && pf_table "$PF_CLOG" 65536 500 && echo y)"
+
+    # --run_infinitely: a row per period until SIGINT, then the teardown and exit 0 on both sides.
+    pf_infinite
+    check "--run_infinitely --daemon: both exit 0 after SIGINT (server $PF_SRC, client $PF_CRC)" \
+        test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "--run_infinitely --daemon: at least 2 rows, one per second" \
+        test "$(grep -cE '^ 4096 +[1-9][0-9]* ' "$PF_CLOG")" -ge 2
+
+    # A client, then a server, killed mid-run: the other side exits non-zero within its timeout, one line.
+    pf_vanish client
+    pf_vanish server
+}
+
+# tier9_daemon_killed SOCK PREFIX: a second roce-dpd on SOCK, a long write_bw through it, then SIGKILL to the
+# daemon: server and client each exit 2 within seconds with one line saying the daemon is gone.
+tier9_daemon_killed() {
+    local sock="$1" prefix="$2" dlog="$LOG_DIR/tier9-daemon-k.log" PF_DAEMON="$1" PF_LOG=tier9 PF_SEXTRA=() PF_CEXTRA=()
+    local rs=0 rc=0 t0 f
+    if ! dpd_start "$sock" "$prefix" "$dlog"; then
+        fail "daemon killed: a second roce-dpd starts: $(tail -n 2 "$dlog")"
+        return
+    fi
+    pf_spawn daemon-killed rdp_write_bw 20 -s 4096 -n 50000000
+    sleep 2
+    check "daemon killed: the run was going" kill -0 "$PF_CPID"
+    kill -KILL "$DPD_PID"
+    wait "$DPD_PID" 2>/dev/null
+    t0=$SECONDS
+    wait_pid "$PF_CPID" 15 || rc=$?
+    wait_pid "$PF_SPID" 15 || rs=$?
+    check "daemon killed: client and server exit 2 (client $rc, server $rs) within 5 s ($((SECONDS - t0)) s)" \
+        test "$rc" -eq 2 -a "$rs" -eq 2 -a $((SECONDS - t0)) -le 5
+    for f in "$PF_CLOG" "$PF_SLOG"; do
+        check "daemon killed: $(basename "$f" .log) says so in one line" \
+            test "$(grep -c '^rdp_write_bw: ' "$f")" -eq 1 -a -n \
+            "$(grep -q "^rdp_write_bw: roce-dpd on $sock is gone" "$f" && echo y)"
+    done
+    [[ -n "${VERBOSE:-}" ]] && grep -h '^rdp_write_bw: ' "$PF_CLOG" | sed 's/^/       /'
 }

@@ -25,9 +25,10 @@ pub struct RcConnect {
     pub timeout: u8,
 }
 
-/// INIT -> RTR -> RTS towards `peer` with the tools' fixed choices: 16 outstanding READ/atomic requests each way,
-/// retry_cnt and rnr_retry 7, min_rnr_timer 1. Errors name the step.
-pub fn connect_rc(e: &mut Engine, c: &RcConnect, peer: PeerAddr) -> Result<(), String> {
+/// The RTR and RTS attributes of an RC connection with the tools' fixed choices: 16 outstanding READ/atomic
+/// requests each way, retry_cnt and rnr_retry 7, min_rnr_timer 1 (RTR without the peer's address: the caller
+/// adds it, or the daemon builds it from the GID).
+pub fn rc_attrs(c: &RcConnect) -> (QpAttr, QpAttr) {
     let rtr = QpAttr {
         state: Some(QpState::Rtr),
         path_mtu: Some(c.path_mtu),
@@ -35,10 +36,8 @@ pub fn connect_rc(e: &mut Engine, c: &RcConnect, peer: PeerAddr) -> Result<(), S
         rq_psn: Some(c.rq_psn),
         max_dest_rd_atomic: Some(16),
         min_rnr_timer: Some(1),
-        peer: Some(peer),
         ..QpAttr::default()
     };
-    e.modify_qp(c.qpn, &rtr).map_err(|x| format!("modify_qp RTR: {x}"))?;
     let rts = QpAttr {
         state: Some(QpState::Rts),
         sq_psn: Some(c.sq_psn),
@@ -48,6 +47,14 @@ pub fn connect_rc(e: &mut Engine, c: &RcConnect, peer: PeerAddr) -> Result<(), S
         max_rd_atomic: Some(16),
         ..QpAttr::default()
     };
+    (rtr, rts)
+}
+
+/// INIT -> RTR -> RTS towards `peer` with [`rc_attrs`]. Errors name the step.
+pub fn connect_rc(e: &mut Engine, c: &RcConnect, peer: PeerAddr) -> Result<(), String> {
+    let (rtr, rts) = rc_attrs(c);
+    let rtr = QpAttr { peer: Some(peer), ..rtr };
+    e.modify_qp(c.qpn, &rtr).map_err(|x| format!("modify_qp RTR: {x}"))?;
     e.modify_qp(c.qpn, &rts).map_err(|x| format!("modify_qp RTS: {x}"))
 }
 

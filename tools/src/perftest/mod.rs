@@ -49,8 +49,12 @@
 
 #[cfg(feature = "dpdk")]
 mod daemon;
+#[cfg(feature = "dpdk")]
+mod embedded;
 pub mod exchange;
 pub mod params;
 pub mod report;
 #[cfg(feature = "dpdk")]
 pub mod run;
+#[cfg(feature = "dpdk")]
+mod traffic;
