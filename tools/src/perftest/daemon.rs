@@ -44,7 +44,8 @@ fn supported(test: TestKind, p: &Params) -> Result<u64, Fail> {
 }
 
 /// The whole run of one tool through roce-dpd on `sock`.
-pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration) -> Result<(), Fail> {
+/// `nap`: how long the client sleeps when a pass over its CQ rings found nothing to do (zero: it spins).
+pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration, nap: Duration) -> Result<(), Fail> {
     let iters = supported(test, p)?;
     let client = p.is_client();
     let dev = Device::open(sock).map_err(|e| Fail(2, e.to_string()))?;
@@ -99,7 +100,7 @@ pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration) ->
         let mut last = BwReport::default();
         for &size in &p.sizes {
             ex.start_run(test, &mine[0], false).map_err(err)?;
-            let r = traffic(&mut qps, &remote, test, p, size, iters, &ex, timeout)?;
+            let r = traffic(&mut qps, &remote, test, p, size, iters, &ex, timeout, nap)?;
             if p.data_validation && test.verb() == Verb::Read {
                 for (i, q) in qps.iter_mut().enumerate() {
                     if let Some(at) = first_bad(i, &q.mr.as_slice()[..size as usize]) {
@@ -145,7 +146,8 @@ pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration) ->
     out_json(p, &banner, &report::Results::Bw(rows))
 }
 
-/// The client's run of one size: `-t` WRs in flight per QP, every `-Q`th signaled and the last.
+/// The client's run of one size: `-t` WRs in flight per QP, every `-Q`th signaled and the last. A pass that
+/// neither posted nor completed anything is followed by a sleep of `nap` (if not zero).
 #[allow(clippy::too_many_arguments)]
 fn traffic(
     qps: &mut [DQp],
@@ -156,6 +158,7 @@ fn traffic(
     iters: u64,
     ex: &Exchange<std::net::TcpStream>,
     timeout: Duration,
+    nap: Duration,
 ) -> Result<BwReport, Fail> {
     let opcode = if test.verb() == Verb::Read { WrOpcode::RdmaRead } else { WrOpcode::RdmaWrite };
     let depth = u64::from(p.tx_depth.max(1));
@@ -169,8 +172,10 @@ fn traffic(
     let mut last_progress = start;
     let mut spins = 0u64;
     loop {
+        let mut idle = true;
         for (i, q) in qps.iter_mut().enumerate() {
             while posted[i] < iters && posted[i] - done[i] < depth {
+                idle = false;
                 let k = posted[i];
                 let mut wr = SendWr::new(k, opcode).remote(remote[i].vaddr, remote[i].rkey);
                 wr.signaled = k % cq_mod == cq_mod - 1 || k + 1 == iters;
@@ -185,6 +190,7 @@ fn traffic(
             if k == 0 {
                 continue;
             }
+            idle = false;
             let t = Instant::now();
             last_progress = t;
             for c in &cqes[..k] {
@@ -199,6 +205,9 @@ fn traffic(
         }
         if done.iter().all(|&d| d >= iters) {
             break;
+        }
+        if idle && !nap.is_zero() {
+            std::thread::sleep(nap);
         }
         spins += 1;
         if spins.is_multiple_of(1024) {

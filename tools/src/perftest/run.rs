@@ -15,7 +15,9 @@
 //!
 //! Flags of ours, before or among perftest's: `--port-conf FILE` (or `--daemon SOCKET`: [`super::daemon`]),
 //! `--lcore N` (EAL main lcore, default the profile's), `--file-prefix P` (EAL prefix, default `rdpp_PID`),
-//! `--socket PATH` (override the memif socket), `--timeout S` (give up after S seconds of no progress: connect, exchange, the run; default 60).
+//! `--socket PATH` (override the memif socket), `--timeout S` (give up after S seconds of no progress: connect, exchange, the run; default 60),
+//! `--poll-sleep US` (with `--daemon`: sleep US microseconds whenever a pass over the CQ rings found nothing and
+//! nothing could be posted, instead of spinning; for an application that shares its core with a daemon worker).
 //!
 //! `--data_validation` (the side that checks needs it; the source always fills its region with the pattern, the
 //! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;
@@ -47,6 +49,7 @@ struct Ours {
     file_prefix: Option<String>,
     socket: Option<String>,
     timeout: Option<u64>,
+    poll_sleep: Option<u64>,
 }
 
 fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
@@ -58,8 +61,10 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
             Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
             _ => (a.clone(), None),
         };
-        if !matches!(name.as_str(), "--port-conf" | "--daemon" | "--lcore" | "--file-prefix" | "--socket" | "--timeout")
-        {
+        if !matches!(
+            name.as_str(),
+            "--port-conf" | "--daemon" | "--lcore" | "--file-prefix" | "--socket" | "--timeout" | "--poll-sleep"
+        ) {
             rest.push(a);
             continue;
         }
@@ -73,6 +78,10 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
             "--lcore" => ours.lcore = Some(v),
             "--file-prefix" => ours.file_prefix = Some(v),
             "--socket" => ours.socket = Some(v),
+            "--poll-sleep" => {
+                ours.poll_sleep =
+                    Some(v.parse().map_err(|_| format!("--poll-sleep {v:?}: not a number of microseconds"))?)
+            }
             _ => ours.timeout = Some(v.parse().map_err(|_| format!("--timeout {v:?}: not a number of seconds"))?),
         }
     }
@@ -284,9 +293,15 @@ fn polling<T: Send>(w: &mut Worker<'_>, step: impl FnOnce() -> T + Send) -> T {
 fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail> {
     roce_dp::dpdk::signal::stop_on_signals();
     let timeout = Duration::from_secs(ours.timeout.unwrap_or(60).max(1));
+    if ours.poll_sleep.is_some() && ours.daemon.is_none() {
+        return Err(bad("--poll-sleep US goes with --daemon SOCKET (an embedded engine must poll its port)"));
+    }
     match (&ours.port_conf, &ours.daemon) {
         (Some(_), Some(_)) => return Err(bad("--daemon SOCKET and --port-conf FILE exclude each other: give one")),
-        (None, Some(sock)) => return super::daemon::run(test, p, sock, timeout),
+        (None, Some(sock)) => {
+            let nap = Duration::from_micros(ours.poll_sleep.unwrap_or(0));
+            return super::daemon::run(test, p, sock, timeout, nap);
+        }
         (None, None) => return Err(bad("--port-conf FILE.toml or --daemon SOCKET is required (see --help)")),
         (Some(_), None) => {}
     }
