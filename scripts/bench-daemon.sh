@@ -9,16 +9,17 @@
 # never two busy-pollers on one: with the daemons, their two workers own the cores, so the tools must not spin. The
 # server tool only waits for the client's report (it sleeps), and the client tool runs with --poll-sleep (a pass over
 # its CQ rings that found nothing and could post nothing is followed by a sleep; -t 128 WRs in flight cover many
-# times the sleep) pinned to lcore 0, the core of the daemon that serves it: every wake-up is taken from that
-# worker, so the figure counts the application's share of a core against the daemon (a deployment with a core for
-# the application would not pay it). Its CPU time is printed. Post -> completion: the loopback bench
+# times the sleep) pinned to lcore 1 (--tool-cpu N), the receiving daemon's core (the README gives a run with lcore
+# 0, the sending daemon's): its work and wake-ups are taken from that worker, so the figure counts the
+# application's share of a core against the daemon (a deployment with a core for the application would not pay
+# it). Its CPU time is printed. Post -> completion: the loopback bench
 # (roce-dp-bench --bin daemon --only embedded|daemon: 64 B WRITE, one in flight, no DPDK; client and worker on the
 # two cores), alternated the same way. Prints a markdown table of medians and ends with:
 #   bench-daemon: write_4k_vs_tool=R write_64k_vs_tool=R post_to_cqe_ns=N
 #
 #   scripts/bench-daemon.sh              3 rounds
 #   scripts/bench-daemon.sh --rounds 5   (--poll-sleep US: the client tool's sleep, default 20; --tool-cpu N: its
-#                                         core, default 0)
+#                                         core, default 1)
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -27,13 +28,13 @@ cd "$ROOT"
 
 rounds=3
 nap=20
-tool_cpu=0
+tool_cpu=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --rounds) rounds="${2:?}"; shift 2 ;;
         --poll-sleep) nap="${2:?}"; shift 2 ;;
         --tool-cpu) tool_cpu="${2:?}"; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "bench-daemon.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -52,7 +53,7 @@ BIN="$ROOT/target/release"
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 
 SIZES=(4096 65536)
-declare -A ITERS=([4096]=200000 [65536]=20000)
+declare -A ITERS=([4096]=1000000 [65536]=60000)
 FLAGS=(-q 2 -m 4096)
 n=0
 # bw_of LOG SIZE: perftest's BW average (MiB/s) from the client's result row.
