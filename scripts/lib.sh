@@ -2,9 +2,10 @@
 #
 # * Check accounting: tier_begin NAME / pass DESC / fail DESC / tool_checks LOG / tier_end -> one summary line per
 #   tier; totals in PASSED / FAILED.
-# * Cleanup registry: track_pid, track_netns, track_prefix, track_path. cleanup_all stops every recorded process by
-#   its PID (TERM, then KILL), deletes the namespaces, removes the DPDK runtime directories and hugepage files of
-#   the recorded --file-prefix values, and the recorded paths. An EXIT/INT/TERM trap runs it, so it also runs when
+# * Cleanup registry: track_pid, track_netns, track_prefix, track_path, track_hugepages. cleanup_all stops every
+#   recorded process by its PID (TERM, then KILL), deletes the namespaces, removes the DPDK runtime directories and
+#   hugepage files of the recorded --file-prefix values, and the recorded paths, and gives back the 2 MiB hugepages
+#   a test reserved. An EXIT/INT/TERM trap runs it, so it also runs when
 #   a test fails or the run is interrupted.
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -87,11 +88,30 @@ CLEAN_PIDS=()
 CLEAN_NETNS=()
 CLEAN_PREFIXES=()
 CLEAN_PATHS=()
+CLEAN_HUGEPAGES=0
 
 track_pid() { CLEAN_PIDS+=("$1"); }
 track_netns() { CLEAN_NETNS+=("$1"); }
 track_prefix() { CLEAN_PREFIXES+=("$1"); }
 track_path() { CLEAN_PATHS+=("$1"); }
+# track_hugepages N: N 2 MiB hugepages this run added to /proc/sys/vm/nr_hugepages; cleanup_all takes them off again.
+track_hugepages() { CLEAN_HUGEPAGES=$((CLEAN_HUGEPAGES + $1)); }
+
+# hugepages_give_back: takes the tracked hugepages off the pool (pages still in use become surplus pages the kernel
+# frees when they are unmapped).
+hugepages_give_back() {
+    local nr
+    [[ $CLEAN_HUGEPAGES -gt 0 ]] || return 0
+    nr=$(cat /proc/sys/vm/nr_hugepages)
+    echo $((nr > CLEAN_HUGEPAGES ? nr - CLEAN_HUGEPAGES : 0)) >/proc/sys/vm/nr_hugepages
+    CLEAN_HUGEPAGES=0
+}
+
+# hugepages_available: 2 MiB hugepages free and not reserved by a mapping.
+hugepages_available() {
+    local d=/sys/kernel/mm/hugepages/hugepages-2048kB
+    echo $(($(cat "$d/free_hugepages") - $(cat "$d/resv_hugepages")))
+}
 
 # Files DPDK may leave for a --file-prefix: its runtime directory and its hugepage files.
 prefix_leftovers() {
@@ -124,6 +144,7 @@ cleanup_all() {
     for p in "${CLEAN_PATHS[@]}"; do
         rm -rf "$p"
     done
+    hugepages_give_back
     CLEAN_PIDS=()
     CLEAN_NETNS=()
     CLEAN_PREFIXES=()

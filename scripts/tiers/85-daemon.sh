@@ -13,14 +13,13 @@
 # Then tier85_workers (below): a daemon with two workers and inline data through the rings.
 TIERS+=(tier85_daemon)
 
-# dpd_start SOCK PREFIX LOG: starts roce-dpd; DPD_PID. Waits for the socket (10 s).
+# dpd_start SOCK PREFIX LOG [CONFIG]: starts roce-dpd (conf/daemon-ring.toml by default); DPD_PID. Waits for the
+# socket (10 s).
 dpd_start() {
-    local sock="$1" prefix="$2" log="$3" i
+    local sock="$1" prefix="$2" log="$3" conf="${4:-${DPD_CONF:-$ROOT/conf/daemon-ring.toml}}" i
     track_prefix "$prefix"
     track_path "$sock"
-    "$ROOT/target/release/roce-dpd" --config "${DPD_CONF:-$ROOT/conf/daemon-ring.toml}" --socket "$sock" \
-        --file-prefix "$prefix" \
-        >"$log" 2>&1 &
+    "$ROOT/target/release/roce-dpd" --config "$conf" --socket "$sock" --file-prefix "$prefix" >"$log" 2>&1 &
     DPD_PID=$!
     track_pid "$DPD_PID"
     for i in $(seq 100); do
@@ -209,7 +208,8 @@ tier85_daemon() {
 
     TIER85_WORKERS_NOTE=""
     tier85_workers
-    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms; the 8 perftest tools: write_bw 65536 B ${T9_AVG:-?} MiB/s; ${TIER85_WORKERS_NOTE:-2 workers: failed})"
+    tier85_hugetlb
+    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms; the 8 perftest tools: write_bw 65536 B ${T9_AVG:-?} MiB/s; ${TIER85_WORKERS_NOTE:-2 workers: failed}; hugetlbfs backing)"
     tier_end
 }
 
@@ -513,4 +513,126 @@ tier9_daemon_killed() {
             "$(grep -q "^rdp_write_bw: roce-dpd on $sock is gone" "$f" && echo y)"
     done
     [[ -n "${VERBOSE:-}" ]] && grep -h '^rdp_write_bw: ' "$PF_CLOG" | sed 's/^/       /'
+}
+
+# smaps_pages PID NAME: the KernelPageSize (kB) of each mapping of process PID whose path contains NAME, one a line.
+smaps_pages() {
+    awk -v name="$2" '/^[0-9a-f]+-[0-9a-f]+ / { m = index($0, name) > 0 } m && /^KernelPageSize:/ { print $2 }' \
+        "/proc/$1/smaps" 2>/dev/null
+}
+
+# all_huge PID NAME [MIN]: at least MIN (1) mappings of PID named NAME, every one in 2 MiB pages.
+all_huge() {
+    local pages
+    pages=$(smaps_pages "$1" "$2")
+    [[ $(grep -c . <<<"$pages") -ge ${3:-1} ]] && ! grep -qv '^2048$' <<<"$pages"
+}
+
+# Hugetlbfs backing (`[daemon] backing = "hugetlbfs"`, conf/daemon-ring.toml otherwise): the block makes sure 8
+# 2 MiB hugepages are free (reserving what is missing in /proc/sys/vm/nr_hugepages; cleanup_all gives them back
+# even when a check fails), runs roce-dpd with that backing and proves that the clients' regions are huge pages:
+# the smaps of an rdp-client and of an rdp_write_bw --daemon server show their buffer and their ring regions with
+# KernelPageSize 2048 kB (the daemon's smaps shows the client's buffer so too), and the pool's available pages drop
+# while the client holds them. Traffic verified (rdp-client SEND/WRITE/READ/atomics, rdp_write_bw
+# --data_validation); a client asking for more than is free gets one line naming hugepages and how to reserve them;
+# when the clients and the daemon are gone every page is back and the pool is as it was.
+tier85_hugetlb() {
+    local client="$ROOT/target/release/rdp-client" sock="/run/roce-dpd-${RUN_ID}h.sock" prefix="${RUN_ID}dph"
+    local conf="$LOG_DIR/tier9-huge.toml" dlog="$LOG_DIR/tier9-huge-daemon.log" l="$LOG_DIR/tier9-huge"
+    local need=8 nr0 nr avail avail0 avail1 rc=0 i
+    nr0=$(cat /proc/sys/vm/nr_hugepages)
+    avail=$(hugepages_available)
+    if [[ $avail -lt $need ]]; then
+        echo $((nr0 + need - avail)) >/proc/sys/vm/nr_hugepages
+        nr=$(cat /proc/sys/vm/nr_hugepages)
+        track_hugepages $((nr - nr0))
+    fi
+    avail0=$(hugepages_available)
+    if [[ $avail0 -lt $need ]]; then
+        fail "hugetlbfs: $need free 2 MiB hugepages (only $avail0 after asking for them: memory too fragmented?)"
+        hugepages_give_back
+        return
+    fi
+    pass "hugetlbfs: $need free 2 MiB hugepages ($((avail0 - avail)) reserved by the test, $nr0 before)"
+    sed 's/^backing = "memfd"/backing = "hugetlbfs"/' "$ROOT/conf/daemon-ring.toml" >"$conf"
+    if ! dpd_start "$sock" "$prefix" "$dlog" "$conf"; then
+        fail "hugetlbfs: roce-dpd starts: $(tail -n 2 "$dlog")"
+        hugepages_give_back
+        return
+    fi
+    local dpd=$DPD_PID
+    check "hugetlbfs: roce-dpd says so" grep -q '^roce-dpd: serving .*(hugetlbfs backing)' "$dlog"
+
+    # rdp-client: the passive side registers its buffer and creates its CQ and QP, then waits for its peer.
+    local oob="/run/rdp-oob-${RUN_ID}h.sock" pp ra=0 rp=0
+    track_path "$oob"
+    # Not under timeout(1): its smaps are read by PID (rdp-client's own --timeout ends it).
+    "$client" passive --daemon "$sock" --oob "$oob" >"$l-passive.log" 2>&1 &
+    pp=$!
+    track_pid "$pp"
+    for i in $(seq 100); do
+        [[ -S $oob ]] && all_huge "$pp" "memfd:roce-dpd-qp-" && break
+        sleep 0.05
+    done
+    avail1=$(hugepages_available)
+    check "hugetlbfs: the client's buffer is in 2 MiB pages (smaps: $(smaps_pages "$pp" "memfd:roce-dp-mr-$pp-" | head -n 1) kB)" \
+        all_huge "$pp" "memfd:roce-dp-mr-$pp-"
+    check "hugetlbfs: the client's CQ and QP rings are in 2 MiB pages" \
+        all_huge "$pp" "memfd:roce-dpd-" 2
+    check "hugetlbfs: the daemon maps the client's buffer in 2 MiB pages" all_huge "$dpd" "memfd:roce-dp-mr-$pp-"
+    check "hugetlbfs: the pool's available pages dropped by 3 or more (buffer, CQ, QP: $avail0 -> $avail1)" \
+        test $((avail0 - avail1)) -ge 3
+    timeout 60 "$client" active --daemon "$sock" --oob "$oob" --op all --size 65536 --iters 50 \
+        >"$l-active.log" 2>&1 || ra=$?
+    wait_pid "$pp" 20 || rp=$?
+    check "hugetlbfs: rdp-client pair exits 0 (active $ra, passive $rp)" test "$ra" -eq 0 -a "$rp" -eq 0
+    tool_checks "$l-active.log"
+    tool_checks "$l-passive.log"
+
+    # rdp_write_bw --daemon: its region is hugepage-backed while it runs, and the server checks every byte.
+    local pport=$((10000 + ($$ % 10000) + 20)) ps pc rs=0 rc_=0 seen=""
+    "$ROOT/target/release/rdp_write_bw" --daemon "$sock" -p "$pport" -s 65536 -n 20000 --data_validation --timeout 60 \
+        >"$l-bw-server.log" 2>&1 &
+    ps=$!
+    track_pid "$ps"
+    sleep 0.3
+    timeout 60 "$ROOT/target/release/rdp_write_bw" --daemon "$sock" -p "$pport" -s 65536 -n 20000 --data_validation \
+        127.0.0.1 >"$l-bw-client.log" 2>&1 &
+    pc=$!
+    track_pid "$pc"
+    while kill -0 "$ps" 2>/dev/null; do
+        if all_huge "$ps" "memfd:roce-dp-mr-$ps-" && all_huge "$ps" "memfd:roce-dpd-" 2; then
+            seen=y
+            break
+        fi
+        sleep 0.02
+    done
+    wait_pid "$pc" 60 || rc_=$?
+    wait_pid "$ps" 10 || rs=$?
+    check "hugetlbfs: rdp_write_bw --daemon server's buffer and rings in 2 MiB pages while it ran" test -n "$seen"
+    check "hugetlbfs: rdp_write_bw --daemon exits 0 (server $rs, client $rc_)" test "$rs" -eq 0 -a "$rc_" -eq 0
+    check "hugetlbfs: rdp_write_bw --daemon: the client prints perftest's result line" \
+        grep -Eq '^ 65536 +20000 +[0-9]+\.[0-9]{2} +[0-9]*[1-9][0-9]*\.[0-9]{2}[[:space:]]+[0-9]+\.[0-9]{6}$' "$l-bw-client.log"
+    check "hugetlbfs: rdp_write_bw --daemon: the server verified the data" \
+        grep -q '^ Data validation: 65536 bytes verified$' "$l-bw-server.log"
+
+    # A buffer bigger than the pool has free: one line naming hugepages and how to reserve them.
+    local err="$l-toobig.err" big
+    avail=$(hugepages_available)
+    big=$(((avail + 1) * 2 * 1048576))
+    timeout 10 "$client" passive --daemon "$sock" --oob "$oob" --buffer "$big" >/dev/null 2>"$err" || rc=$?
+    check "hugetlbfs: a buffer of $((big >> 20)) MiB with $avail pages free: exit 2 (got $rc), one line naming the fix" \
+        test "$rc" -eq 2 -a -n "$(one_line "$err" "^rdp-client: not enough free 2 MiB hugepages for a $((big >> 20)) MiB region \($((avail + 1)) needed, $avail free\): reserve more as root \(scripts/setup.sh --hugepages N, or echo N > /proc/sys/vm/nr_hugepages\)" && echo y)"
+    [[ -n "${VERBOSE:-}" ]] && sed 's/^/       /' "$err"
+
+    rc=0
+    kill -TERM "$dpd"
+    wait_pid "$dpd" 15 || rc=$?
+    check "hugetlbfs: roce-dpd exits 0 on SIGTERM (got $rc), nothing left" test "$rc" -eq 0 -a -n \
+        "$(grep -q '^roce-dpd: stopped; .* 0 QPs 0 CQs 0 MRs 0 PDs left' "$dlog" && echo y)"
+    check "hugetlbfs: every hugepage back in the pool ($(hugepages_available) available, $avail0 before)" \
+        test "$(hugepages_available)" -eq "$avail0"
+    hugepages_give_back
+    check "hugetlbfs: the pool given back (nr_hugepages $(cat /proc/sys/vm/nr_hugepages), $nr0 before)" \
+        test "$(cat /proc/sys/vm/nr_hugepages)" -eq "$nr0"
 }

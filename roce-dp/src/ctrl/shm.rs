@@ -8,8 +8,10 @@
 //! Descriptors travel to the other process over a Unix socket ([`send_with_fds`] / [`recv_with_fds`], SCM_RIGHTS)
 //! or by inheritance ([`ShmRegion::share_with_child`] plus [`ShmRegion::open_inherited`]).
 //!
-//! Hugepage backing ([`Backing::Hugetlb`], `MFD_HUGETLB`) rounds the size up to 2 MiB and fails with
-//! [`ShmError::NoHugepages`] when the kernel's pool has too few free pages.
+//! Hugepage backing ([`Backing::Hugetlb`], `MFD_HUGETLB | MFD_HUGE_2MB`: 2 MiB pages whatever the kernel's default
+//! huge page size) rounds the size up to 2 MiB. The pages are reserved when the region is mapped (the kernel's
+//! hugetlb reservation for shared mappings), so a region that maps never faults for want of a page later;
+//! `create` fails with [`ShmError::NoHugepages`] when the pool has too few free pages.
 
 #![allow(unsafe_code)]
 
@@ -56,6 +58,8 @@ pub enum ShmError {
     NoHugepages {
         /// Bytes requested (rounded to huge pages).
         bytes: usize,
+        /// 2 MiB pages free and not reserved when it failed (`free_hugepages - resv_hugepages` in sysfs).
+        free: u64,
     },
     /// The descriptor lacks the size seals (or is not a memfd at all): refusing to map memory the peer can shrink.
     NotSealed {
@@ -86,11 +90,13 @@ impl fmt::Display for ShmError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             ShmError::Os { op, errno } => write!(f, "{op}: {}", std::io::Error::from_raw_os_error(errno)),
-            ShmError::NoHugepages { bytes } => write!(
+            ShmError::NoHugepages { bytes, free } => write!(
                 f,
-                "no free hugepages for a {} MiB region: reserve some (echo N > /proc/sys/vm/nr_hugepages) or \
-                 disable hugepage backing",
-                bytes >> 20
+                "not enough free 2 MiB hugepages for a {} MiB region ({} needed, {free} free): reserve more as root \
+                 (scripts/setup.sh --hugepages N, or echo N > /proc/sys/vm/nr_hugepages) or set the daemon's \
+                 [daemon] backing = \"memfd\"",
+                bytes >> 20,
+                bytes / HUGEPAGE_SIZE
             ),
             ShmError::NotSealed { seals } => write!(
                 f,
@@ -128,6 +134,17 @@ impl From<LayoutError> for ShmError {
     }
 }
 
+/// 2 MiB pages in the kernel's pool that are neither in use nor reserved (0 if sysfs cannot be read).
+pub fn hugepages_available() -> u64 {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{f}"))
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    read("free_hugepages").saturating_sub(read("resv_hugepages"))
+}
+
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
@@ -158,7 +175,7 @@ impl ShmRegion {
         let cname = CString::new(name.replace('\0', "?")).map_err(|_| ShmError::BadSize(len))?;
         let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         if backing == Backing::Hugetlb {
-            flags |= libc::MFD_HUGETLB;
+            flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
         }
         // SAFETY: cname is NUL-terminated and outlives the call.
         let raw = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
@@ -177,7 +194,7 @@ impl ShmRegion {
         }
         Self::mmap(fd, size).map_err(|e| match e {
             ShmError::Os { errno: libc::ENOMEM, .. } if backing == Backing::Hugetlb => {
-                ShmError::NoHugepages { bytes: size }
+                ShmError::NoHugepages { bytes: size, free: hugepages_available() }
             }
             e => e,
         })
@@ -970,20 +987,24 @@ mod tests {
     #[test]
     #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
     fn hugetlb_works_or_says_why() {
-        let free: usize = std::fs::read_to_string("/proc/meminfo")
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("HugePages_Free:"))
-            .map_or(0, |v| v.trim().parse().unwrap());
+        let free = hugepages_available();
         let r = ShmRegion::create("roce-dp-huge", 1 << 20, Backing::Hugetlb);
         if free >= 1 {
             let r = r.unwrap();
             assert_eq!(r.len(), HUGEPAGE_SIZE);
         } else {
             let e = r.unwrap_err();
-            assert_eq!(e, ShmError::NoHugepages { bytes: HUGEPAGE_SIZE }, "{e}");
-            assert!(e.to_string().contains("nr_hugepages"));
+            assert!(matches!(e, ShmError::NoHugepages { bytes: HUGEPAGE_SIZE, .. }), "{e}");
+            assert!(e.to_string().contains("setup.sh --hugepages N"), "{e}");
         }
+        // More pages than the pool has free (the pool may grow meanwhile; it will not grow by a thousand pages).
+        let want = (free as usize + 1000) * HUGEPAGE_SIZE;
+        let e = ShmRegion::create("roce-dp-huge-big", want, Backing::Hugetlb)
+            .map(|_| ())
+            .expect_err("a region beyond the pool");
+        assert!(matches!(e, ShmError::NoHugepages { bytes, .. } if bytes == want), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("hugepages") && msg.contains("nr_hugepages") && !msg.contains('\n'), "{msg}");
     }
 
     #[test]

@@ -36,6 +36,8 @@ struct DQp {
 struct Daemon {
     qps: Vec<DQp>,
     dev: Device,
+    /// `--poll-sleep`.
+    nap: Duration,
     last_alive: Instant,
     /// Changes of a QP's expected PSN seen so far, when the QPs were last looked at, and the next to look at.
     activity: u64,
@@ -56,7 +58,9 @@ fn gone(e: roce_dp::client::Error) -> Fail {
 }
 
 /// The whole run of one tool through roce-dpd on `sock`.
-pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration) -> Result<(), Fail> {
+/// `nap`: `--poll-sleep`, the sleep after a turn of a traffic loop that moved nothing (zero: spin, yielding the CPU
+/// after [`YIELD_AFTER`] such turns).
+pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration, nap: Duration) -> Result<(), Fail> {
     let dev = Device::open(sock).map_err(gone)?;
     let stream = if let Some(host) = &p.host {
         exchange::connect(host, p.port, timeout.min(Duration::from_secs(5))).map_err(err)?
@@ -68,8 +72,15 @@ pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration) ->
         exchange::accept(&listener, Some(timeout), timeout).map_err(err)?
     };
     let now = Instant::now();
-    let mut nic =
-        Daemon { qps: Vec::new(), dev: dev.clone(), last_alive: now, activity: 0, last_sample: now, next_sample: 0 };
+    let mut nic = Daemon {
+        qps: Vec::new(),
+        dev: dev.clone(),
+        nap,
+        last_alive: now,
+        activity: 0,
+        last_sample: now,
+        next_sample: 0,
+    };
     let r = session(&mut nic, test, p, stream, timeout).and_then(|out| out.print_end(p));
     drop(nic);
     // A failure the daemon's end caused (the peer gave up on it first, a ring stopped) is reported as that.
@@ -148,7 +159,9 @@ impl Nic for Daemon {
     }
 
     fn idle(&mut self, streak: u32) {
-        if streak >= YIELD_AFTER {
+        if !self.nap.is_zero() {
+            std::thread::sleep(self.nap);
+        } else if streak >= YIELD_AFTER {
             std::thread::yield_now();
         }
     }

@@ -42,8 +42,22 @@ impl AtomicType {
 }
 
 /// The raw command line (shared by the eight tools; what a test does not accept is refused after parsing).
+/// roce-dp's own flags, taken off the command line before perftest's are parsed (tools/src/perftest/run.rs).
+const ROCE_DP_FLAGS: &str = "roce-dp options (one of the first two is required):
+  --port-conf FILE      run an engine in this process on the DPDK port of a profile (conf/*.toml)
+  --daemon SOCKET       run the QPs in a running roce-dpd, through its Unix socket
+  --lcore N             EAL main lcore (--port-conf; default: the profile's)
+  --file-prefix P       EAL file prefix (--port-conf; default rdpp_PID)
+  --socket PATH         memif socket path, overriding the profile's
+  --poll-sleep US       with --daemon: sleep US microseconds when a traffic loop turn moved nothing
+  --timeout S           give up after S seconds without progress (connect, exchange, run; default 60)";
+
 #[derive(Parser, Debug, Clone)]
-#[command(version, about = "perftest-compatible RoCEv2 test (server without HOST, client with HOST)")]
+#[command(
+    version,
+    about = "perftest-compatible RoCEv2 test (server without HOST, client with HOST)",
+    after_help = ROCE_DP_FLAGS
+)]
 struct Cli {
     /// Server's management address (client mode); without it we are the server.
     host: Option<String>,

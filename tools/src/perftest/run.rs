@@ -21,7 +21,9 @@
 //! Flags of ours, before or among perftest's: `--port-conf FILE` or `--daemon SOCKET` (one of them), `--lcore N`
 //! (EAL main lcore, default the profile's), `--file-prefix P` (EAL prefix, default `rdpp_PID`), `--socket PATH`
 //! (override the memif socket), `--timeout S` (give up after S seconds of no progress: connect, exchange, the run;
-//! default 60).
+//! default 60), `--poll-sleep US` (with `--daemon`: sleep US microseconds after each turn of a traffic loop that
+//! found no completion and could post nothing, instead of spinning: for an application sharing its core with a
+//! daemon worker).
 //!
 //! `--data_validation` (the side that checks needs it; the source always fills its region with the pattern, the
 //! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;
@@ -47,6 +49,7 @@ pub(super) struct Ours {
     pub(super) socket: Option<String>,
     file_prefix: Option<String>,
     timeout: Option<u64>,
+    poll_sleep: Option<u64>,
 }
 
 fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
@@ -58,8 +61,10 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
             Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
             _ => (a.clone(), None),
         };
-        if !matches!(name.as_str(), "--port-conf" | "--daemon" | "--lcore" | "--file-prefix" | "--socket" | "--timeout")
-        {
+        if !matches!(
+            name.as_str(),
+            "--port-conf" | "--daemon" | "--lcore" | "--file-prefix" | "--socket" | "--timeout" | "--poll-sleep"
+        ) {
             rest.push(a);
             continue;
         }
@@ -73,6 +78,10 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
             "--lcore" => ours.lcore = Some(v),
             "--file-prefix" => ours.file_prefix = Some(v),
             "--socket" => ours.socket = Some(v),
+            "--poll-sleep" => {
+                let us = v.parse().map_err(|_| format!("--poll-sleep {v:?}: not a number of microseconds"))?;
+                ours.poll_sleep = Some(us);
+            }
             _ => ours.timeout = Some(v.parse().map_err(|_| format!("--timeout {v:?}: not a number of seconds"))?),
         }
     }
@@ -108,7 +117,13 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
     let timeout = Duration::from_secs(ours.timeout.unwrap_or(60).max(1));
     match (&ours.port_conf, &ours.daemon) {
         (Some(_), Some(_)) => Err(bad("--daemon SOCKET and --port-conf FILE exclude each other: give one")),
-        (None, Some(sock)) => super::daemon::run(test, p, sock, timeout),
+        (Some(_), None) if ours.poll_sleep.is_some() => {
+            Err(bad("--poll-sleep US goes with --daemon SOCKET (an embedded engine must poll its port)"))
+        }
+        (None, Some(sock)) => {
+            let nap = Duration::from_micros(ours.poll_sleep.unwrap_or(0));
+            super::daemon::run(test, p, sock, timeout, nap)
+        }
         (None, None) => Err(bad("--port-conf FILE.toml or --daemon SOCKET is required (see --help)")),
         (Some(_), None) => super::embedded::run(test, p, ours, prefix, timeout),
     }

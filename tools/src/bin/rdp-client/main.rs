@@ -77,6 +77,10 @@ struct Common {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 30)]
     timeout: u64,
+    /// Bytes of the registered buffer (at least the default: a 1 MiB message slot and the atomics' words). With a
+    /// daemon on hugetlbfs backing it is rounded up to 2 MiB pages.
+    #[arg(long, default_value_t = BUF_LEN)]
+    buffer: usize,
     /// Tests only: claim this shared-memory ABI version when opening the device.
     #[arg(long, hide = true)]
     abi_version: Option<u32>,
@@ -165,7 +169,7 @@ struct Node {
 fn node(c: &Common, psn: u32, max_inline: u32) -> Result<Node, Fail> {
     let dev = open(c)?;
     let pd = dev.alloc_pd()?;
-    let mr = pd.reg_mr(BUF_LEN, AccessFlags::ALL)?;
+    let mr = pd.reg_mr(c.buffer.max(BUF_LEN), AccessFlags::ALL)?;
     let cq = dev.create_cq(256)?;
     let qp = dev.create_qp(
         &pd,
