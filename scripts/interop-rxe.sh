@@ -5,6 +5,7 @@
 #   scripts/interop-rxe.sh --smoke     only the smoke run: two rxe guests, ib_write_bw between them
 #   scripts/interop-rxe.sh --matrix    only the matrix
 #   ROWS=REGEX scripts/interop-rxe.sh --matrix    only the matrix rows whose name matches REGEX
+#   IOP_PCAP=1 ...                    also capture each row's (smoke run's) exchange next to its logs
 #
 # Root. Everything runs inside a network namespace this script creates (bridges, taps, QEMU, our DPDK program,
 # nftables); the namespace and every guest (by PID) are removed on exit, also on failure or Ctrl-C.
@@ -130,26 +131,45 @@ result_line() { awk '/#bytes/ { getline; print; exit }' "$1"; }
 iop_net_up >"$LOG_DIR/net.log" 2>&1 || { echo "interop: lab network failed: $(tail -n 2 "$LOG_DIR/net.log")"; echo "interop: passed=0 failed=1"; exit 1; }
 
 # --- smoke: guest a (client) -> guest b (server), perftest against perftest: proves the lab itself --------------
-# SMOKE="ib_write_bw ib_read_lat ..." picks the tests (default ib_write_bw, 4 KiB).
+# SMOKE="ib_write_bw ib_read_lat ..." picks the tests (default ib_write_bw, 4 KiB); SMOKE="ib_write_bw -a -n 5;
+# ib_send_bw -b" gives each its arguments; IOP_PCAP=1 captures each run's exchange (TCP 18515 on br-rxe): the
+# reference sequences in tools/tests/vectors/perftest-4.5/ were taken so.
 smoke() {
-    local t=$SECONDS test args name out srv
+    local t=$SECONDS test args name out srv cap item items=() slug
+    if [[ "${SMOKE:-}" == *[-\;]* ]]; then
+        IFS=';' read -ra items <<<"$SMOKE"
+    else
+        read -ra items <<<"${SMOKE:-ib_write_bw}"
+    fi
     echo "smoke: guests a and b on br-rxe"
     if ! boot a tap-a0 10.50.0.1/24 tap-a1 10.51.0.1/24 01 || ! boot b tap-b0 10.50.0.2/24 tap-b1 10.51.0.2/24 02; then
         row "smoke perftest a->b" FAILED "guest did not boot"
         return
     fi
-    for test in ${SMOKE:-ib_write_bw}; do
+    for item in "${items[@]}"; do
         t=$SECONDS
-        args="-s 4096 -n 500"
-        [[ $test == ib_atomic* ]] && args="-n 500"
-        name="smoke $test a->b ${args%% -n*}"
-        out="$LOG_DIR/smoke-$test-client.log"
-        srv="$LOG_DIR/smoke-$test-server.log"
+        read -r test args <<<"$item"
+        if [[ -z "$args" ]]; then
+            args="-s 4096 -n 500"
+            [[ $test == ib_atomic* ]] && args="-n 500"
+        fi
+        name="smoke $test a->b ${args% -n 500}"
+        slug=$(tr -c 'A-Za-z0-9_\n' '_' <<<"$test $args" | sed 's/__*/_/g; s/_$//')
+        out="$LOG_DIR/smoke-$slug-client.log"
+        srv="$LOG_DIR/smoke-$slug-server.log"
+        cap=""
+        if [[ -n "${IOP_PCAP:-}" ]]; then
+            dumpcap -q -i br-rxe -f 'tcp port 18515' -w "$LOG_DIR/smoke-$slug.pcapng" >/dev/null 2>&1 &
+            cap=$!
+            track_pid "$cap"
+            sleep 1
+        fi
         iop_vmrun 10.51.0.2 "$test -d rxe0 -x 1 $args </dev/null >/tmp/srv.log 2>&1 &" 10 >/dev/null
         sleep 1
-        iop_vmrun 10.51.0.1 "$test -d rxe0 -x 1 $args 10.50.0.2; echo rc=\$?" 120 >"$out" 2>&1
+        iop_vmrun 10.51.0.1 "$test -d rxe0 -x 1 $args 10.50.0.2; echo rc=\$?" 300 >"$out" 2>&1
         sleep 1
         iop_vmrun 10.51.0.2 'cat /tmp/srv.log' 10 >"$srv" 2>&1
+        if [[ -n "$cap" ]]; then kill -INT "$cap"; wait "$cap" 2>/dev/null; fi
         if grep -q '^rc=0' "$out" && [[ -n "$(result_line "$out")" ]]; then
             row "$name" pass "$(result_line "$out" | awk '{$1=$1; print}'), $((SECONDS - t)) s"
         else

@@ -49,7 +49,7 @@ pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration) ->
     let client = p.is_client();
     let dev = Device::open(sock).map_err(|e| Fail(2, e.to_string()))?;
     let stream = if let Some(host) = &p.host {
-        exchange::connect(host, p.port, timeout.min(Duration::from_secs(5))).map_err(err)?
+        exchange::connect(host, p.port, timeout.min(Duration::from_secs(5)), timeout).map_err(err)?
     } else {
         let listener = exchange::listen(p.port).map_err(err)?;
         for l in report::waiting_lines() {

@@ -292,7 +292,7 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
     }
     // The server's port exists (memif: its socket) before it accepts; the client connects first, then starts.
     let (mut s, stream) = if let Some(host) = &p.host {
-        let st = exchange::connect(host, p.port, timeout.min(Duration::from_secs(5))).map_err(err)?;
+        let st = exchange::connect(host, p.port, timeout.min(Duration::from_secs(5)), timeout).map_err(err)?;
         (setup_port(ours, prefix, true, timeout)?, st)
     } else {
         let s = setup_port(ours, prefix, false, timeout)?;
@@ -375,7 +375,7 @@ fn session(test: TestKind, p: &Params, s: &mut Port_, stream: TcpStream, timeout
         if matches!(test, TestKind::SendLat | TestKind::WriteLat) {
             for &size in &p.sizes {
                 let mut rec = report::LatRecorder::new();
-                pingpong(&mut w, &ex, test, client, &qps[0], &remote[0], size, iters, timeout, &mut rec)?;
+                pingpong(&mut w, &mut ex, test, client, &qps[0], &mine[0], &remote[0], size, iters, timeout, &mut rec)?;
                 rows.extend(rec.stats(size, iters, rtt));
             }
             let first = mine[0];
@@ -982,14 +982,16 @@ fn passive_server(
 /// ([`TestKind::client_posts_first`]), the other answers each message it received. Each side times from its post
 /// to the peer's next message. Region layout (both tests): the receive area at offset 0 (the address in our QP
 /// record, which a peer writes to as given), the send area at `size`. write_lat sees a message land by its last
-/// byte, the [`exchange::latency_marker`] the sender put there, as perftest polls memory.
+/// byte, the [`exchange::latency_marker`] the sender put there, as perftest polls memory. Each size begins with
+/// [`Exchange::start_run`] once the first receives are posted (send_lat's per-size barrier).
 #[allow(clippy::too_many_arguments)]
 fn pingpong(
     w: &mut Worker<'_>,
-    ex: &Exchange<std::net::TcpStream>,
+    ex: &mut Exchange<std::net::TcpStream>,
     test: TestKind,
     client: bool,
     q: &Qp,
+    first: &Dest,
     r: &Dest,
     size: u64,
     iters: u64,
@@ -1007,6 +1009,7 @@ fn pingpong(
             recv_posted += 1;
         }
     }
+    polling(w, || ex.start_run(test, first, false)).map_err(err)?;
     // k: messages we posted; got: the peer's messages that arrived; awaiting: our last post is not timed yet.
     let (mut k, mut got, mut send_out, mut awaiting) = (0u64, 0u64, 0u32, false);
     let mut t0 = Instant::now();
