@@ -29,7 +29,7 @@
 # Then, at 4 KiB and path MTU 1024, both ways: write_bw, send_bw and send_lat with -a, write/send/read_bw with -b,
 # write/send_bw with -D 3 -f 1 (scripts/interop/matrix.sh, MATRIX_MODES).
 # Status: 102 checks (100 rows and guest h's active_mtu at both MTUs); the 86 without the -a/-b/-D rows passed in
-# about 9 minutes on the 2-vCPU VM, those 16 passed on their own in about 5; tier 10 of scripts/test.sh runs a CI
+# about 9 minutes on the 2-vCPU VM, those 16 passed on their own in under 3; tier 10 of scripts/test.sh runs a CI
 # subset (scripts/tiers/90-interop-rxe.sh, about 2.5 minutes).
 # Found on the way: rxe resolves our MAC (ARP) while it moves its QP to RTR during the exchange, so our tools keep
 # the data path polled during every blocking exchange step (tools/src/perftest/run.rs, `polling`); a perftest BW
