@@ -5,6 +5,7 @@
 #   scripts/interop-rxe.sh --smoke     only the smoke run: two rxe guests, ib_write_bw between them
 #   scripts/interop-rxe.sh --matrix    only the matrix
 #   ROWS=REGEX scripts/interop-rxe.sh --matrix    only the matrix rows whose name matches REGEX
+#   IOP_PCAP=1 ...                    also capture each row's (smoke run's) exchange next to its logs
 #
 # Root. Everything runs inside a network namespace this script creates (bridges, taps, QEMU, our DPDK program,
 # nftables); the namespace and every guest (by PID) are removed on exit, also on failure or Ctrl-C.
@@ -25,8 +26,11 @@
 # no -s); each latency row is one size (-s), as perftest runs them without -a. BW rows -n 1000 (64 KiB: -n 200),
 # latency rows -n 200. ROWS=REGEX picks rows by name, REPEAT=N runs each selected row N times.
 #
-# Status: the full matrix passes (86 checks: 84 rows and guest h's active_mtu at both MTUs), about 9 minutes on
-# the 2-vCPU VM; tier 10 of scripts/test.sh runs a CI subset (scripts/tiers/90-interop-rxe.sh, about 2.5 minutes).
+# Then, at 4 KiB and path MTU 1024, both ways: write_bw, send_bw and send_lat with -a, write/send/read_bw with -b,
+# write/send_bw with -D 3 -f 1 (scripts/interop/matrix.sh, MATRIX_MODES).
+# Status: 102 checks (100 rows and guest h's active_mtu at both MTUs); the 86 without the -a/-b/-D rows passed in
+# about 9 minutes on the 2-vCPU VM, those 16 passed on their own in under 3; tier 10 of scripts/test.sh runs a CI
+# subset (scripts/tiers/90-interop-rxe.sh, about 2.5 minutes).
 # Found on the way: rxe resolves our MAC (ARP) while it moves its QP to RTR during the exchange, so our tools keep
 # the data path polled during every blocking exchange step (tools/src/perftest/run.rs, `polling`); a perftest BW
 # client walks its remote address through the peer's cycle buffer (our regions hold it); ib_write_lat's server
@@ -49,7 +53,7 @@ case "${1:-}" in
     --matrix) mode=matrix ;;
     --in-netns) mode=inner ;;
     "") ;;
-    -h | --help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "interop-rxe.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 esac
 if [[ $(id -u) -ne 0 ]]; then
@@ -130,26 +134,45 @@ result_line() { awk '/#bytes/ { getline; print; exit }' "$1"; }
 iop_net_up >"$LOG_DIR/net.log" 2>&1 || { echo "interop: lab network failed: $(tail -n 2 "$LOG_DIR/net.log")"; echo "interop: passed=0 failed=1"; exit 1; }
 
 # --- smoke: guest a (client) -> guest b (server), perftest against perftest: proves the lab itself --------------
-# SMOKE="ib_write_bw ib_read_lat ..." picks the tests (default ib_write_bw, 4 KiB).
+# SMOKE="ib_write_bw ib_read_lat ..." picks the tests (default ib_write_bw, 4 KiB); SMOKE="ib_write_bw -a -n 5;
+# ib_send_bw -b" gives each its arguments; IOP_PCAP=1 captures each run's exchange (TCP 18515 on br-rxe): the
+# reference sequences in tools/tests/vectors/perftest-4.5/ were taken so.
 smoke() {
-    local t=$SECONDS test args name out srv
+    local t=$SECONDS test args name out srv cap item items=() slug
+    if [[ "${SMOKE:-}" == *[-\;]* ]]; then
+        IFS=';' read -ra items <<<"$SMOKE"
+    else
+        read -ra items <<<"${SMOKE:-ib_write_bw}"
+    fi
     echo "smoke: guests a and b on br-rxe"
     if ! boot a tap-a0 10.50.0.1/24 tap-a1 10.51.0.1/24 01 || ! boot b tap-b0 10.50.0.2/24 tap-b1 10.51.0.2/24 02; then
         row "smoke perftest a->b" FAILED "guest did not boot"
         return
     fi
-    for test in ${SMOKE:-ib_write_bw}; do
+    for item in "${items[@]}"; do
         t=$SECONDS
-        args="-s 4096 -n 500"
-        [[ $test == ib_atomic* ]] && args="-n 500"
-        name="smoke $test a->b ${args%% -n*}"
-        out="$LOG_DIR/smoke-$test-client.log"
-        srv="$LOG_DIR/smoke-$test-server.log"
+        read -r test args <<<"$item"
+        if [[ -z "$args" ]]; then
+            args="-s 4096 -n 500"
+            [[ $test == ib_atomic* ]] && args="-n 500"
+        fi
+        name="smoke $test a->b ${args% -n 500}"
+        slug=$(tr -c 'A-Za-z0-9_\n' '_' <<<"$test $args" | sed 's/__*/_/g; s/_$//')
+        out="$LOG_DIR/smoke-$slug-client.log"
+        srv="$LOG_DIR/smoke-$slug-server.log"
+        cap=""
+        if [[ -n "${IOP_PCAP:-}" ]]; then
+            dumpcap -q -i br-rxe -f 'tcp port 18515' -w "$LOG_DIR/smoke-$slug.pcapng" >/dev/null 2>&1 &
+            cap=$!
+            track_pid "$cap"
+            sleep 1
+        fi
         iop_vmrun 10.51.0.2 "$test -d rxe0 -x 1 $args </dev/null >/tmp/srv.log 2>&1 &" 10 >/dev/null
         sleep 1
-        iop_vmrun 10.51.0.1 "$test -d rxe0 -x 1 $args 10.50.0.2; echo rc=\$?" 120 >"$out" 2>&1
+        iop_vmrun 10.51.0.1 "$test -d rxe0 -x 1 $args 10.50.0.2; echo rc=\$?" 300 >"$out" 2>&1
         sleep 1
         iop_vmrun 10.51.0.2 'cat /tmp/srv.log' 10 >"$srv" 2>&1
+        if [[ -n "$cap" ]]; then kill -INT "$cap"; wait "$cap" 2>/dev/null; fi
         if grep -q '^rc=0' "$out" && [[ -n "$(result_line "$out")" ]]; then
             row "$name" pass "$(result_line "$out" | awk '{$1=$1; print}'), $((SECONDS - t)) s"
         else

@@ -1,8 +1,9 @@
 # Tier 8: the eight perftest-compatible tools (rdp_{write,read,send,atomic}_{bw,lat}) between two roce-dp soft NICs over
 # memif (server lcore 1, client lcore 0, distinct --file-prefix, no hugepages): sizes 64 and 4096 with
-# --data_validation, exit codes, perftest's BW and latency tables parsed by column position, --out_json_file; -a (send BW,
-# both sides in lockstep), -b, -Q, -D, --run_infinitely ended by SIGINT; bad input: an unknown flag, connection refused,
-# a forced MTU the peer does not have, a client and a server killed mid-run, a peer speaking another perftest version.
+# --data_validation, exit codes, perftest's BW and latency tables parsed by column position, --out_json_file; -a (send
+# BW and send latency, both sides in lockstep), -b, -Q, -D, --run_infinitely ended by SIGINT; bad input: an unknown
+# flag, connection refused, a forced MTU the peer does not have, a client and a server killed mid-run, a peer speaking
+# another perftest version.
 TIERS+=(tier8_perftest_memif)
 
 PF_N=0
@@ -150,6 +151,12 @@ tier8_perftest_memif() {
     check "rdp_send_bw -a: 23 JSON rows, the last as printed" pf_json_last "$PF_CLOG" "$LOG_DIR/tier8-send_bw-all.json" 23
 
     PF_CEXTRA=()
+
+    # send_lat -a: a barrier record before every size, once its receives are posted (as ib_send_lat -a); each side
+    # prints a row per size.
+    pf_pair send_lat-all rdp_send_lat -a -n 5
+    check "rdp_send_lat -a: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    check "rdp_send_lat -a: client and server print a row per size, 2 .. 8388608" pf_all_rows "$PF_CLOG" "$PF_SLOG"
 
     # -b: both sides write; each prints the sum of both directions' reports (the same figures on both sides).
     pf_pair write_bw-bidir rdp_write_bw -b -s 4096 -n 2000 -q 2 -Q 7

@@ -2,12 +2,15 @@
 # scripts/interop-rxe.sh --matrix: the CI subset of the matrix, one check per row. It installs and downloads what it
 # needs itself (host packages, Debian's kernel and qemu-system-x86 .debs; cached in target/interop-cache, so a
 # repeated run skips them). A missing QEMU or a guest that does not boot fails the tier with the harness's line.
-# CI subset (every test, both directions, a loss row, an MTU 4096 row): the eight tests at 4 KiB (atomics: 8 B) and
-# path MTU 1024, write_bw at 4 KiB and path MTU 4096, write_bw at 64 KiB with 5% loss. The full matrix (sizes 64 B /
-# 4 KiB / 64 KiB x MTU 1024 / 4096, write_bw and read_bw with loss): scripts/interop-rxe.sh --matrix (README).
+# CI subset (every test, both directions, a loss row, an MTU 4096 row, the cheapest -a, -b and -D rows): the eight
+# tests at 4 KiB (atomics: 8 B) and path MTU 1024, write_bw at 4 KiB and path MTU 4096, write_bw at 64 KiB with 5%
+# loss, our write_bw client with -a (every size, 2 B .. 8 MiB), perftest's send_bw client against our server with -b
+# and with -D 3, our write_bw client with -D 3. The full matrix (sizes 64 B / 4 KiB / 64 KiB x MTU 1024 / 4096,
+# write_bw and read_bw with loss, the -a/-b/-D rows both ways): scripts/interop-rxe.sh --matrix (README).
 TIERS+=(tier9_interop_rxe)
 
 IOP_CI_ROWS='^(send_bw|write_bw|read_bw|send_lat|write_lat|read_lat) .* 4096 mtu1024$|^atomic_(bw|lat) .* mtu1024$|^write_bw .* 4096 mtu4096$|^write_bw .* loss5%$'
+IOP_CI_ROWS+='|^write_bw rdp->perftest -a mtu1024$|^send_bw perftest->rdp 4096 -(b|D3) mtu1024$|^write_bw rdp->perftest 4096 -D3 mtu1024$'
 
 tier9_interop_rxe() {
     tier_begin "tier 10 interop with Linux rxe"

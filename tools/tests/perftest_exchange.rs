@@ -190,6 +190,118 @@ fn byte_at_a_time_reads_and_writes_change_nothing() {
     }
 }
 
+/// The exchanges captured between two perftest 4.5 peers with `-a`, `-b` and `-D` (tools/tests/vectors/perftest-4.5,
+/// `scripts/interop-rxe.sh --smoke` with IOP_PCAP=1): file, test, sizes run, `-b`.
+const MULTI_RUN: &[(&str, TestKind, usize, bool)] = &[
+    ("ib_write_bw_a_n_5.pcap", TestKind::WriteBw, 23, false),
+    ("ib_send_bw_a_n_5.pcap", TestKind::SendBw, 23, false),
+    ("ib_send_lat_a_n_5.pcap", TestKind::SendLat, 23, false),
+    ("ib_write_lat_a_n_5.pcap", TestKind::WriteLat, 23, false),
+    ("ib_read_lat_a_n_5.pcap", TestKind::ReadLat, 23, false),
+    ("ib_write_bw_s_4096_n_200_b.pcap", TestKind::WriteBw, 1, true),
+    ("ib_send_bw_s_4096_n_200_b.pcap", TestKind::SendBw, 1, true),
+    ("ib_read_bw_s_4096_n_200_b.pcap", TestKind::ReadBw, 1, true),
+    ("ib_write_bw_a_b_n_5.pcap", TestKind::WriteBw, 23, true),
+    ("ib_send_bw_a_b_n_5.pcap", TestKind::SendBw, 23, true),
+    ("ib_write_bw_s_4096_D_3_f_1.pcap", TestKind::WriteBw, 1, false),
+    ("ib_send_bw_s_4096_D_3_f_1.pcap", TestKind::SendBw, 1, false),
+];
+
+/// Every BW report a side sent (five 8-byte segments each), in order.
+fn captured_reports(segs: &[Segment], client: bool) -> Vec<BwReport> {
+    let eights: Vec<u8> =
+        segs.iter().filter(|s| s.from_client == client && s.data.len() == 8).flat_map(|s| s.data.clone()).collect();
+    assert_eq!(eights.len() % REPORT_LEN, 0, "8-byte segments that do not make whole reports");
+    eights.chunks_exact(REPORT_LEN).map(|c| BwReport::decode(c.try_into().unwrap())).collect()
+}
+
+/// One side of a captured multi-run exchange against a replay of perftest's other side: every byte we write must
+/// be perftest's (our record and reports set to the captured ones), and we must read each of the peer's reports.
+fn replay_runs(name: &str, test: TestKind, runs: usize, duplex: bool, role: Role, chunk: usize) {
+    let segs = common::oob_segments_at(&common::perftest_vectors().join(name));
+    let us_client = role == Role::Client;
+    let mine = first_record(&segs, us_client);
+    let theirs = first_record(&segs, !us_client);
+    let my_reports = captured_reports(&segs, us_client);
+    let their_reports = captured_reports(&segs, !us_client);
+    let ctx = format!("{name} as {role:?}");
+    let mut peer = ScriptedPeer::new(segs.clone(), role, chunk);
+    let (remote, per_run, last) = {
+        let mut ex = Exchange::new(&mut peer, role, Duration::from_secs(1));
+        let r = (|| -> Result<_, ExchangeError> {
+            let n = ex.setup(SysData::default(), Mtu::Mtu1024, false)?;
+            assert_eq!((n.peer_version.as_str(), n.mtu), ("6.06", Mtu::Mtu1024), "{ctx}");
+            let remote = ex.exchange_dests(test, std::slice::from_ref(&mine))?;
+            ex.connected(test, &mine)?;
+            let mut per_run = Vec::new();
+            for i in 0..runs {
+                ex.start_run(test, &mine, duplex)?;
+                let r = my_reports.get(i).copied().filter(|_| duplex).unwrap_or_default();
+                per_run.push(ex.end_run(test, &mine, &r, duplex, runs > 1)?);
+            }
+            let last = ex.finish(test, &mine, &my_reports.last().copied().unwrap_or_default(), duplex)?;
+            Ok((remote, per_run, last))
+        })();
+        r.unwrap_or_else(|e| panic!("{ctx}: {e}"))
+    };
+    let expected = peer.ours_expected();
+    if let Some(i) = (0..expected.len().max(peer.written.len())).find(|&i| peer.written.get(i) != expected.get(i)) {
+        panic!(
+            "{ctx}: first difference at byte {i} of {} (perftest wrote {}): ours {:02x?}, perftest's {:02x?}",
+            peer.written.len(),
+            expected.len(),
+            &peer.written[i.min(peer.written.len())..(i + 16).min(peer.written.len())],
+            &expected[i.min(expected.len())..(i + 16).min(expected.len())]
+        );
+    }
+    assert_eq!(remote, vec![theirs], "{ctx}: the peer's QP as parsed");
+    // -b: a report each way after every size; one-way write/read/atomic BW: one, in the teardown; else none.
+    let want_runs: Vec<Option<BwReport>> = (0..runs).map(|i| duplex.then(|| their_reports[i])).collect();
+    let per_run_bits: Vec<_> = per_run.iter().map(|r| r.map(|r| r.encode())).collect();
+    let want_bits: Vec<_> = want_runs.iter().map(|r| r.map(|r| r.encode())).collect();
+    assert_eq!(per_run_bits, want_bits, "{ctx}: reports after each size");
+    let teardown_report = !duplex && matches!(test, TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw);
+    assert_eq!(last.map(|r| r.encode()), teardown_report.then(|| their_reports[0].encode()), "{ctx}: teardown report");
+    assert_eq!(their_reports.len(), if duplex { runs } else { usize::from(teardown_report) }, "{ctx}: reports");
+}
+
+/// The first record a side sent.
+fn first_record(segs: &[Segment], client: bool) -> Dest {
+    let rec = segs.iter().find(|s| s.from_client == client && s.data.len() == DEST_LEN).expect("a record");
+    Dest::decode(&rec.data).expect("captured record parses")
+}
+
+#[test]
+fn all_sizes_bidirectional_and_timed_runs_write_what_perftest_wrote() {
+    for &(name, test, runs, duplex) in MULTI_RUN {
+        for role in [Role::Client, Role::Server] {
+            replay_runs(name, test, runs, duplex, role, usize::MAX);
+            replay_runs(name, test, runs, duplex, role, 1);
+        }
+    }
+}
+
+#[test]
+fn multi_run_captures_have_the_shapes_the_sequence_predicts() {
+    // Records per side: the setup ones, then per size what start_run/end_run add, then the teardown.
+    for &(name, test, runs, duplex) in MULTI_RUN {
+        let segs = common::oob_segments_at(&common::perftest_vectors().join(name));
+        let records = segs.iter().filter(|s| s.from_client && s.data.len() == DEST_LEN).count();
+        // A barrier before each size (send BW, send latency, -b), and after each but with -a (send BW, -b).
+        let start = usize::from(matches!(test, TestKind::SendBw | TestKind::SendLat) || (duplex && test.is_bw()));
+        let end = usize::from(runs > 1 && (test == TestKind::SendBw || (duplex && test.is_bw())));
+        let before = test.records_before_traffic(1, duplex) - start;
+        let teardown = match test {
+            TestKind::WriteLat => 0,
+            TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw if !duplex => 2,
+            _ => 1,
+        };
+        assert_eq!(records, before + runs * (start + end) + teardown, "{name}: client records");
+        let server = segs.iter().filter(|s| !s.from_client && s.data.len() == DEST_LEN).count();
+        assert_eq!(server, records, "{name}: server records");
+    }
+}
+
 #[test]
 fn captured_shapes_match_the_documented_sequence() {
     // k records before the traffic and the teardown, as rxe-peer/README.md describes them.
@@ -595,7 +707,7 @@ fn our_client_and_server_over_tcp_every_test() {
         });
         let cl = dest(0x31, 1, 16);
         let rep = BwReport { size: 65536, iters: 5000, bw_peak: 1000.5, bw_avg: 999.25, msg_rate: 0.015 };
-        let s = connect("127.0.0.1", port, Duration::from_secs(10)).unwrap();
+        let s = connect("127.0.0.1", port, Duration::from_secs(10), Duration::from_secs(10)).unwrap();
         let c = run_side(Exchange::new(s, Role::Client, Duration::from_secs(10)), test, &cl, &rep, Mtu::Mtu2048)
             .unwrap_or_else(|e| panic!("{test:?} client: {e}"));
         let s = server.join().unwrap().unwrap_or_else(|e| panic!("{test:?} server: {e}"));
@@ -614,12 +726,24 @@ fn connection_refused_is_one_line_within_the_timeout() {
         l.local_addr().unwrap().port()
     };
     let start = Instant::now();
-    let e = connect("127.0.0.1", port, Duration::from_millis(500)).unwrap_err();
+    // Refused connections are retried for the first duration only, whatever the exchange's timeout.
+    let e = connect("127.0.0.1", port, Duration::from_millis(500), Duration::from_secs(60)).unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
     let msg = e.to_string();
     assert!(msg.starts_with(&format!("couldn't connect to 127.0.0.1:{port}: ")), "{msg}");
     assert!(msg.to_lowercase().contains("refused"), "{msg}");
     assert!(!msg.contains('\n'));
+}
+
+#[test]
+fn the_client_waits_the_whole_timeout_for_each_step_not_the_connect_window() {
+    // A perftest peer can be silent for seconds between two steps (ib_write_bw -a in a TCG guest: 6 s before its
+    // first record); the connect window (5 s in the tools) must not become the exchange's read timeout.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let s = connect("127.0.0.1", port, Duration::from_millis(300), Duration::from_secs(40)).unwrap();
+    assert_eq!(s.read_timeout().unwrap(), Some(Duration::from_secs(40)));
+    assert_eq!(s.write_timeout().unwrap(), Some(Duration::from_secs(40)));
 }
 
 #[test]
@@ -640,7 +764,7 @@ fn a_tcp_peer_that_resets_mid_run_is_reported() {
         s.write_all(&version_bytes("6.06")).unwrap();
         drop(s); // gone before the sys data
     });
-    let s: TcpStream = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+    let s: TcpStream = connect("127.0.0.1", port, Duration::from_secs(5), Duration::from_secs(5)).unwrap();
     let start = Instant::now();
     let r = run_side(
         Exchange::new(s, Role::Client, Duration::from_secs(5)),
@@ -700,7 +824,7 @@ fn captured_perftest_peer_over_tcp_in_both_roles() {
                     let (s, _) = listener.accept().unwrap();
                     perftest_peer_over_tcp(s, segs2, false, name);
                 });
-                let s = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+                let s = connect("127.0.0.1", port, Duration::from_secs(5), Duration::from_secs(5)).unwrap();
                 let out = run_side(Exchange::new(s, role, Duration::from_secs(5)), test, &mine, &report, Mtu::Mtu1024);
                 peer.join().unwrap();
                 out
@@ -725,7 +849,8 @@ fn listen_on_a_busy_port_is_one_line() {
     let first = listen(0).unwrap();
     let port = first.local_addr().unwrap().port();
     // A client reaches it over IPv4 loopback.
-    let c = thread::spawn(move || connect("127.0.0.1", port, Duration::from_secs(5)).map(|_| ()));
+    let c =
+        thread::spawn(move || connect("127.0.0.1", port, Duration::from_secs(5), Duration::from_secs(5)).map(|_| ()));
     accept(&first, Some(Duration::from_secs(5)), Duration::from_secs(5)).unwrap();
     c.join().unwrap().unwrap();
     let e = listen(port).unwrap_err().to_string();
@@ -743,7 +868,7 @@ fn peer_gone_sees_a_closed_peer_without_blocking() {
         rx.recv().unwrap();
         drop(s);
     });
-    let s = connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+    let s = connect("127.0.0.1", port, Duration::from_secs(5), Duration::from_secs(5)).unwrap();
     let ex = Exchange::new(s, Role::Client, Duration::from_secs(5));
     let start = Instant::now();
     assert!(!ex.peer_gone(), "an idle live peer is not gone");

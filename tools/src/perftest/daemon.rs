@@ -63,7 +63,7 @@ fn gone(e: roce_dp::client::Error) -> Fail {
 pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration, nap: Duration) -> Result<(), Fail> {
     let dev = Device::open(sock).map_err(gone)?;
     let stream = if let Some(host) = &p.host {
-        exchange::connect(host, p.port, timeout.min(Duration::from_secs(5))).map_err(err)?
+        exchange::connect(host, p.port, timeout.min(Duration::from_secs(5)), timeout).map_err(err)?
     } else {
         let listener = exchange::listen(p.port).map_err(err)?;
         for l in report::waiting_lines() {

@@ -85,7 +85,7 @@ const MEMIF_SETTLE: Duration = Duration::from_millis(500);
 pub(super) fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str, timeout: Duration) -> Result<(), Fail> {
     // The server's port exists (memif: its socket) before it accepts; the client connects first, then starts.
     let (mut s, stream) = if let Some(host) = &p.host {
-        let st = exchange::connect(host, p.port, timeout.min(Duration::from_secs(5))).map_err(err)?;
+        let st = exchange::connect(host, p.port, timeout.min(Duration::from_secs(5)), timeout).map_err(err)?;
         (setup_port(ours, prefix, true, timeout)?, st)
     } else {
         let s = setup_port(ours, prefix, false, timeout)?;

@@ -615,13 +615,13 @@ impl<S: Read + Write> Exchange<S> {
         mine.iter().map(|d| self.hand_shake(d)).collect()
     }
 
-    /// The barrier(s) once our QPs are at RTR/RTS: one for write/read/atomic BW, two for the latency tests,
-    /// none for send BW (its post-connect record is inside [`Exchange::exchange_dests`]).
+    /// The barrier(s) once our QPs are at RTR/RTS: one for write/read/atomic BW and send latency, two for the
+    /// other latency tests, none for send BW (its post-connect record is inside [`Exchange::exchange_dests`]).
     pub fn connected(&mut self, test: TestKind, first: &Dest) -> Result<(), ExchangeError> {
         let n = match test {
             TestKind::SendBw => 0,
-            TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw => 1,
-            TestKind::SendLat | TestKind::WriteLat | TestKind::ReadLat | TestKind::AtomicLat => 2,
+            TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw | TestKind::SendLat => 1,
+            TestKind::WriteLat | TestKind::ReadLat | TestKind::AtomicLat => 2,
         };
         for _ in 0..n {
             self.hand_shake(first)?;
@@ -629,11 +629,12 @@ impl<S: Read + Write> Exchange<S> {
         Ok(())
     }
 
-    /// The barrier right before the traffic of one run (one message size): send BW syncs here, after the
-    /// server posted its receives; write/read/atomic BW only with `-b`; the latency tests never.
+    /// The barrier right before the traffic of one run (one message size): send BW and send latency sync here,
+    /// once the receives of the size are posted (ib_send_lat -a: one record before every size, captured);
+    /// write/read/atomic BW only with `-b`; the other latency tests never (-a runs their sizes back to back).
     pub fn start_run(&mut self, test: TestKind, first: &Dest, duplex: bool) -> Result<(), ExchangeError> {
         let sync = match test {
-            TestKind::SendBw => true,
+            TestKind::SendBw | TestKind::SendLat => true,
             TestKind::WriteBw | TestKind::ReadBw | TestKind::AtomicBw => duplex,
             _ => false,
         };
@@ -652,8 +653,8 @@ impl<S: Read + Write> Exchange<S> {
 
     /// After the traffic of one run: with `-b` the BW reports are swapped (returns the peer's); with `-a`
     /// (`all`) send BW, and duplex write/read/atomic BW, sync once more before the next size. Nothing for the
-    /// latency tests. The `-a` and `-b` sequences follow perftest's sources; the captures have single-size,
-    /// one-way runs only.
+    /// latency tests. The `-a`, `-b` and `-D` sequences are as captured between two perftest 4.5 peers
+    /// (tools/tests/vectors/perftest-4.5/).
     pub fn end_run(
         &mut self,
         test: TestKind,
@@ -779,14 +780,16 @@ pub enum PeerActivity {
     Gone,
 }
 
-/// Connects to the server's management address, retrying while it refuses until `timeout` has passed (the
-/// server may start a moment later), and sets `timeout` as the read/write timeout of the exchange.
-pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, ExchangeError> {
+/// Connects to the server's management address, retrying while it refuses until `retry` has passed (the
+/// server may start a moment later), and sets `timeout` as the read/write timeout of the exchange (a perftest
+/// peer may take seconds between two steps: ib_write_bw -a registers 16 MiB before its first record, 6 s in
+/// the TCG guest).
+pub fn connect(host: &str, port: u16, retry: Duration, timeout: Duration) -> Result<TcpStream, ExchangeError> {
     let timeout = timeout.max(Duration::from_millis(1));
     let addr = format!("{host}:{port}");
     let fail = |err| ExchangeError::Connect { addr: addr.clone(), err };
     let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(fail)?.collect();
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now() + retry.max(Duration::from_millis(1));
     let mut last = io::Error::new(ErrorKind::NotFound, "no address");
     loop {
         for a in &addrs {

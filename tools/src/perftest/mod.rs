@@ -12,7 +12,7 @@
 //! let test = TestKind::WriteBw;
 //! let p = Params::parse_or_exit(test);
 //! let (stream, role) = match &p.host {
-//!     Some(host) => (exchange::connect(host, p.port, DEFAULT_TIMEOUT)?, Role::Client),
+//!     Some(host) => (exchange::connect(host, p.port, DEFAULT_TIMEOUT, DEFAULT_TIMEOUT)?, Role::Client),
 //!     None => {
 //!         for l in report::waiting_lines() {
 //!             println!("{l}");

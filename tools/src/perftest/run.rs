@@ -341,7 +341,8 @@ pub(super) fn session<N: Nic>(
         if matches!(test, TestKind::SendLat | TestKind::WriteLat) {
             for &size in &p.sizes {
                 let mut rec = report::LatRecorder::new();
-                pingpong(nic, &ex, test, client, &qps[0], &remote[0], size, iters, timeout, &mut rec)?;
+                let (q, first, r) = (&qps[0], &mine[0], &remote[0]);
+                pingpong(nic, &mut ex, &abort, test, client, q, first, r, size, iters, timeout, &mut rec)?;
                 rows.extend(rec.stats(size, iters, rtt));
             }
             let first = mine[0];

@@ -10,7 +10,7 @@ use roce_dp::{Cqe, SendWr, WcOpcode, WcStatus, WrOpcode};
 use super::exchange::{self, BwReport, Dest, Exchange, PeerActivity, TestKind, Verb};
 use super::params::{AtomicType, Params, RunLength};
 use super::report::{self, PeakMeter};
-use super::run::{drive, err, first_bad, Fail, Local, Nic};
+use super::run::{drive, err, first_bad, polling, Fail, Local, Nic};
 
 /// How often a loop looks at the clock-driven checks (signals, the peer, the daemon, the timeout).
 const CHECK_EVERY: Duration = Duration::from_millis(20);
@@ -475,14 +475,17 @@ pub(super) fn passive_server<N: Nic>(
 /// ([`TestKind::client_posts_first`]), the other answers each message it received. Each side times from its post
 /// to the peer's next message. Region layout (both tests): the receive area at offset 0 (the address in our QP
 /// record, which a peer writes to as given), the send area at `size`. write_lat sees a message land by its last
-/// byte, the [`exchange::latency_marker`] the sender put there, as perftest polls memory.
+/// byte, the [`exchange::latency_marker`] the sender put there, as perftest polls memory. Each size begins with
+/// [`Exchange::start_run`] once the first receives are posted (send_lat's per-size barrier).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn pingpong<N: Nic>(
     nic: &mut N,
-    ex: &Exchange<TcpStream>,
+    ex: &mut Exchange<TcpStream>,
+    abort: &TcpStream,
     test: TestKind,
     client: bool,
     q: &Local,
+    first: &Dest,
     r: &Dest,
     size: u64,
     iters: u64,
@@ -499,6 +502,7 @@ pub(super) fn pingpong<N: Nic>(
             recv_posted += 1;
         }
     }
+    polling(nic, abort, || ex.start_run(test, first, false))?.map_err(err)?;
     // k: messages we posted; got: the peer's messages that arrived; awaiting: our last post is not timed yet.
     let (mut k, mut got, mut send_out, mut awaiting) = (0u64, 0u64, 0u32, false);
     let mut t0 = Instant::now();

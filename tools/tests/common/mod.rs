@@ -18,12 +18,24 @@ pub struct Segment {
     pub data: Vec<u8>,
 }
 
-/// The TCP payloads to and from port 18515 in a capture (IPv4, Ethernet), retransmissions dropped.
+/// tools/tests/vectors/perftest-4.5: exchanges captured between two perftest 4.5 peers in the interop guests
+/// (`-a`, `-b`, `-D`; see its README).
+pub fn perftest_vectors() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/perftest-4.5"))
+}
+
+/// The TCP payloads to and from port 18515 in a capture of shared/vectors/rxe (IPv4, Ethernet), retransmissions
+/// dropped.
 pub fn oob_segments(name: &str) -> Vec<Segment> {
-    let path = vectors().join(name);
+    oob_segments_at(&vectors().join(name))
+}
+
+/// [`oob_segments`] of the capture at `path`.
+pub fn oob_segments_at(path: &std::path::Path) -> Vec<Segment> {
+    let name = path.display();
     let mut out = Vec::new();
     let mut next_seq: [Option<u32>; 2] = [None, None];
-    for_each_frame(&path, |f| {
+    for_each_frame(path, |f| {
         let d = f.data;
         if d.len() < 14 + 20 || d[12..14] != [0x08, 0x00] {
             return;
