@@ -45,6 +45,22 @@ fn writes(p: &mut LoopPair, n: u32, len: u32, seed: u8) {
 }
 
 /// Text output: `SCOPE ID: name value ...` -> {(scope, id): {name: value}}.
+/// One `roce-stat --socket PATH` snapshot (must succeed): its text and the counters parsed from it.
+fn snapshot(path: &str) -> (String, Stats) {
+    let o = roce_stat(&["--socket", path]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    let m = parse(&out);
+    (out, m)
+}
+
+/// One counter of a parsed snapshot.
+fn stat<'m>(m: &'m Stats, scope: &str, id: &str, name: &str) -> Option<&'m str> {
+    m.get(&(scope.to_string(), id.to_string())).and_then(|c| c.get(name)).map(String::as_str)
+}
+
+type Stats = HashMap<(String, String), HashMap<String, String>>;
+
 fn parse(out: &str) -> HashMap<(String, String), HashMap<String, String>> {
     let mut m = HashMap::new();
     for line in out.lines() {
@@ -70,13 +86,8 @@ fn snapshot_and_json_show_every_scope_and_the_qps_counters() {
     writes(&mut p, 10, 4096, 1);
     let path = d.path().to_str().unwrap();
 
-    let o = roce_stat(&["--socket", path]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let out = text(&o.stdout);
-    let m = parse(&out);
-    let get = |scope: &str, id: &str, name: &str| -> Option<&str> {
-        m.get(&(scope.to_string(), id.to_string())).and_then(|c| c.get(name)).map(String::as_str)
-    };
+    let (out, m) = snapshot(path);
+    let get = |scope: &str, id: &str, name: &str| stat(&m, scope, id, name);
     for (name, want) in [("qps", "2"), ("cqs", "1"), ("mrs", "1"), ("pds", "1")] {
         assert_eq!(get("daemon", "0", name), Some(want), "daemon {name}\n{out}");
     }
@@ -130,13 +141,8 @@ fn two_workers_show_a_line_each_and_every_qps_worker() {
     writes(&mut p0, 2, 4096, 3);
     writes(&mut p1, 3, 4096, 4);
     let path = d.path().to_str().unwrap();
-    let o = roce_stat(&["--socket", path]);
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let out = text(&o.stdout);
-    let m = parse(&out);
-    let get = |scope: &str, id: &str, name: &str| -> Option<&str> {
-        m.get(&(scope.to_string(), id.to_string())).and_then(|c| c.get(name)).map(String::as_str)
-    };
+    let (out, m) = snapshot(path);
+    let get = |scope: &str, id: &str, name: &str| stat(&m, scope, id, name);
     assert_eq!((get("daemon", "0", "workers"), get("daemon", "0", "qps")), (Some("2"), Some("4")), "{out}");
     for (w, pair, writes) in [("0", &p0, "2"), ("1", &p1, "3")] {
         assert_eq!(get("worker", w, "qps"), Some("2"), "{out}");
