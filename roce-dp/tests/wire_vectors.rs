@@ -1,4 +1,5 @@
-//! The wire layer against real bytes: Linux rxe captures (../shared/vectors/rxe), an independent implementation.
+//! The wire layer against real bytes: Linux rxe captures (tests/vectors/rxe, vendored from ../shared/vectors/rxe), an
+//! independent implementation.
 
 mod common;
 
@@ -22,6 +23,28 @@ fn every_capture_is_listed() {
     on_disk.sort();
     let listed: Vec<&str> = CAPTURES.iter().map(|c| c.name).collect();
     assert_eq!(on_disk, listed, "a capture was added or removed: update CAPTURES with its tshark counts");
+}
+
+/// The vendored copy is the shared one, byte for byte, when `shared/` sits beside the clone (a CI clone without it
+/// runs on the copy alone, and says so).
+#[test]
+fn vendored_captures_equal_the_shared_ones() {
+    let Some(shared) = common::shared_vectors_dir() else {
+        eprintln!("shared/vectors/rxe is not beside this clone: the vendored copy in tests/vectors/rxe is used alone");
+        return;
+    };
+    let names = |d: &std::path::Path| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&vectors_dir()), names(&shared), "vendored and shared vector files differ");
+    for n in names(&shared) {
+        let a = std::fs::read(vectors_dir().join(&n)).unwrap();
+        let b = std::fs::read(shared.join(&n)).unwrap();
+        assert!(a == b, "{n}: the vendored copy differs from shared/vectors/rxe/{n}");
+    }
 }
 
 #[test]

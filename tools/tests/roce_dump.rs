@@ -11,8 +11,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 fn vectors_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors/rxe"));
-    assert!(dir.is_dir(), "rxe capture directory {} is missing: clone with `shared/` beside the repo", dir.display());
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../roce-dp/tests/vectors/rxe"));
+    assert!(dir.is_dir(), "rxe capture directory {} is missing from the checkout", dir.display());
     dir
 }
 

@@ -1,19 +1,22 @@
-//! Loading the Linux rxe captures in ../shared/vectors/rxe (see its README).
+//! Loading the Linux rxe captures: a copy of ../shared/vectors/rxe vendored in tests/vectors/rxe (so a clone
+//! without `shared/` beside it still runs every test; `vendored_captures_equal_the_shared_ones` checks the copy).
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::PathBuf;
 
-/// The capture directory. Panics (the test fails) with a clear message when it is missing: these tests check the
-/// wire layer against an independent implementation and must never pass by skipping.
+/// The capture directory (the vendored copy). Panics (the test fails) with a clear message when it is missing: these
+/// tests check the wire layer against an independent implementation and must never pass by skipping.
 pub fn vectors_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors/rxe"));
-    assert!(
-        dir.is_dir(),
-        "rxe capture directory {} is missing: clone the repository with `shared/` beside it",
-        dir.display()
-    );
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/rxe"));
+    assert!(dir.is_dir(), "rxe capture directory {} is missing from the checkout", dir.display());
     dir
+}
+
+/// `shared/vectors/rxe` beside the repository (the source of the vendored copy), if it is there.
+pub fn shared_vectors_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors/rxe"));
+    dir.is_dir().then_some(dir)
 }
 
 /// The frames of one capture: (timestamp, bytes).

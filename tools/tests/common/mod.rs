@@ -4,10 +4,11 @@
 use roce_dp_tools::capture::for_each_frame;
 use std::path::PathBuf;
 
-/// shared/vectors/rxe, which sits beside the repository; missing is a failure, never a skip.
+/// The rxe captures (roce-dp/tests/vectors/rxe, a vendored copy of shared/vectors/rxe); missing is a failure,
+/// never a skip.
 pub fn vectors() -> PathBuf {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors/rxe"));
-    assert!(dir.is_dir(), "test vectors missing: {} (shared/ must sit beside the repository)", dir.display());
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../roce-dp/tests/vectors/rxe"));
+    assert!(dir.is_dir(), "test vectors missing from the checkout: {}", dir.display());
     dir
 }
 
