@@ -159,12 +159,12 @@ const STAGE: usize = 16 + 4 + HEAD_BLOCK;
 /// (the initial register only XORs into the first four bytes), and zero bytes leave a zero register unchanged. So
 /// the masked LRH is hashed as `0^z ++ FF FF FF FF` from a zero register, with `z` (0..=15) chosen so that every
 /// `update` call covers a multiple of 16 bytes: crc32fast's folding kernels then never fall back to their
-/// byte-at-a-time tail. The headers are ORed with a precomputed mask into that stack block with whole-vector
-/// stores (byte stores right before the CRC's vector loads would stall store-to-load forwarding), then hashed,
-/// then the rest of the packet in place.
+/// byte-at-a-time tail. The first bytes are copied into that stack block with fixed-size (vector) copies and the
+/// header part ORed with a precomputed mask, whole vectors at a time (byte stores right before the CRC's vector
+/// loads would stall store-to-load forwarding), then hashed, then the rest of the packet in place.
 #[inline]
 pub fn compute(pkt: &[u8]) -> Result<u32, Error> {
-    let (mask, _) = layout(pkt)?;
+    let (mask, hdr_end) = layout(pkt)?;
     let mut buf = [0u8; STAGE];
     // Bytes of `pkt` staged in `buf`: all of a short packet; else so many that the rest is a multiple of 16.
     let head =
@@ -172,18 +172,25 @@ pub fn compute(pkt: &[u8]) -> Result<u32, Error> {
     let z = (16 - ((4 + head) & 15)) & 15;
     let at = z + 4;
     buf[z..at].copy_from_slice(&[0xff; 4]);
-    let stage = &mut buf[at..at + HEAD_BLOCK];
+    let stage: &mut [u8; HEAD_BLOCK] = (&mut buf[at..at + HEAD_BLOCK]).try_into().expect("HEAD_BLOCK bytes");
     if let Some(p) = pkt.first_chunk::<HEAD_BLOCK>() {
-        for i in 0..HEAD_BLOCK {
-            stage[i] = p[i] | mask[i];
-        }
+        *stage = *p;
     } else {
-        // A short packet: copy it, then OR the whole block (the mask is zero past the headers, and the bytes past
-        // the packet are not hashed), which compiles to a few vector operations instead of a byte loop.
-        stage[..pkt.len()].copy_from_slice(pkt);
-        for i in 0..HEAD_BLOCK {
-            stage[i] |= mask[i];
+        // A short packet (`layout` checked it holds at least IP + UDP + BTH, i.e. 40 bytes): two overlapping
+        // fixed-size copies cover it, a few vector moves instead of a `memcpy` call. Bytes past the packet are
+        // not hashed.
+        let n = pkt.len();
+        if n >= 64 {
+            copy_ends::<64>(stage, pkt);
+        } else {
+            copy_ends::<32>(stage, pkt);
         }
+    }
+    // The mask is zero past the header prefix: 40 bytes for IPv4 without options (the common case, three vector
+    // ORs), at most MAX_PSEUDO_LEN (IPv4 with options, IPv6).
+    or_mask::<0, 48>(stage, mask);
+    if hdr_end > 48 {
+        or_mask::<48, { MAX_PSEUDO_LEN - 48 }>(stage, mask);
     }
     let mut h = zero_register();
     h.update(&buf[..at + head]);
@@ -191,6 +198,30 @@ pub fn compute(pkt: &[u8]) -> Result<u32, Error> {
         h.update(&pkt[head..]);
     }
     Ok(h.finalize())
+}
+
+/// ORs `mask[AT..AT + N]` into `stage[AT..AT + N]` (fixed-size arrays: whole-vector operations).
+#[inline(always)]
+fn or_mask<const AT: usize, const N: usize>(stage: &mut [u8; HEAD_BLOCK], mask: &[u8; HEAD_BLOCK]) {
+    let s: &mut [u8; N] = (&mut stage[AT..AT + N]).try_into().expect("in the block");
+    let m: &[u8; N] = (&mask[AT..AT + N]).try_into().expect("in the block");
+    for (s, m) in s.iter_mut().zip(m) {
+        *s |= *m;
+    }
+}
+
+/// Copies `src` (`N..=2N` bytes, at most `HEAD_BLOCK`) to the start of `dst` as its first and its last `N` bytes.
+#[inline(always)]
+fn copy_ends<const N: usize>(dst: &mut [u8; HEAD_BLOCK], src: &[u8]) {
+    let n = src.len();
+    if let (Some(a), Some(b)) = (src.first_chunk::<N>(), src.last_chunk::<N>()) {
+        if let Some(d) = dst.first_chunk_mut::<N>() {
+            *d = *a;
+        }
+        if let Some(d) = dst.get_mut(n - N..n).and_then(|d| d.first_chunk_mut::<N>()) {
+            *d = *b;
+        }
+    }
 }
 
 /// Splits an IP-to-ICRC slice into covered bytes and the stored ICRC.
@@ -257,7 +288,7 @@ mod tests {
     #[test]
     fn head_masks_match_the_written_out_masks() {
         let mut x = 0x1234_5678u32;
-        for len in [40usize, 41, 60, 61, 80, 127, 128, 129, 300, 1100] {
+        for len in [40usize, 41, 60, 61, 63, 64, 65, 80, 127, 128, 129, 300, 1100] {
             for first in [0x45u8, 0x46, 0x4f, 0x60, 0x6f] {
                 let mut pkt: Vec<u8> = (0..len)
                     .map(|_| {
