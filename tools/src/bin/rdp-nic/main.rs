@@ -3,6 +3,8 @@
 //! Modes:
 //! * `ring`: one process, two soft NICs on two net_ring ports cross-connected by rte_rings, each worker on its
 //!   own thread pinned to its own core (lcores 0 and 1), peers resolved with ARP;
+//! * `tap --bridge BR`: the same on two net_tap ports joined to a Linux bridge (run it in a network namespace),
+//!   one rx queue per worker with `--steering rte_flow|rss|auto` (README "Steering");
 //! * `server --profile conf/memif-server.toml --oob-port N` and `client --profile conf/memif-client.toml
 //!   --oob-port N`: two processes (memif, af_packet, af_xdp, ...); QPN/PSN/rkey/VA and addresses are exchanged
 //!   out of band over TCP on 127.0.0.1:N; the client is the requester, the server the responder.
