@@ -63,6 +63,9 @@ const FUNCTIONS: &[&str] = &[
     "rte_flow_validate",
     "rte_flow_create",
     "rte_flow_destroy",
+    "rte_flow_flush",
+    "rte_eth_dev_rss_hash_conf_get",
+    "rte_eth_dev_rss_reta_query",
 ];
 
 /// Types the project names (their dependencies come in automatically).
@@ -80,7 +83,12 @@ const TYPES: &[&str] = &[
     "rte_flow_action",
     "rte_flow_item_udp",
     "rte_flow_action_rss",
+    "rte_flow_action_queue",
+    "rte_flow_item_ipv4",
+    "rte_flow_item_ipv6",
     "rte_flow_error",
+    "rte_eth_rss_conf",
+    "rte_eth_rss_reta_entry64",
 ];
 
 /// Constants, by pattern. Some lack the RTE_ prefix (SOCKET_ID_ANY, LCORE_ID_ANY, RING_F_*).

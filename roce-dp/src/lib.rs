@@ -21,6 +21,7 @@ pub mod neigh;
 pub mod qp;
 pub mod sim;
 pub mod stats;
+pub mod steer;
 pub mod time;
 pub mod verbs;
 pub mod wire;

@@ -79,7 +79,9 @@ tier5_engine_ring() {
         check "ring $op, 2 workers per NIC: frames dispatched to worker 1" grep -Eq '^STATS worker a0: .* dispatched=[1-9]' "$log"
         check "ring $op, 2 workers per NIC: worker 1 sent frames" grep -Eq '^STATS worker a1: .* tx_frames=[1-9]' "$log"
         check "ring $op, 2 workers per NIC: rte_flow refused by net_ring, software dispatcher used" \
-            grep -Eq '^STEERING port a: rte_flow unavailable \(rte_flow_validate failed: .*\); software dispatcher' "$log"
+            grep -Eq '^STEERING auto: software \(rte_flow unavailable: .* refused a RoCE rule: rte_flow_validate failed: .*\)' "$log"
+        check "ring $op, 2 workers per NIC: software steering, one rx queue" \
+            grep -Eq '^STEERING mode=software workers=2 rx_queues=1 ' "$log"
     done
 
     local bad="$LOG_DIR/bad-profile.toml"

@@ -29,7 +29,9 @@ pub use eal::{captured_log, Eal, EalArgs};
 pub use error::{DpdkError, Result};
 pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for, pool_size, Mempool};
-pub use port::{offload_names, FlowRule, Link, Port, PortConfig, PortInfo, PortStats, QueuePair};
+pub use port::{
+    offload_names, FlowDest, FlowError, FlowRule, Link, Port, PortConfig, PortInfo, PortStats, QueuePair, RoceMatch,
+};
 pub use ring::Ring;
 pub use worker::{
     choose_offloads, register_thread, Clock, Dispatch, Idle, Worker, WorkerConfig, WorkerStats, QPN_STRIDE,

@@ -539,27 +539,130 @@ impl Drop for FlowRule<'_> {
     }
 }
 
+/// What a RoCEv2 steering rule matches ([`Port::roce_flow`]): Ethernet / IPv4 or IPv6 / UDP destination port
+/// 4791, and optionally the peer's address and the UDP source port (the flow entropy the peer picked for one QP
+/// pair: rxe and roce-dp derive it from the two QPNs, [`crate::wire::rxe_udp_sport`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RoceMatch {
+    /// IPv6 instead of IPv4.
+    pub ipv6: bool,
+    /// The peer's address (IPv4 in the first 4 bytes), or any.
+    pub src_ip: Option<[u8; 16]>,
+    /// The UDP source port, or any.
+    pub udp_src: Option<u16>,
+}
+
+/// Where a steering rule sends the frames it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowDest<'a> {
+    /// One rx queue (`RTE_FLOW_ACTION_TYPE_QUEUE`).
+    Queue(u16),
+    /// RSS over these rx queues on the IPv4/IPv6 UDP 4-tuple (`RTE_FLOW_ACTION_TYPE_RSS`, the PMD's default hash
+    /// and key).
+    Rss(&'a [u16]),
+}
+
+/// A refused rte_flow call: the errno and the PMD's own explanation (`rte_flow_error.message`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowError {
+    /// The call and its errno.
+    pub err: DpdkError,
+    /// The PMD's message, if it gave one.
+    pub message: Option<String>,
+}
+
+impl std::fmt::Display for FlowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.message {
+            // Some PMDs repeat strerror as their message (net_ring): say it once.
+            Some(m) if *m != self.err.text() => write!(f, "{} ({m})", self.err),
+            _ => write!(f, "{}", self.err),
+        }
+    }
+}
+
+impl std::error::Error for FlowError {}
+
 impl Port {
-    /// Steer RoCEv2 (IPv4, UDP destination port 4791) to `queues` with RSS over the UDP source port (the RoCE
-    /// flow entropy): an `rte_flow` rule of pattern ETH / IPV4 / UDP dst 4791, action RSS. Fails with the
-    /// driver's error where rte_flow is not supported (the vdevs here: net_ring, memif and af_packet report
-    /// ENOSYS/ENOTSUP), in which case a software dispatcher must steer instead.
-    pub fn steer_roce(&self, queues: &[u16]) -> Result<FlowRule<'_>> {
+    /// Install an `rte_flow` ingress rule sending the RoCEv2 frames `m` matches to `dest`. Fails with the driver's
+    /// errno and message where the PMD refuses it (net_ring, memif, af_packet: no rte_flow at all; net_tap on a
+    /// kernel without cls_flower/act_skbedit), in which case a software dispatcher must steer instead.
+    pub fn roce_flow(&self, m: &RoceMatch, dest: FlowDest<'_>) -> std::result::Result<FlowRule<'_>, FlowError> {
+        let flow = self.roce_flow_call(m, dest, true)?;
+        // With `create`, Ok holds the new flow.
+        flow.ok_or(FlowError { err: DpdkError::new("rte_flow_create", libc::EINVAL), message: None })
+    }
+
+    /// Ask the PMD whether it would accept the rule ([`Port::roce_flow`]) without installing it.
+    pub fn validate_roce_flow(&self, m: &RoceMatch, dest: FlowDest<'_>) -> std::result::Result<(), FlowError> {
+        self.roce_flow_call(m, dest, false).map(drop)
+    }
+
+    /// Steer all RoCEv2-over-IPv4 frames to `queues` with RSS ([`Port::roce_flow`] with no source match).
+    pub fn steer_roce(&self, queues: &[u16]) -> std::result::Result<FlowRule<'_>, FlowError> {
+        self.roce_flow(&RoceMatch { ipv6: false, src_ip: None, udp_src: None }, FlowDest::Rss(queues))
+    }
+
+    fn roce_flow_call(
+        &self,
+        m: &RoceMatch,
+        dest: FlowDest<'_>,
+        create: bool,
+    ) -> std::result::Result<Option<FlowRule<'_>>, FlowError> {
         use dpdk_sys as d;
         let mut attr = d::rte_flow_attr::default();
         attr.set_ingress(1);
-        let udp_spec = d::rte_flow_item_udp { hdr: d::rte_udp_hdr { dst_port: 4791u16.to_be(), ..Default::default() } };
-        let udp_mask = d::rte_flow_item_udp { hdr: d::rte_udp_hdr { dst_port: 0xffff, ..Default::default() } };
+        let udp_spec = d::rte_flow_item_udp {
+            hdr: d::rte_udp_hdr {
+                dst_port: crate::wire::ROCE_UDP_PORT.to_be(),
+                src_port: m.udp_src.unwrap_or(0).to_be(),
+                ..Default::default()
+            },
+        };
+        let udp_mask = d::rte_flow_item_udp {
+            hdr: d::rte_udp_hdr {
+                dst_port: 0xffff,
+                src_port: if m.udp_src.is_some() { 0xffff } else { 0 },
+                ..Default::default()
+            },
+        };
+        let mut ip4_spec = d::rte_flow_item_ipv4::default();
+        let mut ip4_mask = d::rte_flow_item_ipv4::default();
+        let mut ip6_spec = d::rte_flow_item_ipv6::default();
+        let mut ip6_mask = d::rte_flow_item_ipv6::default();
+        if let Some(a) = m.src_ip {
+            if m.ipv6 {
+                ip6_spec.hdr.src_addr = a;
+                ip6_mask.hdr.src_addr = [0xff; 16];
+            } else {
+                ip4_spec.hdr.src_addr = u32::from_ne_bytes([a[0], a[1], a[2], a[3]]);
+                ip4_mask.hdr.src_addr = u32::MAX;
+            }
+        }
+        let null = std::ptr::null();
         let item = |t, spec: *const std::ffi::c_void, mask: *const std::ffi::c_void| d::rte_flow_item {
             type_: t,
             spec,
-            last: std::ptr::null(),
+            last: null,
             mask,
         };
-        let null = std::ptr::null();
+        let ip = match (m.ipv6, m.src_ip.is_some()) {
+            (false, false) => item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_IPV4, null, null),
+            (false, true) => item(
+                d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_IPV4,
+                (&ip4_spec as *const d::rte_flow_item_ipv4).cast(),
+                (&ip4_mask as *const d::rte_flow_item_ipv4).cast(),
+            ),
+            (true, false) => item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_IPV6, null, null),
+            (true, true) => item(
+                d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_IPV6,
+                (&ip6_spec as *const d::rte_flow_item_ipv6).cast(),
+                (&ip6_mask as *const d::rte_flow_item_ipv6).cast(),
+            ),
+        };
         let pattern = [
             item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_ETH, null, null),
-            item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_IPV4, null, null),
+            ip,
             item(
                 d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_UDP,
                 (&udp_spec as *const d::rte_flow_item_udp).cast(),
@@ -567,32 +670,58 @@ impl Port {
             ),
             item(d::rte_flow_item_type_RTE_FLOW_ITEM_TYPE_END, null, null),
         ];
+        let queue = d::rte_flow_action_queue { index: if let FlowDest::Queue(q) = dest { q } else { 0 } };
+        let rss_queues: &[u16] = if let FlowDest::Rss(q) = dest { q } else { &[] };
         let rss = d::rte_flow_action_rss {
             func: d::rte_eth_hash_function_RTE_ETH_HASH_FUNCTION_DEFAULT,
             level: 0,
-            types: u64::from(d::RTE_ETH_RSS_NONFRAG_IPV4_UDP),
+            types: u64::from(if m.ipv6 { d::RTE_ETH_RSS_NONFRAG_IPV6_UDP } else { d::RTE_ETH_RSS_NONFRAG_IPV4_UDP }),
             key_len: 0,
-            queue_num: queues.len() as u32,
-            key: std::ptr::null(),
-            queue: queues.as_ptr(),
+            queue_num: rss_queues.len() as u32,
+            key: null.cast(),
+            queue: rss_queues.as_ptr(),
         };
-        let actions = [
-            d::rte_flow_action {
+        let action = match dest {
+            FlowDest::Queue(_) => d::rte_flow_action {
+                type_: d::rte_flow_action_type_RTE_FLOW_ACTION_TYPE_QUEUE,
+                conf: (&queue as *const d::rte_flow_action_queue).cast(),
+            },
+            FlowDest::Rss(_) => d::rte_flow_action {
                 type_: d::rte_flow_action_type_RTE_FLOW_ACTION_TYPE_RSS,
                 conf: (&rss as *const d::rte_flow_action_rss).cast(),
             },
-            d::rte_flow_action { type_: d::rte_flow_action_type_RTE_FLOW_ACTION_TYPE_END, conf: std::ptr::null() },
-        ];
+        };
+        let actions =
+            [action, d::rte_flow_action { type_: d::rte_flow_action_type_RTE_FLOW_ACTION_TYPE_END, conf: null }];
         let mut err = d::rte_flow_error::default();
         // SAFETY: the port id is valid; attr, the END-terminated pattern and action arrays and everything they
-        // point to (specs, masks, the RSS conf and `queues`) live until the call returns; DPDK copies what it keeps.
+        // point to (specs, masks, the queue/RSS confs and the caller's queue list) live until the call returns;
+        // DPDK copies what it keeps.
         let ret = unsafe { d::rte_flow_validate(self.id, &attr, pattern.as_ptr(), actions.as_ptr(), &mut err) };
-        check("rte_flow_validate", ret)?;
+        if ret < 0 {
+            return Err(flow_error("rte_flow_validate", -ret, &err));
+        }
+        if !create {
+            return Ok(None);
+        }
         // SAFETY: as above.
         let flow = unsafe { d::rte_flow_create(self.id, &attr, pattern.as_ptr(), actions.as_ptr(), &mut err) };
-        let flow = std::ptr::NonNull::new(flow).ok_or_else(|| DpdkError::from_rte_errno("rte_flow_create"))?;
-        Ok(FlowRule { port: self.id, flow, _port: PhantomData })
+        match std::ptr::NonNull::new(flow) {
+            Some(flow) => Ok(Some(FlowRule { port: self.id, flow, _port: PhantomData })),
+            // SAFETY: reads the thread-local rte_errno.
+            None => Err(flow_error("rte_flow_create", unsafe { d::rte_errno_() }, &err)),
+        }
     }
+}
+
+/// A [`FlowError`] from an rte_flow call's errno and error structure.
+fn flow_error(op: &'static str, errno: i32, err: &dpdk_sys::rte_flow_error) -> FlowError {
+    let message = (!err.message.is_null()).then(|| {
+        // SAFETY: non-null; PMDs set `message` to a NUL-terminated string (a literal or one kept in the port's
+        // private data) that outlives the call; it is copied out at once.
+        unsafe { CStr::from_ptr(err.message) }.to_string_lossy().into_owned()
+    });
+    FlowError { err: DpdkError::new(op, errno), message }
 }
 
 /// Set the calling thread's C `errno`.

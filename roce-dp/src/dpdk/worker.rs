@@ -16,15 +16,15 @@
 //! Time is the TSC converted to nanoseconds ([`Clock`]). [`Worker::run`] loops until an `AtomicBool` stop flag is
 //! set, calling the application between polls, with an optional idle back-off for shared cores ([`Idle`]).
 //!
-//! Steering: with several workers on a port that has one rx queue (all vdevs here: memif, af_packet, net_ring
-//! have no rte_flow/RSS on UDP port 4791), worker 0 receives everything and forwards RoCE frames to the worker
-//! that owns the destination QP over an SPSC rte_ring; each worker sends on its own tx queue. Worker `w`'s engine
-//! numbers its QPs from `qpn_base + w * QPN_STRIDE`, so the owner is a division. [`Port::steer_roce`] installs the
-//! hardware alternative (rte_flow: UDP dst 4791, RSS over the workers' rx queues); the vdevs here refuse it
-//! (`rte_flow_validate`: ENOSYS). TODO(rte_flow): on mlx5/ice, give each worker its own rx queue when that rule is
-//! accepted (untested: no such NIC here).
+//! Steering (README "Steering"): worker `w`'s engine numbers its QPs from `qpn_base + w * QPN_STRIDE`, so the
+//! owner of a frame's BTH destination QP is a division. With software steering (one rx queue: net_ring, memif,
+//! af_packet) worker 0 receives everything and forwards RoCE frames to their owner over an SPSC rte_ring. With
+//! hardware steering (one rx queue per worker: exact per-QP rte_flow rules from [`Port::roce_flow`], or the port's
+//! own RSS) every worker polls its own queue and its ring, and its [`Dispatch::hardware`] forwards the frames the
+//! port delivered to the wrong queue (counted as steering misses) and ARP/ND to worker 0. Each worker sends on its
+//! own tx queue.
 //!
-//! [`Port::steer_roce`]: super::Port::steer_roce
+//! [`Port::roce_flow`]: super::Port::roce_flow
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -118,17 +118,22 @@ pub struct WorkerStats {
     pub rx_bursts: u64,
     /// Rx bursts that returned nothing.
     pub rx_empty_polls: u64,
-    /// Frames received.
+    /// Frames received (from the port and from other workers' dispatchers).
     pub rx_frames: u64,
+    /// Of those, frames other workers forwarded to this one.
+    pub rx_from_ring: u64,
     /// RoCE frames handed to the engine.
     pub rx_roce: u64,
     /// Multi-segment frames copied into the scratch buffer first.
     pub rx_linearized: u64,
     /// Frames that were neither RoCE, ARP nor ND (dropped).
     pub rx_other: u64,
-    /// RoCE frames for a QP no worker owns (handed to this engine, which counts and drops them).
+    /// RoCE frames the port's own steering (rte_flow rules, RSS) delivered to this worker although another worker
+    /// owns their QP; each is forwarded to the owner (and counted in `dispatched` too).
     pub steering_misses: u64,
-    /// RoCE frames forwarded to another worker's ring.
+    /// RoCE frames for a QP no worker owns (handed to this engine, which counts and drops them).
+    pub rx_unknown_qp: u64,
+    /// Frames forwarded to another worker's ring (RoCE frames to their QP's owner, ARP/ND to worker 0).
     pub dispatched: u64,
     /// Frames dropped because another worker's ring was full.
     pub dispatch_drops: u64,
@@ -156,17 +161,19 @@ impl WorkerStats {
     /// `name=value` pairs on one line.
     pub fn line(&self) -> String {
         format!(
-            "polls={} rx_bursts={} rx_empty_polls={} rx_frames={} rx_roce={} rx_linearized={} rx_other={} \
-             steering_misses={} dispatched={} dispatch_drops={} loss_injected={} rx_neigh={} tx_neigh={} \
+            "polls={} rx_bursts={} rx_empty_polls={} rx_frames={} rx_from_ring={} rx_roce={} rx_linearized={} rx_other={} \
+             steering_misses={} rx_unknown_qp={} dispatched={} dispatch_drops={} loss_injected={} rx_neigh={} tx_neigh={} \
              tx_bursts={} tx_frames={} tx_partial={} tx_dropped={} mbuf_alloc_failures={} timer_runs={}",
             self.polls,
             self.rx_bursts,
             self.rx_empty_polls,
             self.rx_frames,
+            self.rx_from_ring,
             self.rx_roce,
             self.rx_linearized,
             self.rx_other,
             self.steering_misses,
+            self.rx_unknown_qp,
             self.dispatched,
             self.dispatch_drops,
             self.loss_injected,
@@ -182,11 +189,14 @@ impl WorkerStats {
     }
 }
 
-/// The software dispatcher of the worker that owns a port's only rx queue: RoCE frames whose BTH destination QP
-/// belongs to another worker go to that worker's SPSC ring.
+/// A worker's dispatcher: RoCE frames whose BTH destination QP belongs to another worker go to that worker's ring.
+/// With software steering only worker 0 receives from the port and has one; with hardware steering (one rx queue
+/// per worker, [`Dispatch::hardware`]) every worker has one, forwards the frames the port delivered to the wrong
+/// queue (counted as steering misses) and hands ARP/ND to worker 0, which keeps the port's neighbour table.
 pub struct Dispatch {
     base: u32,
     me: usize,
+    hardware: bool,
     /// Ring to worker `w` (None for this worker).
     rings: Vec<Option<Ring>>,
     out: Vec<Burst>,
@@ -197,7 +207,14 @@ impl Dispatch {
     /// frames to worker `w` (`rings[me]` is ignored).
     pub fn new(base: u32, me: usize, rings: Vec<Option<Ring>>) -> Self {
         let out = rings.iter().map(|_| Burst::new()).collect();
-        Self { base, me, rings, out }
+        Self { base, me, hardware: false, rings, out }
+    }
+
+    /// The port steers frames to every worker's own rx queue: frames forwarded here are steering misses, and
+    /// ARP/ND frames go to worker 0. `rings[w]` must then be multi-producer when more than two workers forward.
+    pub fn hardware(mut self) -> Self {
+        self.hardware = true;
+        self
     }
 
     /// The worker owning `qpn`, if any.
@@ -317,9 +334,22 @@ impl<'p> Worker<'p> {
     }
 
     fn poll_rx(&mut self, now: Instant) -> usize {
+        // A worker with its own rx queue polls it; one fed by other workers' dispatchers polls its ring (with
+        // hardware steering: both, the queue first).
+        let mut got = 0;
+        if self.q.has_rx() {
+            got = self.rx_burst(now, false);
+        }
+        if self.rx_ring.is_some() {
+            got += self.rx_burst(now, true);
+        }
+        got
+    }
+
+    fn rx_burst(&mut self, now: Instant, from_ring: bool) -> usize {
         let got = match &self.rx_ring {
-            Some(r) => r.dequeue_burst(&mut self.rx),
-            None => self.q.rx_burst_max(&mut self.rx, self.cfg.burst),
+            Some(r) if from_ring => r.dequeue_burst(&mut self.rx),
+            _ => self.q.rx_burst_max(&mut self.rx, self.cfg.burst),
         };
         if got == 0 {
             self.stats.rx_empty_polls += 1;
@@ -327,6 +357,9 @@ impl<'p> Worker<'p> {
         }
         self.stats.rx_bursts += 1;
         self.stats.rx_frames += got as u64;
+        if from_ring {
+            self.stats.rx_from_ring += got as u64;
+        }
         let meta = RxMeta { port: self.q.port_id(), queue: self.q.queue() };
         let mut rx = std::mem::take(&mut self.rx);
         // Frames handled here are freed together at the end of the burst (one bulk put back into the pool instead
@@ -370,15 +403,13 @@ impl<'p> Worker<'p> {
                 if let Some(d) = &mut self.dispatch {
                     match d.owner(dest_qp) {
                         Some(w) if w != d.me => {
-                            self.stats.dispatched += 1;
-                            if let Err(m) = d.out[w].push(m) {
-                                self.stats.dispatch_drops += 1;
-                                return Some(m);
+                            if d.hardware {
+                                self.stats.steering_misses += 1;
                             }
-                            return None;
+                            return self.forward(w, m);
                         }
                         Some(_) => {}
-                        None => self.stats.steering_misses += 1,
+                        None => self.stats.rx_unknown_qp += 1,
                     }
                 }
                 if self.cfg.loss_ppm > 0 && self.rng.chance_ppm(self.cfg.loss_ppm) {
@@ -389,6 +420,11 @@ impl<'p> Worker<'p> {
                 self.engine.handle_rx(now, data, meta);
             }
             FrameKind::Arp | FrameKind::Nd => {
+                if let Some(d) = &self.dispatch {
+                    if d.hardware && d.me != 0 {
+                        return self.forward(0, m);
+                    }
+                }
                 self.stats.rx_neigh += 1;
                 let mut out = [0u8; ND_FRAME_LEN];
                 if let Some(n) = self.neigh.handle(data, &mut out) {
@@ -398,6 +434,20 @@ impl<'p> Worker<'p> {
             FrameKind::Other => self.stats.rx_other += 1,
         }
         Some(m)
+    }
+
+    /// Queue `m` for worker `w`'s ring (sent at the end of the burst); gives it back to be freed if that burst is
+    /// full.
+    fn forward(&mut self, w: usize, m: Mbuf) -> Option<Mbuf> {
+        let d = self.dispatch.as_mut()?;
+        self.stats.dispatched += 1;
+        match d.out[w].push(m) {
+            Ok(()) => None,
+            Err(m) => {
+                self.stats.dispatch_drops += 1;
+                Some(m)
+            }
+        }
     }
 
     /// Queue a frame built outside the engine (ARP, ND); sent with the next tx burst. False if no mbuf was free
@@ -573,7 +623,7 @@ mod tests {
 
     #[test]
     fn dispatch_owner_by_qpn_range() {
-        let d = Dispatch { base: 0x100, me: 0, rings: vec![None, None, None], out: vec![] };
+        let d = Dispatch::new(0x100, 0, vec![None, None, None]);
         assert_eq!(d.owner(0x100), Some(0));
         assert_eq!(d.owner(0x100 + QPN_STRIDE + 5), Some(1));
         assert_eq!(d.owner(0x100 + 2 * QPN_STRIDE), Some(2));

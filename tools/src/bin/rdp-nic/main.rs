@@ -3,6 +3,8 @@
 //! Modes:
 //! * `ring`: one process, two soft NICs on two net_ring ports cross-connected by rte_rings, each worker on its
 //!   own thread pinned to its own core (lcores 0 and 1), peers resolved with ARP;
+//! * `tap --bridge BR`: the same on two net_tap ports joined to a Linux bridge (run it in a network namespace),
+//!   one rx queue per worker with `--steering rte_flow|rss|auto` (README "Steering");
 //! * `server --profile conf/memif-server.toml --oob-port N` and `client --profile conf/memif-client.toml
 //!   --oob-port N`: two processes (memif, af_packet, af_xdp, ...); QPN/PSN/rkey/VA and addresses are exchanged
 //!   out of band over TCP on 127.0.0.1:N; the client is the requester, the server the responder.
@@ -15,6 +17,7 @@ mod app;
 mod oob;
 mod raw;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,10 +27,11 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use roce_dp::config::{Driver, Profile};
 use roce_dp::dpdk::{
-    self, choose_offloads, register_thread, Burst, Dispatch, DpdkError, Eal, EalArgs, Idle, Mempool, Port, PortConfig,
-    Ring, Worker, WorkerConfig, QPN_STRIDE,
+    self, choose_offloads, register_thread, Burst, Dispatch, DpdkError, Eal, EalArgs, FlowDest, FlowRule, Idle,
+    Mempool, Port, PortConfig, Ring, RoceMatch, Worker, WorkerConfig, QPN_STRIDE,
 };
 use roce_dp::neigh::NeighIp;
+use roce_dp::steer::{FlowKey, RuleOp, SteerTable, SteeringMode};
 use roce_dp::wire::{IpAddrs, MacAddr};
 use roce_dp::{Engine, EngineConfig, LocalIp, PeerAddr};
 
@@ -51,6 +55,14 @@ struct Cli {
 enum Mode {
     /// One process: two soft NICs on cross-connected net_ring ports, one thread each (cores 0 and 1).
     Ring,
+    /// One process: two soft NICs on two net_tap ports (interfaces rdptap0, rdptap1) that the tool attaches to
+    /// the existing Linux bridge BRIDGE; run it inside a network namespace. With `--steering rte_flow|rss` each
+    /// worker receives on its own rx queue (hardware steering), with `software` worker 0 dispatches.
+    Tap {
+        /// The bridge (created beforehand, up) both tap interfaces join.
+        #[arg(long)]
+        bridge: String,
+    },
     /// The responder side (start it first); its workload parameters come from the client.
     Server {
         /// Port profile (TOML), e.g. conf/memif-server.toml.
@@ -125,6 +137,15 @@ struct Opts {
     /// destination QP over SPSC rings; each worker sends on its own tx queue). Workers back off when idle.
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4))]
     workers: u32,
+    /// Ring and tap modes: how RoCE frames reach the worker owning their QP: `software` (worker 0 receives and
+    /// forwards), `rte_flow` (an exact rule per QP: peer address + UDP source port -> the owner's rx queue; misses
+    /// forwarded and counted), `rss` (the port spreads frames over the workers' rx queues; misses forwarded and
+    /// counted), `auto` (rte_flow where the PMD accepts a rule, else software). Printed at start.
+    #[arg(long, global = true, default_value = "auto", value_parser = parse_steering)]
+    steering: SteeringMode,
+    /// rte_flow steering: most exact rules per port (QPs beyond it are forwarded in software).
+    #[arg(long, global = true, default_value_t = 1024)]
+    max_rules: usize,
     /// Ring mode: RoCE over IPv6 (fd00::1, fd00::2), peers resolved with neighbour discovery.
     #[arg(long, global = true)]
     ipv6: bool,
@@ -174,6 +195,10 @@ impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
     }
 }
 
+fn parse_steering(s: &str) -> Result<SteeringMode, String> {
+    SteeringMode::parse(s)
+}
+
 fn main() -> ExitCode {
     let cli: Cli = match roce_dp_tools::parse_cli("rdp-nic") {
         Ok(c) => c,
@@ -181,12 +206,14 @@ fn main() -> ExitCode {
     };
     let mode = match cli.mode {
         Mode::Ring => "ring",
+        Mode::Tap { .. } => "tap",
         Mode::Server { .. } => "server",
         Mode::Client { .. } => "client",
     };
     let prefix = cli.o.file_prefix.clone().unwrap_or_else(|| format!("rdpn_{mode}_{}", std::process::id()));
     let result = match &cli.mode {
-        Mode::Ring => run_ring(&cli.o, &prefix),
+        Mode::Ring => run_ring(&cli.o, &prefix, None),
+        Mode::Tap { bridge } => run_ring(&cli.o, &prefix, Some(bridge)),
         Mode::Server { profile } => run_peer(&cli.o, &prefix, profile, false),
         Mode::Client { profile } => run_peer(&cli.o, &prefix, profile, true),
     };
@@ -291,56 +318,145 @@ fn engine_config(mac: MacAddr, ip: LocalIp) -> EngineConfig {
     EngineConfig { local_mac: mac, local_ip: ip, qpn_base: 0x100, ..EngineConfig::default() }
 }
 
-fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
+/// Tap mode: the two soft NICs' interfaces.
+const TAP_IFACE: [&str; 2] = ["rdptap0", "rdptap1"];
+
+/// How the ring/tap mode steers, after `auto` is resolved and checked against the ports.
+fn resolve_steering(o: &Opts, tap: bool, nw: usize) -> Result<SteeringMode, SetupError> {
+    match o.steering {
+        _ if nw == 1 => Ok(SteeringMode::Software),
+        m @ (SteeringMode::RteFlow | SteeringMode::Rss) if !tap => Err(SetupError(format!(
+            "--steering {}: net_ring ports have one rx queue and no rte_flow (use software or auto)",
+            m.name()
+        ))),
+        SteeringMode::Software if tap => Err(SetupError(
+            "--steering software: net_tap needs as many rx queues as tx queues (one per worker) and spreads frames \
+             over them itself (use rss, rte_flow or auto)"
+                .into(),
+        )),
+        m => Ok(m),
+    }
+}
+
+/// Try one exact RoCE rule on `port` (and destroy it again): whether the PMD really installs such rules
+/// (net_tap validates them in software and fails only at create when the kernel lacks cls_flower).
+fn probe_rte_flow(port: &Port, queue: u16) -> Result<(), roce_dp::dpdk::FlowError> {
+    let m = RoceMatch { ipv6: false, src_ip: Some(ip16(RING_IP[1])), udp_src: Some(1) };
+    port.roce_flow(&m, FlowDest::Queue(queue)).map(drop)
+}
+
+fn ip16(a: [u8; 4]) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..4].copy_from_slice(&a);
+    v
+}
+
+/// Attach tap interface `iface` to `bridge` and bring it up (the PMD creates the interface when the port is made).
+fn join_bridge(iface: &str, bridge: &str) -> Result<(), SetupError> {
+    for args in [vec!["link", "set", "dev", iface, "master", bridge], vec!["link", "set", "dev", iface, "up"]] {
+        let out = std::process::Command::new("ip").args(&args).output().ctx(|| format!("ip {}", args.join(" ")))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return Err(SetupError(format!("ip {}: {}", args.join(" "), err.trim())));
+        }
+    }
+    Ok(())
+}
+
+fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupError> {
     if o.raw.is_some() {
         return Err(SetupError("--raw needs the server/client modes".into()));
     }
-    let mtu = check_mtu(o.mtu.unwrap_or(4096), 4096)?;
+    let tap = bridge.is_some();
+    let mtu = match o.mtu {
+        Some(m) if tap && m > 1024 => {
+            return Err(SetupError(format!("--mtu {m}: tap mode carries frames up to 1500 bytes (path MTU <= 1024)")))
+        }
+        Some(m) => check_mtu(m, 4096)?,
+        None if tap => 1024,
+        None => 4096,
+    };
+    if tap && o.ipv6 {
+        return Err(SetupError("--ipv6: tap mode runs RoCE over IPv4 only".into()));
+    }
     let p = params(o, mtu);
     let nw = o.workers as usize;
     if o.workers > p.qps {
         return Err(SetupError(format!("--workers {}: more workers than QPs ({})", o.workers, p.qps)));
     }
+    let mut steering = resolve_steering(o, tap, nw)?;
     let mut args = EalArgs::new("rdp-nic", &o.lcore.unwrap_or(0).to_string());
     args.file_prefix = Some(prefix.to_owned());
-    args.no_huge_mb = Some(256);
+    args.no_huge_mb = Some(if tap { 512 } else { 256 });
     args.no_shconf = true;
     let eal = init_eal(args, o.verbose)?;
     let frame = mtu + roce_dp::engine::MAX_HEADER_BYTES as u32;
     let room = dpdk::data_room_for(frame.max(2048)).expect("fits");
     let conf = PortConfig { rx_desc: 512, tx_desc: 512, tx_queues: o.workers as u16, ..PortConfig::default() };
-    let n = dpdk::pool_size(2, 512, 512, 2 * o.workers + 1, 128, 2048 + 1024 * o.workers);
+    let n = dpdk::pool_size(2 * o.workers, 512, 512, 2 * o.workers + 1, 128, 2048 + 1024 * o.workers);
     let pool = Mempool::new(&eal, "rdpn_pool", n, 128, room).ctx(|| format!("mempool of {n} x {room} B"))?;
-    // Each port has one rx queue and one tx queue per worker; with several workers their tx queues share the ring
-    // to the peer (multi-producer), and worker 0 dispatches received RoCE frames to the others over SPSC rings.
-    let mk = |name: &str| if nw > 1 { Ring::new_mp(&eal, name, 2048) } else { Ring::new(&eal, name, 2048) };
-    let ab = mk("rdpn_ab")?;
-    let ba = mk("rdpn_ba")?;
-    let mut ports = [
-        Port::from_rings_tx(&eal, "net_ring_a", &ba, &ab, nw as u16).ctx(|| "net_ring port a".into())?,
-        Port::from_rings_tx(&eal, "net_ring_b", &ab, &ba, nw as u16).ctx(|| "net_ring port b".into())?,
-    ];
+    let mut ports = if let Some(br) = bridge {
+        let mk = |i: usize| {
+            Port::vdev(&eal, &format!("net_tap{i}"), &format!("iface={}", TAP_IFACE[i]))
+                .ctx(|| format!("net_tap{i} (iface {})", TAP_IFACE[i]))
+        };
+        let ports = [mk(0)?, mk(1)?];
+        for iface in TAP_IFACE {
+            join_bridge(iface, br)?;
+        }
+        ports
+    } else {
+        // Each port has one rx queue and one tx queue per worker; with several workers their tx queues share the
+        // ring to the peer (multi-producer), and worker 0 dispatches received RoCE frames to the others.
+        let mk = |name: &str| if nw > 1 { Ring::new_mp(&eal, name, 2048) } else { Ring::new(&eal, name, 2048) };
+        let ab = mk("rdpn_ab")?;
+        let ba = mk("rdpn_ba")?;
+        [
+            Port::from_rings_tx(&eal, "net_ring_a", &ba, &ab, nw as u16).ctx(|| "net_ring port a".into())?,
+            Port::from_rings_tx(&eal, "net_ring_b", &ab, &ba, nw as u16).ctx(|| "net_ring port b".into())?,
+        ]
+    };
+    let rx_queues = |m: SteeringMode| if tap && m != SteeringMode::Software { nw as u16 } else { 1 };
     for port in &mut ports {
-        configure_and_start(port, &pool, &conf, None)?;
-        port.wait_link_up(Duration::from_secs(5))?;
+        configure_and_start(port, &pool, &PortConfig { rx_queues: rx_queues(steering), ..conf.clone() }, None)?;
     }
-    let in_use_before = pool.in_use();
-    if nw > 1 {
-        // Steering: an rte_flow rule (UDP dst 4791 + RSS) where the PMD supports it; net_ring does not, so worker 0
-        // dispatches in software.
-        let queues: Vec<u16> = (0..nw as u16).collect();
+    // Steering: rte_flow (and auto) need the PMD to really install a rule; rte_flow stops with the PMD's error,
+    // auto falls back to software on net_ring (one rx queue, worker 0 dispatches) and to rss on net_tap (which
+    // wants one rx queue per tx queue and spreads frames over them by the kernel's flow hash).
+    if matches!(steering, SteeringMode::RteFlow | SteeringMode::Auto) {
+        let mut refused = None;
         for (i, port) in ports.iter().enumerate() {
-            match port.steer_roce(&queues) {
-                Ok(_rule) => {
-                    println!("STEERING port {}: rte_flow rule accepted (not used: ring mode dispatches)", ["a", "b"][i])
-                }
-                Err(e) => println!(
-                    "STEERING port {}: rte_flow unavailable ({e}); software dispatcher on BTH dest QP",
-                    ["a", "b"][i]
-                ),
+            let r = if tap { probe_rte_flow(port, nw as u16 - 1) } else { port.steer_roce(&[0]).map(drop) };
+            if let Err(e) = r {
+                refused = Some(format!("{} ({}) refused a RoCE rule: {e}", port.name(), ["a", "b"][i]));
+                break;
             }
         }
+        match (steering, refused) {
+            (SteeringMode::RteFlow, Some(why)) => return Err(SetupError(format!("--steering rte_flow: {why}"))),
+            (_, Some(why)) => {
+                steering = if tap { SteeringMode::Rss } else { SteeringMode::Software };
+                println!("STEERING auto: {} (rte_flow unavailable: {why})", steering.name());
+            }
+            (_, None) => steering = SteeringMode::RteFlow,
+        }
     }
+    let hw = steering != SteeringMode::Software;
+    println!(
+        "STEERING mode={} workers={nw} rx_queues={} ({})",
+        steering.name(),
+        rx_queues(steering),
+        match steering {
+            SteeringMode::RteFlow => "an exact rte_flow rule per QP to its owner's rx queue; misses forwarded",
+            SteeringMode::Rss => "the port spreads frames over the workers' rx queues; misses forwarded",
+            _ if nw > 1 => "worker 0 receives every frame and forwards each to its QP's owner",
+            _ => "one worker",
+        }
+    );
+    for port in &ports {
+        port.wait_link_up(Duration::from_secs(5)).ctx(|| format!("{}: link", port.name()))?;
+    }
+    let in_use_before = pool.in_use();
 
     // QP q runs on worker q % nw of each node; worker w's engine numbers its QPs from 0x100 + w * QPN_STRIDE.
     let mut shares = Vec::new();
@@ -351,8 +467,17 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
     let mut workers: [Vec<Worker>; 2] = [Vec::new(), Vec::new()];
     let mut locals: [Vec<Vec<Local>>; 2] = [Vec::new(), Vec::new()];
     for node in 0..2 {
+        // Software: rings to workers 1.. (worker 0 is the only sender). Hardware: a ring to every worker, fed by
+        // every other worker (multi-producer beyond two workers).
         let dispatch_rings: Vec<Option<Ring>> = (0..nw)
-            .map(|w| (w > 0).then(|| Ring::new(&eal, &format!("rdpn_d{node}{w}"), 2048)).transpose())
+            .map(|w| {
+                let name = format!("rdpn_d{node}{w}");
+                match (hw, w) {
+                    (false, 0) => Ok(None),
+                    (true, _) if nw > 2 => Ring::new_mp(&eal, &name, 2048).map(Some),
+                    _ => Ring::new(&eal, &name, 2048).map(Some),
+                }
+            })
             .collect::<Result<_, _>>()?;
         for (w, share) in shares.iter().enumerate() {
             let ip = if o.ipv6 {
@@ -371,7 +496,13 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
                 wc.idle = Idle::Sleep { after: 256, us: 20 };
             }
             let mut wk = Worker::new(e, q, &pool, mtu, wc)?;
-            if nw > 1 {
+            if hw {
+                let mut out = dispatch_rings.clone();
+                out[w] = None;
+                wk = wk
+                    .with_dispatch(Dispatch::new(0x100, w, out).hardware())
+                    .with_rx_ring(dispatch_rings[w].clone().expect("ring"));
+            } else if nw > 1 {
                 wk = if w == 0 {
                     wk.with_dispatch(Dispatch::new(0x100, 0, dispatch_rings.clone()))
                 } else {
@@ -385,6 +516,44 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
         locals[1].iter().map(|v| v.iter().map(Remote::of).collect()).collect(),
         locals[0].iter().map(|v| v.iter().map(Remote::of).collect()).collect(),
     ];
+    // rte_flow: one exact rule per QP (the peer's address and the pair's UDP source port -> the owner's rx queue),
+    // kept until the ports close; refused rules leave those frames to the forwarding.
+    let mut rules: [HashMap<FlowKey, FlowRule>; 2] = [HashMap::new(), HashMap::new()];
+    let mut tables = [SteerTable::new(o.max_rules), SteerTable::new(o.max_rules)];
+    if steering == SteeringMode::RteFlow {
+        for node in 0..2 {
+            for (w, (ls, rs)) in locals[node].iter().zip(&remotes[node]).enumerate() {
+                for (l, r) in ls.iter().zip(rs) {
+                    let key = FlowKey::v4(RING_IP[1 - node], roce_dp::wire::rxe_udp_sport(l.qpn, r.qpn));
+                    match tables[node].add(key, l.qpn, w as u16) {
+                        Some(RuleOp::Install { key, queue }) => {
+                            let m = RoceMatch { ipv6: false, src_ip: Some(key.src_ip), udp_src: Some(key.udp_src) };
+                            match ports[node].roce_flow(&m, FlowDest::Queue(queue)) {
+                                Ok(rule) => {
+                                    rules[node].insert(key, rule);
+                                }
+                                Err(e) => {
+                                    println!("STEERING node {node}: rule for QP {:#x} refused ({e}): forwarded", l.qpn);
+                                    tables[node].refused(key);
+                                }
+                            }
+                        }
+                        Some(RuleOp::Remove { key }) => drop(rules[node].remove(&key)),
+                        None => {}
+                    }
+                }
+            }
+            let st = tables[node].stats();
+            println!(
+                "STEERING node {} rules={} conflicts={} full={} refused={}",
+                ["a", "b"][node],
+                st.rules,
+                st.conflicts,
+                st.full,
+                st.refused
+            );
+        }
+    }
 
     let v6 = o.ipv6;
     let a_done = AtomicUsize::new(0);
@@ -457,9 +626,11 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
     let mut stale = 0;
     for port in &ports {
         let mut b = Burst::new();
-        while port.rx_burst(0, &mut b) > 0 {
-            stale += b.len();
-            b.clear();
+        for q in 0..rx_queues(steering) {
+            while port.rx_burst(q, &mut b) > 0 {
+                stale += b.len();
+                b.clear();
+            }
         }
     }
     let mut ok = true;
@@ -469,6 +640,7 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
     }
     ok &= report_requester("node a", &p, &sum);
     let mut verified = sum.verified_bytes;
+    let b_stats: Vec<String> = res_b.iter().map(|(_, r)| r.stats.line()).collect();
     for (w, (resp, r)) in res_b.into_iter().enumerate() {
         let mut resp = resp;
         if let Some(e) = &r.engine {
@@ -498,6 +670,9 @@ fn run_ring(o: &Opts, prefix: &str) -> Result<bool, SetupError> {
             if let Some(e) = &r.engine {
                 println!("STATS engine a{w}: {}", engine_line(e));
             }
+        }
+        for (w, line) in b_stats.iter().enumerate() {
+            println!("STATS worker b{w}: {line}");
         }
     }
     // The ports stop and close when they drop (after every worker that borrowed a queue pair).
