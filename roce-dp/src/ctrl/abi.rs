@@ -1220,7 +1220,7 @@ mod tests {
     fn cq_regions_have_a_checked_notification_block_and_arm_words_wrap() {
         let h = RegionHeader::cq(64).unwrap();
         let len = h.region_len as usize;
-        assert!(h.notify >= h.sq.offset + 256 + 64 * 32 && h.notify % 128 == 0, "{h:?}");
+        assert!(h.notify >= h.sq.offset + 256 + 64 * 32 && h.notify.is_multiple_of(128), "{h:?}");
         assert_eq!(h.check(region_kind::CQ, len), Ok(()));
         let bad = |notify| RegionHeader { notify, ..h }.check(region_kind::CQ, len);
         assert_eq!(bad(0), Err(AbiError::Geometry("notification block offset")));
