@@ -30,6 +30,12 @@
 //! inline payload is copied out of the slot's inline area once, at most the QP's `max_inline` bytes (a longer
 //! `inline_len` is refused the same way, `vendor_err` 5). A session whose socket closes (its process exited or was
 //! killed) has its QPs moved to the error state and everything it owned destroyed at once, on every worker.
+//!
+//! Completion channels: `CreateCompChannel` makes a socket pair here (the server keeps the daemon's end in its
+//! routes; the client's end goes back with the reply); a CQ created with the channel carries the daemon's end to
+//! the worker it is bound to, which signals it after publishing CQEs into the CQ when the client armed it
+//! ([`super::client`] documents the protocol). The arm word is read from shared memory like any other hostile
+//! input; the send never blocks. The daemon's end closes when the session ends (routes and workers drop it).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
