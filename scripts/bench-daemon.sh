@@ -19,7 +19,8 @@
 #
 #   scripts/bench-daemon.sh              3 rounds
 #   scripts/bench-daemon.sh --rounds 5   (--poll-sleep US: the client tool's sleep, default 20; --tool-cpu N: its
-#                                         core, default 1)
+#                                         core, default 1; --events: the client tool runs with -e instead of
+#                                         --poll-sleep, sleeping on its completion channel when a pass moved nothing)
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -29,12 +30,14 @@ cd "$ROOT"
 rounds=3
 nap=20
 tool_cpu=1
+events=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --rounds) rounds="${2:?}"; shift 2 ;;
         --poll-sleep) nap="${2:?}"; shift 2 ;;
         --tool-cpu) tool_cpu="${2:?}"; shift 2 ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        --events) events=1; shift ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "bench-daemon.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -50,6 +53,8 @@ bash scripts/setup.sh >/dev/null || exit 2
 cargo build --locked --release -p roce-dp-tools --bins -p roce-dp-bench --bin daemon >"$LOG_DIR/build.log" 2>&1 ||
     { echo "bench-daemon.sh: build failed (see $LOG_DIR/build.log)"; exit 2; }
 BIN="$ROOT/target/release"
+WAIT_FLAGS=(--poll-sleep "$nap") WAIT_DESC="--poll-sleep $nap" WAIT_ARG="--poll-sleep $nap"
+((events)) && WAIT_FLAGS=(-e) WAIT_DESC="-e (sleeping on completion events)" WAIT_ARG="--events"
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 
 SIZES=(4096 65536)
@@ -133,7 +138,7 @@ daemon_run() {
     track_pid "$sp"
     sleep 0.3
     # times: the subshell's children's user and system time (the client tool's).
-    cpu=$( (timeout 120 taskset -c "$tool_cpu" "$BIN/rdp_write_bw" --daemon "$CSOCK" --poll-sleep "$nap" -p "$port" \
+    cpu=$( (timeout 120 taskset -c "$tool_cpu" "$BIN/rdp_write_bw" --daemon "$CSOCK" "${WAIT_FLAGS[@]}" -p "$port" \
         -s "$size" -n "${ITERS[$size]}" "${FLAGS[@]}" 127.0.0.1 >"$clog" 2>&1 ||
         echo "bench-daemon.sh: daemon run $n failed (logs $clog)" >&2
         times) | tail -n 1 | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.2f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
@@ -176,7 +181,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 echo
 echo "rdp_write_bw ${FLAGS[*]} over a copy-mode memif pair, engine in the tool vs through two roce-dpd (client tool"
-echo "--poll-sleep $nap on lcore $tool_cpu with a daemon's worker); medians of $rounds alternated rounds; $(nproc) CPUs,"
+echo "$WAIT_DESC on lcore $tool_cpu with a daemon's worker); medians of $rounds alternated rounds; $(nproc) CPUs,"
 echo "loadavg $load0 at the start, $load1 at the end"
 echo
 echo "| case | engine embedded in rdp_write_bw | through roce-dpd (rdp_write_bw --daemon) | ratio |"
@@ -189,5 +194,5 @@ echo "| post -> completion, 64 B WRITE, one in flight (loopback engine) | $latE 
 echo
 echo "tool runs: ${R[tool4096]}| ${R[tool65536]}; daemon runs: ${R[daemon4096]}| ${R[daemon65536]}"
 echo "client tool CPU s / run s with the daemons: ${R[cpu4096]}| ${R[cpu65536]}; logs: $LOG_DIR"
-echo "reproduce: flock /tmp/roce-dp-busy.lock scripts/bench-daemon.sh --rounds $rounds --poll-sleep $nap --tool-cpu $tool_cpu"
+echo "reproduce: flock /tmp/roce-dp-busy.lock scripts/bench-daemon.sh --rounds $rounds $WAIT_ARG --tool-cpu $tool_cpu"
 echo "bench-daemon: write_4k_vs_tool=$(ratio "$(med daemon4096)" "$(med tool4096)") write_64k_vs_tool=$(ratio "$(med daemon65536)" "$(med tool65536)") post_to_cqe_ns=$latD"

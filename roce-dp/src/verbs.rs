@@ -222,6 +222,9 @@ pub struct Cqe {
     pub imm: Option<u32>,
     /// The rkey the peer invalidated (SEND_WITH_INV), if any.
     pub invalidated_rkey: Option<u32>,
+    /// A receive completion of a message whose last packet had the BTH solicited-event bit (C9-?: what a CQ armed
+    /// for solicited completions only waits for). Not carried in the shared-memory CQE.
+    pub solicited: bool,
 }
 
 impl Cqe {
@@ -234,6 +237,7 @@ impl Cqe {
         byte_len: 0,
         imm: None,
         invalidated_rkey: None,
+        solicited: false,
     };
 }
 

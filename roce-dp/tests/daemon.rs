@@ -450,7 +450,10 @@ fn open_errors_are_one_actionable_line() {
     let e = Device::open_as(&d.path, 99).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, Error::AbiMismatch(_)), "{msg}");
-    assert!(msg.contains("v1") && msg.contains("v99") && !msg.contains('\n'), "{msg}");
+    assert!(
+        msg.contains(&format!("v{}", roce_dp::ctrl::abi::ABI_VERSION)) && msg.contains("v99") && !msg.contains('\n'),
+        "{msg}"
+    );
     // A second daemon on the same path is refused with one line; a stale socket file is replaced.
     let (tx, _rx) = mpsc::channel();
     let info = DeviceInfo { abi: 1, pid: 0, mac: MAC, ipv4: Some(IP), ipv6: None, mtu: 1024, hugetlb: false };
@@ -493,7 +496,9 @@ fn garbage_in_one_sessions_rings_errors_only_its_own_qps() {
     };
     assert!(matches!(call(&mut conn, Request::Hello { abi: abi::ABI_VERSION }).0, Response::Hello(_)));
     let Response::Pd { pd } = call(&mut conn, Request::AllocPd).0 else { panic!("pd") };
-    let (Response::Cq { cq }, mut fds) = call(&mut conn, Request::CreateCq { depth: 64 }) else { panic!("cq") };
+    let (Response::Cq { cq }, mut fds) = call(&mut conn, Request::CreateCq { depth: 64, channel: None }) else {
+        panic!("cq")
+    };
     // SAFETY: the only client side of this CQ in the process.
     let mut hcq = unsafe { ClientCqRegion::open(fds.pop().unwrap()) }.unwrap();
     let mut qp = |conn: &mut Conn| {

@@ -432,7 +432,7 @@ fn garbage_client_errors_only_its_own_qps() {
     let win = base + PAGE as u64;
     let q = Request::RegMr { pd, va: win, len: 2 * PAGE as u64, offset: PAGE as u64, access: AccessFlags::ALL.0 };
     let Response::Mr { lkey, rkey } = s.call(&q, Some(mem.fd())).0 else { panic!("mr") };
-    let (cq, r, h) = s.region(&Request::CreateCq { depth: 256 });
+    let (cq, r, h) = s.region(&Request::CreateCq { depth: 256, channel: None });
     let mut cq = RawCq { id: cq, r, h, head: 0 };
 
     // Another client's handles are not found (and change nothing).
@@ -576,7 +576,7 @@ fn garbage_client_errors_only_its_own_qps() {
     }
 
     // A random CQ head: the daemon drops what it cannot deliver (the QPs using that CQ see nothing more).
-    let (c2, r, h) = s.region(&Request::CreateCq { depth: 16 });
+    let (c2, r, h) = s.region(&Request::CreateCq { depth: 16, channel: None });
     let mut cq2 = RawCq { id: c2, r, h, head: 0 };
     let (mut x, _y) = raw_pair(&mut s, pd, cq2.id);
     cq2.r.write(cq2.h.sq.offset as usize, 0x8000_0000u32 | rng.next_u64() as u32).unwrap();

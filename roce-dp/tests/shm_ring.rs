@@ -312,6 +312,7 @@ fn hostile_process_gets_typed_errors_and_nothing_outside_is_touched() {
                         byte_len: req.sges.total_len() as u32,
                         imm: None,
                         invalidated_rkey: None,
+                        solicited: false,
                     };
                     complete(abi::Cqe::from(&done));
                 }
@@ -469,8 +470,16 @@ fn serve(qp: &mut DaemonQpRegion, cq: &mut DaemonCqRegion) -> u64 {
     let mut inline = [0u8; 64];
     let mut n = 0;
     let mut complete = |wr_id: u64, opcode: WcOpcode, byte_len: u32| {
-        let c =
-            Cqe { wr_id, status: WcStatus::Success, opcode, qpn: 0x11, byte_len, imm: None, invalidated_rkey: None };
+        let c = Cqe {
+            wr_id,
+            status: WcStatus::Success,
+            opcode,
+            qpn: 0x11,
+            byte_len,
+            imm: None,
+            invalidated_rkey: None,
+            solicited: false,
+        };
         cq.cq.push(abi::Cqe::from(&c)).expect("the client keeps the CQ from overflowing");
         n += 1;
     };

@@ -124,6 +124,7 @@ tier85_daemon() {
     # The eight perftest tools through the daemon (--daemon): server and client are two processes with their QPs in
     # this one roce-dpd (pf_* helpers of tier 8, 80-perftest-memif.sh, with PF_DAEMON set).
     tier9_perftest "$sock"
+    tier9_events "$sock"
 
     err="$LOG_DIR/tier9-pf-both.err" rc=0
     timeout 10 "$ROOT/target/release/rdp_write_bw" --daemon "$sock" --port-conf "$ROOT/conf/memif-server.toml" \
@@ -149,12 +150,12 @@ tier85_daemon() {
     err="$LOG_DIR/tier9-abi.err" rc=0
     timeout 10 "$client" open --daemon "$sock" --abi-version 99 >/dev/null 2>"$err" || rc=$?
     check "ABI mismatch: exit 2 (got $rc), one line naming both versions" test "$rc" -eq 2 -a -n \
-        "$(one_line "$err" '^rdp-client: shared-memory ABI mismatch: roce-dpd speaks v1, .* library v99' && echo y)"
+        "$(one_line "$err" '^rdp-client: shared-memory ABI mismatch: roce-dpd speaks v2, .* library v99' && echo y)"
     check "ABI mismatch: the daemon logs one line too" \
         test "$(grep -c 'refused: shared-memory ABI mismatch.*v99' "$dlog")" -eq 1
     rc=0
     timeout 10 "$client" open --daemon "$sock" >"$LOG_DIR/tier9-open.out" 2>&1 || rc=$?
-    check "open: exit 0 (got $rc), ABI and GID shown" grep -q 'ABI v1 mtu 4096 .* gid ::ffff:10.0.0.1' \
+    check "open: exit 0 (got $rc), ABI and GID shown" grep -q 'ABI v2 mtu 4096 .* gid ::ffff:10.0.0.1' \
         "$LOG_DIR/tier9-open.out"
     err="$LOG_DIR/tier9-inuse.err" rc=0
     track_prefix "${prefix}2"
@@ -209,7 +210,7 @@ tier85_daemon() {
     TIER85_WORKERS_NOTE=""
     tier85_workers
     tier85_hugetlb
-    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms; the 8 perftest tools: write_bw 65536 B ${T9_AVG:-?} MiB/s; ${TIER85_WORKERS_NOTE:-2 workers: failed}; hugetlbfs backing)"
+    TIER_NOTE="(4 clients at once, every byte verified; session of a SIGKILLed client reclaimed in ${reclaimed_ms:-?} ms; the 8 perftest tools: write_bw 65536 B ${T9_AVG:-?} MiB/s; ${T9_EV_NOTE:-events: failed}; ${TIER85_WORKERS_NOTE:-2 workers: failed}; hugetlbfs backing)"
     tier_end
 }
 
@@ -486,6 +487,76 @@ tier9_perftest() {
     # A client, then a server, killed mid-run: the other side exits non-zero within its timeout, one line.
     pf_vanish client
     pf_vanish server
+}
+
+# t9_cpu_pair NAME TOOL ARGS...: a server of TOOL in the background and its client in the foreground, both through
+# PF_DAEMON; sets PF_SLOG, PF_CLOG, PF_SRC, PF_CRC, and T9_CPU / T9_WALL: the client's CPU seconds (user + system,
+# from `times` in a subshell) and its wall seconds.
+t9_cpu_pair() {
+    local name="$1" tool="$2" t0 t1 out port
+    shift 2
+    PF_N=$((PF_N + 1))
+    port=$((20000 + ($$ % 10000) + PF_N))
+    PF_SRC=0 PF_CRC=0
+    PF_SLOG="$LOG_DIR/tier9-$name-server.log" PF_CLOG="$LOG_DIR/tier9-$name-client.log"
+    "$ROOT/target/release/$tool" --daemon "$PF_DAEMON" -p "$port" --timeout 20 "$@" >"$PF_SLOG" 2>&1 &
+    PF_SPID=$!
+    track_pid "$PF_SPID"
+    t0=$(date +%s%N)
+    out=$( (timeout 60 "$ROOT/target/release/$tool" --daemon "$PF_DAEMON" -p "$port" --timeout 20 "$@" 127.0.0.1 \
+        >"$PF_CLOG" 2>&1; echo "rc $?"; times) )
+    t1=$(date +%s%N)
+    PF_CRC=$(awk '$1 == "rc" { print $2 }' <<<"$out")
+    T9_CPU=$(tail -n 1 <<<"$out" |
+        awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.2f", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
+    T9_WALL=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", (b - a) / 1e9 }')
+    wait_pid "$PF_SPID" 30 || PF_SRC=$?
+}
+
+# tier9_events SOCK: perftest's -e (--events) through the roce-dpd on SOCK: write_bw -D 3, send_bw with
+# --data_validation and send_lat with -e on both sides give their results, the clients sleep on completion events
+# instead of spinning (CPU time under half the wall time: a behaviour check with a generous bound, not a
+# performance figure; the daemon's worker busy-polls lcore 1 meanwhile), the daemon counted the events; bad input:
+# -e with --port-conf, -e with --poll-sleep, write_lat -e (perftest: no events with WRITE latency), one line each.
+tier9_events() {
+    local PF_DAEMON="$1" PF_LOG=tier9 PF_SEXTRA=() PF_CEXTRA=() ev0 ev1 rc err
+    ev0=$(dpd2_stat "$1" daemon 0 events_signalled)
+    t9_cpu_pair write_bw-events rdp_write_bw -e -D 3 -s 65536 -q 2
+    check "rdp_write_bw -e -D 3 --daemon: both exit 0 (server $PF_SRC, client $PF_CRC), a row with BW > 0" test -n \
+        "$([[ $PF_SRC -eq 0 && $PF_CRC -eq 0 ]] &&
+            awk '/^ #bytes/ {getline; ok = ($1 == 65536 && $2 > 0 && $4 > 0)} END {exit !ok}' "$PF_CLOG" && echo y)"
+    check "rdp_write_bw -e --daemon: the client slept (CPU ${T9_CPU:-?} s of ${T9_WALL:-?} s wall, under half)" \
+        awk -v c="${T9_CPU:-9}" -v w="${T9_WALL:-0}" 'BEGIN { exit !(w > 0 && c < w / 2) }'
+    T9_EV_NOTE="write_bw -e client CPU ${T9_CPU:-?}/${T9_WALL:-?} s"
+    t9_cpu_pair send_lat-events rdp_send_lat -e -s 64 -n 10000
+    check "rdp_send_lat -e --daemon: both exit 0 (server $PF_SRC, client $PF_CRC)" test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
+    [[ $PF_CRC -ne 0 || $PF_SRC -ne 0 ]] && grep -h '^rdp_' "$PF_CLOG" "$PF_SLOG" | sed 's/^/    /'
+    check "rdp_send_lat -e --daemon: latency rows on both sides (10000 iterations, t_avg > 0)" test -n "$(
+        awk '/^ #bytes #iterations/ {getline; ok = ($2 == 10000 && $6 > 0)} END {exit !ok}' "$PF_CLOG" &&
+            awk '/^ #bytes #iterations/ {getline; ok = ($2 == 10000 && $6 > 0)} END {exit !ok}' "$PF_SLOG" && echo y)"
+    check "rdp_send_lat -e --daemon: the client slept (CPU ${T9_CPU:-?} s of ${T9_WALL:-?} s wall, under half)" \
+        awk -v c="${T9_CPU:-9}" -v w="${T9_WALL:-0}" 'BEGIN { exit !(w > 0 && c < w / 2) }'
+    T9_EV_NOTE+=", send_lat -e ${T9_CPU:-?}/${T9_WALL:-?} s"
+    pf_pair send_bw-events rdp_send_bw -e -s 4096 -n 2000 --data_validation
+    check "rdp_send_bw -e --daemon: both exit 0 (server $PF_SRC, client $PF_CRC), every receive validated" test -n \
+        "$([[ $PF_SRC -eq 0 && $PF_CRC -eq 0 ]] && pf_table "$PF_CLOG" 4096 2000 &&
+            grep -q '^ Data validation: 8192000 bytes verified$' "$PF_SLOG" && echo y)"
+    ev1=$(dpd2_stat "$1" daemon 0 events_signalled)
+    check "roce-stat: the daemon signalled completion channels (events_signalled ${ev0:-0} -> ${ev1:-0})" \
+        test "${ev1:-0}" -gt "${ev0:-0}"
+    err="$LOG_DIR/tier9-events-embedded.err" rc=0
+    timeout 10 "$ROOT/target/release/rdp_write_bw" -e --port-conf "$ROOT/conf/memif-server.toml" \
+        >/dev/null 2>"$err" || rc=$?
+    check "rdp_write_bw -e --port-conf: exit 2 (got $rc), one line" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" '^rdp_write_bw: -e/--events needs --daemon SOCKET' && echo y)"
+    err="$LOG_DIR/tier9-events-nap.err" rc=0
+    timeout 10 "$ROOT/target/release/rdp_send_bw" --daemon "$1" -e --poll-sleep 20 >/dev/null 2>"$err" || rc=$?
+    check "rdp_send_bw -e --poll-sleep 20: exit 2 (got $rc), one line" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" '^rdp_send_bw: -e/--events and --poll-sleep US exclude each other' && echo y)"
+    err="$LOG_DIR/tier9-events-wlat.err" rc=0
+    timeout 10 "$ROOT/target/release/rdp_write_lat" --daemon "$1" --events >/dev/null 2>"$err" || rc=$?
+    check "rdp_write_lat --events: exit 2 (got $rc), one line as perftest's" test "$rc" -eq 2 -a -n \
+        "$(one_line "$err" '^rdp_write_lat: Events feature not available on WRITE latency test' && echo y)"
 }
 
 # tier9_daemon_killed SOCK PREFIX: a second roce-dpd on SOCK, a long write_bw through it, then SIGKILL to the

@@ -159,6 +159,23 @@ fn bad_input_is_one_line() {
 }
 
 #[test]
+fn events_as_perftest_except_write_bw() {
+    for test in [TestKind::WriteBw, TestKind::SendBw, TestKind::ReadBw, TestKind::AtomicBw] {
+        assert!(!ok(test, "").use_event);
+        assert!(ok(test, "-e").use_event, "{test:?}");
+    }
+    for test in [TestKind::SendLat, TestKind::ReadLat, TestKind::AtomicLat] {
+        assert!(ok(test, "--events").use_event, "{test:?}");
+        assert!(ok(test, "--use_event").use_event, "{test:?}");
+    }
+    // perftest 4.5: "Events feature not available on WRITE verb"; its receiver polls memory.
+    let e = err(TestKind::WriteLat, "-e");
+    assert!(e.contains("Events feature not available on WRITE latency test"), "{e}");
+    let text = Params::try_parse_from(TestKind::SendBw, ["rdp_send_bw", "--help"]).unwrap_err().render().to_string();
+    assert!(text.contains("-e, --events") && text.contains("Sleep on CQ events"), "{text}");
+}
+
+#[test]
 fn help_names_the_tool() {
     let e = Params::try_parse_from(TestKind::ReadLat, ["rdp_read_lat", "--help"]).unwrap_err();
     assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);

@@ -322,6 +322,7 @@ fn completion(req: &abi::SendRequest) -> abi::Cqe {
         byte_len: req.sges.total_len() as u32,
         imm: None,
         invalidated_rkey: None,
+        solicited: false,
     })
 }
 

@@ -35,6 +35,16 @@
 //! `wr_id: u64`, `status: u8` (`ibv_wc_status`), `opcode: u8` (`ibv_wc_opcode`), `wc_flags: u8` (`ibv_wc_flags`
 //! bits WITH_IMM 2, WITH_INV 8), `reserved: u8`, `qpn: u32`, `byte_len: u32`, `imm_inv: u32`, `vendor_err: u32`
 //! (the daemon's reason code when it failed a WQE: [`WqeError::code`]), `reserved2: u32`.
+//!
+//! # CQ notification block (256 bytes, after the completion ring; `RegionHeader::notify` gives its offset)
+//! | offset | field | written by |
+//! |---|---|---|
+//! | 0 | `arm: u32` ([`arm_word`]: sequence << 1, bit 0 solicited-only), on its own 128 bytes | the client (`req_notify`) |
+//! | 128 | `fired: u32`: the last arm sequence the daemon answered, on its own 128 bytes | the daemon |
+//!
+//! The daemon reads `arm` (hostile: any value only makes the client's own channel fire) and keeps its own copy of
+//! what it answered; the client reads `fired` to learn which CQs of a channel fired
+//! ([`ctrl::client`](super::client) has the whole protocol and its ordering argument).
 
 use core::fmt;
 use core::mem::{offset_of, size_of};
@@ -42,8 +52,9 @@ use core::mem::{offset_of, size_of};
 use super::ring::{self, RingCtrl};
 use crate::verbs::{self, SendWr, WcOpcode, WcStatus, WrOpcode};
 
-/// Bumped on any change to a layout or to the meaning of a field.
-pub const ABI_VERSION: u32 = 1;
+/// Bumped on any change to a layout or to the meaning of a field (2: every CQ region has a [`CqNotify`] block,
+/// `RegionHeader::notify`).
+pub const ABI_VERSION: u32 = 2;
 
 /// First 8 bytes of every region ("RoCEdpSH", little-endian).
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"RoCEdpSH");
@@ -717,6 +728,7 @@ impl Cqe {
             byte_len: self.byte_len,
             imm,
             invalidated_rkey: inv,
+            solicited: false,
         })
     }
 }
@@ -776,8 +788,10 @@ pub struct RegionHeader {
     pub rq_sges: TableDesc,
     /// Inline payload, `max_inline` bytes per send slot.
     pub sq_inline: TableDesc,
+    /// Byte offset of the CQ's [`CqNotify`] block (a multiple of 128; zero in a QP region).
+    pub notify: u64,
     /// Zero.
-    pub reserved: [u64; 3],
+    pub reserved: [u64; 2],
 }
 
 const _: () = {
@@ -793,8 +807,38 @@ const _: () = {
     assert!(offset_of!(RegionHeader, sq_sges) == 56);
     assert!(offset_of!(RegionHeader, rq_sges) == 72);
     assert!(offset_of!(RegionHeader, sq_inline) == 88);
-    assert!(offset_of!(RegionHeader, reserved) == 104);
+    assert!(offset_of!(RegionHeader, notify) == 104);
+    assert!(offset_of!(RegionHeader, reserved) == 112);
+    assert!(size_of::<CqNotify>() == 256);
+    assert!(offset_of!(CqNotify, arm) == 0);
+    assert!(offset_of!(CqNotify, fired) == 128);
 };
+
+/// A CQ's notification block in shared memory (see the module table): the client's arm word and the daemon's
+/// answer, each on its own 128 bytes (the daemon reads `arm` once per batch of completions it writes).
+#[repr(C)]
+pub struct CqNotify {
+    /// [`arm_word`] of the client's last `req_notify` (0: never armed).
+    pub arm: crossbeam_utils::CachePadded<core::sync::atomic::AtomicU32>,
+    /// The arm sequence the daemon answered last (it signalled the channel for it).
+    pub fired: crossbeam_utils::CachePadded<core::sync::atomic::AtomicU32>,
+}
+
+/// Bit 0 of the arm word: only a solicited completion (or an error) answers this arm (`ibv_req_notify_cq(cq, 1)`).
+pub const ARM_SOLICITED: u32 = 1;
+
+/// The arm word for sequence `seq` (31 bits, never 0 for a real arm).
+pub const fn arm_word(seq: u32, solicited_only: bool) -> u32 {
+    (seq << 1) | if solicited_only { ARM_SOLICITED } else { 0 }
+}
+
+/// The next arm sequence after `seq` (31 bits, skipping 0, which means "never armed").
+pub const fn next_arm_seq(seq: u32) -> u32 {
+    match seq.wrapping_add(1) & 0x7fff_ffff {
+        0 => 1,
+        n => n,
+    }
+}
 
 /// A region the client cannot use, with what to do about it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -907,7 +951,8 @@ impl RegionHeader {
             sq_sges,
             rq_sges,
             sq_inline,
-            reserved: [0; 3],
+            notify: 0,
+            reserved: [0; 2],
         })
     }
 
@@ -916,12 +961,15 @@ impl RegionHeader {
         let cap = capacity(depth, "completion queue depth")?;
         let mut c = Cursor(size_of::<RegionHeader>() as u64);
         let sq = c.ring(cap, size_of::<Cqe>());
+        let notify = round_up(c.0, ring::RING_ALIGN as u64);
+        c.0 = notify + size_of::<CqNotify>() as u64;
         Ok(RegionHeader {
             magic: REGION_MAGIC,
             abi_version: ABI_VERSION,
             kind: region_kind::CQ,
             region_len: round_up(c.0, 4096),
             sq,
+            notify,
             ..RegionHeader::default()
         })
     }
@@ -958,6 +1006,14 @@ impl RegionHeader {
                 return Err(AbiError::Geometry("ring alignment"));
             }
             spans.push((r.offset, r.offset + size_of::<RingCtrl>() as u64 + u64::from(r.capacity) * *size as u64));
+        }
+        if self.kind == region_kind::CQ {
+            if self.notify == 0 || !self.notify.is_multiple_of(ring::RING_ALIGN as u64) {
+                return Err(AbiError::Geometry("notification block offset"));
+            }
+            spans.push((self.notify, self.notify + size_of::<CqNotify>() as u64));
+        } else if self.notify != 0 {
+            return Err(AbiError::Geometry("notification block in a QP region"));
         }
         if self.kind == region_kind::QP {
             for (t, cap, size) in [
@@ -1108,6 +1164,7 @@ mod tests {
                 byte_len: 4096,
                 imm: Some(7),
                 invalidated_rkey: None,
+                solicited: false,
             },
             verbs::Cqe {
                 wr_id: 2,
@@ -1117,6 +1174,7 @@ mod tests {
                 byte_len: 0,
                 imm: None,
                 invalidated_rkey: None,
+                solicited: false,
             },
             verbs::Cqe {
                 wr_id: u64::MAX,
@@ -1126,6 +1184,7 @@ mod tests {
                 byte_len: 1,
                 imm: None,
                 invalidated_rkey: Some(0x1234),
+                solicited: false,
             },
         ];
         for c in cases {
@@ -1155,6 +1214,30 @@ mod tests {
         h.check(region_kind::CQ, h.region_len as usize).unwrap();
         assert_eq!(RegionHeader::qp(1, 1, 33, 1, 0), Err(AbiError::BadSize("max_send_sge", 33)));
         assert!(RegionHeader::cq(u32::MAX).is_err());
+    }
+
+    #[test]
+    fn cq_regions_have_a_checked_notification_block_and_arm_words_wrap() {
+        let h = RegionHeader::cq(64).unwrap();
+        let len = h.region_len as usize;
+        assert!(h.notify >= h.sq.offset + 256 + 64 * 32 && h.notify.is_multiple_of(128), "{h:?}");
+        assert_eq!(h.check(region_kind::CQ, len), Ok(()));
+        let bad = |notify| RegionHeader { notify, ..h }.check(region_kind::CQ, len);
+        assert_eq!(bad(0), Err(AbiError::Geometry("notification block offset")));
+        assert_eq!(bad(h.notify + 8), Err(AbiError::Geometry("notification block offset")));
+        assert_eq!(bad(h.sq.offset), Err(AbiError::Geometry("rings or tables overlap")));
+        assert_eq!(bad(h.region_len), Err(AbiError::Geometry("a ring or table extends past region_len")));
+        let q = RegionHeader::qp(4, 4, 1, 1, 0).unwrap();
+        let ql = q.region_len as usize;
+        assert_eq!(
+            RegionHeader { notify: 128, ..q }.check(region_kind::QP, ql),
+            Err(AbiError::Geometry("notification block in a QP region"))
+        );
+        assert_eq!(arm_word(5, true), 11);
+        assert_eq!(arm_word(5, false), 10);
+        assert_eq!(next_arm_seq(0), 1);
+        assert_eq!(next_arm_seq(0x7fff_ffff), 1, "0 means never armed");
+        assert_eq!(next_arm_seq(u32::MAX), 1);
     }
 
     #[test]

@@ -26,22 +26,72 @@
 //! before the CQs they use, as with verbs). When the daemon goes away, the next control call fails with
 //! [`Error::DaemonGone`], and so does [`Cq::poll`] once it has found its ring empty for a while and looked at the
 //! socket: never a hang.
+//!
+//! # Completion channels: sleeping instead of polling
+//! As with `ibv_create_comp_channel` / `ibv_req_notify_cq` / `ibv_get_cq_event` / `ibv_ack_cq_events`: a
+//! [`CompChannel`] ([`Device::create_comp_channel`]) is a descriptor the application can block on, or put into its
+//! own `epoll`/`poll` set ([`CompChannel::as_fd`]); a CQ made with [`Device::create_cq_with_channel`] signals it
+//! once per [`Cq::req_notify`] (arm), when a completion arrives after the arm: any completion, or with
+//! `solicited_only` only a receive of a message sent with the solicited-event bit ([`SendWr::solicited`]) or a
+//! failed completion (IB semantics). [`CompChannel::get_cq_event`] waits (with or without a timeout) and names the
+//! CQ; [`Cq::ack_events`] counts what was handled. An event is a hint to poll: arm again before the next sleep.
+//! The pattern that loses no wake-up (the re-poll after arming catches a completion that arrived before the arm
+//! was seen):
+//!
+//! ```no_run
+//! # use roce_dp::client::{Device, Error};
+//! # fn main() -> Result<(), Error> {
+//! # let dev = Device::open("/run/roce-dpd.sock")?;
+//! let ch = dev.create_comp_channel()?;
+//! let mut cq = dev.create_cq_with_channel(256, &ch)?;
+//! let mut wc = [roce_dp::Cqe::EMPTY; 16];
+//! loop {
+//!     let n = cq.poll(&mut wc)?;
+//!     if n > 0 { /* handle wc[..n] */ continue; }
+//!     cq.req_notify(false)?;             // 1. arm
+//!     if cq.poll(&mut wc)? > 0 { /* 2. re-poll: handle, then loop */ continue; }
+//!     if let Some(_cq) = ch.get_cq_event(None)? {   // 3. sleep until the daemon signals
+//!         cq.ack_events(1);
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! How it works: the CQ region has a notification block ([`abi::CqNotify`](super::abi::CqNotify)). `req_notify`
+//! stores an arm word (a new 31-bit sequence number and the solicited-only bit) and then a SeqCst fence; the
+//! daemon's worker, after publishing CQEs into an armed CQ's ring, issues a SeqCst fence and loads the arm word: by
+//! the fences, either the worker sees the arm or the client's re-poll sees the CQEs, so no completion slips
+//! between the last poll and the sleep. When the arm's sequence is new (and the batch answers it), the worker
+//! records it as answered (its own copy, and the block's `fired` word), and sends one byte on the channel's
+//! socket: one system call on that edge, none per CQE otherwise. `get_cq_event` drains the socket, then compares
+//! each of its CQs' `fired` word with the last one it reported, so it can name the CQ(s) that fired; spurious
+//! wake-ups are possible (poll and find nothing), lost ones are not.
+//!
+//! The channel is a `SOCK_SEQPACKET` socket pair the daemon makes (one pair per channel; the client gets its end
+//! with the reply), not an eventfd the client makes and passes: an eventfd's file description is shared with the
+//! client, which could clear `O_NONBLOCK` and fill the counter to its maximum, and the worker's next `write`
+//! would block forever. A send with `MSG_DONTWAIT | MSG_NOSIGNAL` cannot block or raise SIGPIPE whatever the
+//! client does with its end, and the daemon never has to check what kind of descriptor a client handed it. A full
+//! socket queue only drops the byte (the end is readable anyway). The daemon's end closes when the session ends:
+//! a waiting client sees end-of-stream ([`Error::DaemonGone`]) when the daemon stops or dies.
 
 // Two `unsafe` calls: attaching the client side of a ring region the daemon just sent (one per CQ and QP).
 #![allow(unsafe_code)]
 
 use core::fmt;
-use std::os::fd::OwnedFd;
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::abi::ABI_VERSION;
 use super::proto::{Conn, ProtoError, Request, Response};
 pub use super::proto::{DeviceInfo, ErrorCode, ModifyQp, StatRecord};
-use super::ring::RingError;
-use super::shm::{Backing, ClientCqRegion, ClientQpRegion, ShmError, ShmRegion};
+use super::ring::{NotifyView, RingError};
+use super::shm::{self, Backing, ClientCqRegion, ClientQpRegion, ShmError, ShmRegion};
 use super::wq::WqError;
 pub use crate::engine::QpInfo;
 use crate::mr::AccessFlags;
@@ -85,6 +135,11 @@ pub enum Error {
     BadRequest(WqError),
     /// The daemon answered something this library cannot use.
     Protocol(String),
+    /// [`Cq::req_notify`] on a CQ made without a completion channel.
+    NoChannel {
+        /// The CQ's handle.
+        cq: u32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -114,6 +169,9 @@ impl fmt::Display for Error {
             Error::QueueFull => f.write_str("work queue full: poll completions before posting more"),
             Error::BadRequest(e) => write!(f, "work request refused: {e}"),
             Error::Protocol(what) => write!(f, "unexpected answer from roce-dpd: {what}"),
+            Error::NoChannel { cq } => {
+                write!(f, "CQ {cq} has no completion channel to notify: create it with Device::create_cq_with_channel")
+            }
         }
     }
 }
@@ -284,16 +342,45 @@ impl Device {
         }
     }
 
-    /// Creates a completion queue of at least `depth` entries.
+    /// Creates a completion queue of at least `depth` entries (polling only).
     pub fn create_cq(&self, depth: u32) -> Result<Cq, Error> {
-        let (r, mut fds) = self.inner.call(&Request::CreateCq { depth }, &[])?;
+        self.make_cq(depth, None)
+    }
+
+    /// Creates a completion queue of at least `depth` entries that signals `channel` when armed
+    /// ([`Cq::req_notify`]).
+    pub fn create_cq_with_channel(&self, depth: u32, channel: &CompChannel) -> Result<Cq, Error> {
+        self.make_cq(depth, Some(channel))
+    }
+
+    fn make_cq(&self, depth: u32, channel: Option<&CompChannel>) -> Result<Cq, Error> {
+        let q = Request::CreateCq { depth, channel: channel.map(|c| c.inner.id) };
+        let (r, mut fds) = self.inner.call(&q, &[])?;
         let Response::Cq { cq } = r else { return Err(Error::Protocol(format!("{r:?} to CreateCq"))) };
         let guard = Guard(&self.inner, Some(Request::DestroyCq { cq }));
         let fd = fds.pop().ok_or_else(|| Error::Protocol("CreateCq answer without its region".into()))?;
         // SAFETY: the daemon sent this region for this new CQ; this is its only ClientCqRegion in the process.
         let region = unsafe { ClientCqRegion::open(fd)? };
         guard.disarm();
-        Ok(Cq { dev: self.inner.clone(), cq, region, empty_polls: 0 })
+        let channel = channel.map(|c| {
+            let entry = ChanCq { handle: cq, notify: region.notify.clone(), reported: 0, events: 0, acked: 0 };
+            c.inner.state().cqs.push(entry);
+            c.inner.clone()
+        });
+        Ok(Cq { dev: self.inner.clone(), cq, region, empty_polls: 0, channel, arm_seq: 0 })
+    }
+
+    /// Creates a completion channel (`ibv_create_comp_channel`): see the module documentation.
+    pub fn create_comp_channel(&self) -> Result<CompChannel, Error> {
+        let (r, mut fds) = self.inner.call(&Request::CreateCompChannel, &[])?;
+        let Response::Channel { channel } = r else {
+            return Err(Error::Protocol(format!("{r:?} to CreateCompChannel")));
+        };
+        let guard = Guard(&self.inner, Some(Request::DestroyCompChannel { channel }));
+        let fd = fds.pop().ok_or_else(|| Error::Protocol("CreateCompChannel answer without its socket".into()))?;
+        guard.disarm();
+        let state = Mutex::new(ChannelState { cqs: Vec::new(), ready: VecDeque::new() });
+        Ok(CompChannel { inner: Arc::new(ChannelInner { dev: self.inner.clone(), id: channel, fd, state }) })
     }
 
     /// Creates an RC QP in the RESET state whose completions go to `send_cq` and `recv_cq`.
@@ -453,6 +540,10 @@ pub struct Cq {
     cq: u32,
     region: ClientCqRegion,
     empty_polls: u32,
+    /// The completion channel it signals, if any.
+    channel: Option<Arc<ChannelInner>>,
+    /// The last arm sequence written (0: never armed).
+    arm_seq: u32,
 }
 
 /// Empty polls between two looks at the control socket.
@@ -482,9 +573,160 @@ impl Cq {
     }
 }
 
+impl Cq {
+    /// Arms the CQ (`ibv_req_notify_cq`): its channel is signalled once when a completion arrives after this call
+    /// (with `solicited_only`, a solicited receive or a failed completion). Poll again after arming before
+    /// sleeping (module documentation). No system call: a store into the shared region and a fence.
+    pub fn req_notify(&mut self, solicited_only: bool) -> Result<(), Error> {
+        if self.channel.is_none() {
+            return Err(Error::NoChannel { cq: self.cq });
+        }
+        self.arm_seq = super::abi::next_arm_seq(self.arm_seq);
+        self.region.notify.set_arm(super::abi::arm_word(self.arm_seq, solicited_only));
+        // Pairs with the worker's fence after it publishes CQEs (no lost wake-up).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Completions waiting in the ring now, without taking any (the re-check after arming, for callers that poll
+    /// elsewhere).
+    pub fn pending(&mut self) -> Result<u32, Error> {
+        self.region.cq.pending().map_err(|e| Error::Protocol(format!("completion ring: {e}")))
+    }
+
+    /// Acknowledges `n` events [`CompChannel::get_cq_event`] returned for this CQ (`ibv_ack_cq_events`). Only
+    /// counted: destroying the CQ does not wait for it.
+    pub fn ack_events(&self, n: u32) {
+        self.with_entry(|e| e.acked += u64::from(n));
+    }
+
+    /// Events returned for this CQ so far and how many were acknowledged.
+    pub fn events(&self) -> (u64, u64) {
+        let mut r = (0, 0);
+        self.with_entry(|e| r = (e.events, e.acked));
+        r
+    }
+
+    fn with_entry(&self, f: impl FnOnce(&mut ChanCq)) {
+        if let Some(ch) = &self.channel {
+            if let Some(e) = ch.state().cqs.iter_mut().find(|e| e.handle == self.cq) {
+                f(e);
+            }
+        }
+    }
+}
+
 impl Drop for Cq {
     fn drop(&mut self) {
         self.dev.destroy(Request::DestroyCq { cq: self.cq });
+        if let Some(ch) = self.channel.take() {
+            let mut st = ch.state();
+            st.cqs.retain(|e| e.handle != self.cq);
+            st.ready.retain(|&h| h != self.cq);
+        }
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): see the module documentation. Destroyed (in the daemon) when it and
+/// every CQ made with it are dropped.
+pub struct CompChannel {
+    inner: Arc<ChannelInner>,
+}
+
+struct ChannelInner {
+    dev: Arc<Inner>,
+    id: u32,
+    /// Our end of the channel's socket pair (non-blocking).
+    fd: OwnedFd,
+    state: Mutex<ChannelState>,
+}
+
+struct ChannelState {
+    cqs: Vec<ChanCq>,
+    /// CQs found fired and not returned yet.
+    ready: VecDeque<u32>,
+}
+
+/// A CQ of a channel, as the channel sees it.
+struct ChanCq {
+    handle: u32,
+    notify: NotifyView,
+    /// The daemon's `fired` sequence when this CQ was last returned.
+    reported: u32,
+    events: u64,
+    acked: u64,
+}
+
+impl ChannelInner {
+    fn state(&self) -> std::sync::MutexGuard<'_, ChannelState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        self.dev.destroy(Request::DestroyCompChannel { channel: self.id });
+    }
+}
+
+impl CompChannel {
+    /// The handle.
+    pub fn handle(&self) -> u32 {
+        self.inner.id
+    }
+
+    /// Waits for an event, at most `timeout` (`None`: until one comes), and returns the handle of a CQ that fired
+    /// (`ibv_get_cq_event`); `Ok(None)` when the time ran out. Several CQs that fired come back one per call.
+    /// [`Error::DaemonGone`] when the daemon closed the channel (it stopped or died). `Some(Duration::ZERO)` only
+    /// looks (after the descriptor polled readable in an `epoll` set).
+    pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>, Error> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let ch = &self.inner;
+        loop {
+            // Drain first, then look at the CQs: a signal after the drain leaves the socket readable, so the wait
+            // below returns at once and the next look finds its CQ.
+            let (_, closed) = shm::channel_drain(ch.fd.as_fd()).map_err(|e| ch.dev.gone(e.to_string()))?;
+            {
+                let mut st = ch.state();
+                let ChannelState { cqs, ready } = &mut *st;
+                for e in cqs.iter_mut() {
+                    let fired = e.notify.fired();
+                    if fired != e.reported {
+                        e.reported = fired;
+                        e.events += 1;
+                        if !ready.contains(&e.handle) {
+                            ready.push_back(e.handle);
+                        }
+                    }
+                }
+                if let Some(h) = ready.pop_front() {
+                    return Ok(Some(h));
+                }
+            }
+            if closed {
+                ch.dev.check_alive()?;
+                return Err(ch.dev.gone("it closed the completion channel".into()));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                return Ok(None);
+            }
+            shm::channel_wait(ch.fd.as_fd(), left).map_err(|e| ch.dev.gone(e.to_string()))?;
+        }
+    }
+}
+
+impl AsFd for CompChannel {
+    /// Readable when an event may be waiting (or the daemon closed the channel): for `epoll`/`poll`; then call
+    /// [`get_cq_event`](CompChannel::get_cq_event) with `Some(Duration::ZERO)`.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+}
+
+impl AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
     }
 }
 

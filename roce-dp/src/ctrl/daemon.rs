@@ -30,6 +30,12 @@
 //! inline payload is copied out of the slot's inline area once, at most the QP's `max_inline` bytes (a longer
 //! `inline_len` is refused the same way, `vendor_err` 5). A session whose socket closes (its process exited or was
 //! killed) has its QPs moved to the error state and everything it owned destroyed at once, on every worker.
+//!
+//! Completion channels: `CreateCompChannel` makes a socket pair here (the server keeps the daemon's end in its
+//! routes; the client's end goes back with the reply); a CQ created with the channel carries the daemon's end to
+//! the worker it is bound to, which signals it after publishing CQEs into the CQ when the client armed it
+//! ([`super::client`] documents the protocol). The arm word is read from shared memory like any other hostile
+//! input; the send never blocks. The daemon's end closes when the session ends (routes and workers drop it).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -92,6 +98,8 @@ pub enum Cmd {
         handle: u32,
         /// Ring region.
         region: Box<DaemonCqRegion>,
+        /// The daemon's end of the completion channel the CQ signals, if it has one.
+        event: Option<Arc<OwnedFd>>,
     },
     /// Destroy a CQ.
     DestroyCq(u32),
@@ -155,6 +163,11 @@ pub struct ApplianceStats {
     pub sessions_reclaimed: u64,
     /// Commands served.
     pub commands: u64,
+    /// Completion channels signalled (an armed CQ got its completion; one message on the channel's socket each).
+    pub events_signalled: u64,
+    /// Of those, messages the channel's socket did not take (its queue full or the client's end closed: the
+    /// client's end is readable anyway, or nobody listens any more).
+    pub events_unsent: u64,
 }
 
 struct CqSlot {
@@ -164,6 +177,44 @@ struct CqSlot {
     region: DaemonCqRegion,
     /// The client corrupted the ring's indices: completions are dropped.
     broken: bool,
+    /// The completion channel and the arm sequence answered last.
+    event: Option<CqEvent>,
+}
+
+/// A CQ's completion channel, worker side (see [`super::client`] for the protocol).
+struct CqEvent {
+    fd: Arc<OwnedFd>,
+    /// The arm sequence this worker answered last (its own copy: the region's `fired` word is the client's to
+    /// scribble on).
+    answered: u32,
+}
+
+impl CqEvent {
+    /// Called after CQEs were published into the CQ's ring: signals the channel once if the client armed the CQ
+    /// since the last signal and the batch answers the arm (`qualifies`: it held a solicited or a failed
+    /// completion; a plain arm takes any). The SeqCst fence pairs with the client's between its arm store and its
+    /// re-poll: either the worker sees the arm here or the client's re-poll sees the CQEs. The arm word is hostile:
+    /// any value only makes this session's own channel fire, at most once per batch.
+    fn after_publish(&mut self, notify: &super::ring::NotifyView, qualifies: bool, stats: &mut ApplianceStats) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let word = notify.arm();
+        let seq = word >> 1;
+        if seq == 0 || seq == self.answered || (word & abi::ARM_SOLICITED != 0 && !qualifies) {
+            return;
+        }
+        self.answered = seq;
+        notify.set_fired(seq);
+        stats.events_signalled += 1;
+        if !super::shm::channel_signal(self.fd.as_fd()) {
+            stats.events_unsent += 1;
+        }
+    }
+}
+
+/// Whether a completion answers a solicited-only arm: a solicited receive or any failed completion (IB: the
+/// solicited-event bit on the message's last packet, or an error).
+fn answers_solicited(c: &crate::verbs::Cqe) -> bool {
+    c.solicited || c.status != WcStatus::Success
 }
 
 struct QpSlot {
@@ -399,7 +450,7 @@ impl Appliance {
                 self.mrs.remove(&lkey);
                 Response::Ok
             }
-            Cmd::CreateCq { handle, region } => {
+            Cmd::CreateCq { handle, region, event } => {
                 if self.cq_ids.contains_key(&handle) {
                     return Err(no(err(ErrorCode::Busy, format!("completion queue {handle} is already bound"))));
                 }
@@ -409,7 +460,8 @@ impl Appliance {
                 if self.cqs.len() <= i {
                     self.cqs.resize_with(i + 1, || None);
                 }
-                self.cqs[i] = Some(CqSlot { client, handle, region: *region, broken: false });
+                let event = event.map(|fd| CqEvent { fd, answered: 0 });
+                self.cqs[i] = Some(CqSlot { client, handle, region: *region, broken: false, event });
                 self.cq_ids.insert(handle, cq);
                 Response::Cq { cq: handle }
             }
@@ -534,6 +586,8 @@ impl Appliance {
             ("cqes_delivered", s.cqes_delivered),
             ("cqes_dropped", s.cqes_dropped),
             ("commands", s.commands),
+            ("events_signalled", s.events_signalled),
+            ("events_unsent", s.events_unsent),
         ];
         for (n, val) in [
             ("sessions_with_objects", sessions.len() as u64),
@@ -548,6 +602,8 @@ impl Appliance {
             ("cqes_dropped", s.cqes_dropped),
             ("sessions_reclaimed", s.sessions_reclaimed),
             ("commands", s.commands),
+            ("events_signalled", s.events_signalled),
+            ("events_unsent", s.events_unsent),
         ] {
             rec("daemon", 0, n, val);
         }
@@ -662,6 +718,9 @@ impl Appliance {
                     self.stats.cqes_dropped += 1;
                 } else {
                     self.stats.cqes_delivered += 1;
+                    if let Some(ev) = slot.event.as_mut() {
+                        ev.after_publish(&slot.region.notify, true, &mut self.stats);
+                    }
                 }
             }
             let _ = e.modify_qp(qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
@@ -680,6 +739,7 @@ impl Appliance {
                 continue;
             }
             let mut pushed = false;
+            let mut qualifies = false;
             loop {
                 if !s.broken {
                     match s.region.cq.reserve() {
@@ -696,10 +756,14 @@ impl Appliance {
                 }
                 let _ = s.region.cq.push(abi::Cqe::from(&c));
                 pushed = true;
+                qualifies |= answers_solicited(&c);
                 self.stats.cqes_delivered += 1;
             }
             if pushed {
                 s.region.cq.publish();
+                if let Some(ev) = s.event.as_mut() {
+                    ev.after_publish(&s.region.notify, qualifies, &mut self.stats);
+                }
             }
         }
         moved
@@ -715,6 +779,15 @@ struct RouteCq {
     worker: Option<usize>,
     /// Its ring region until it is bound (then the worker's appliance holds it).
     region: Option<Box<DaemonCqRegion>>,
+    /// Its completion channel.
+    channel: Option<u32>,
+}
+
+/// A completion channel: the daemon's end of its socket pair (the workers of its CQs hold it too; it closes when
+/// the last of them lets go).
+struct RouteChannel {
+    client: u32,
+    fd: Arc<OwnedFd>,
 }
 
 /// Which worker owns what (only the control threads touch this).
@@ -725,6 +798,9 @@ struct Routes {
     /// CQs by handle.
     cqs: HashMap<u32, RouteCq>,
     next_cq: u32,
+    /// Completion channels by handle.
+    channels: HashMap<u32, RouteChannel>,
+    next_channel: u32,
 }
 
 /// Sends each command to the worker(s) that own its objects (see the module documentation).
@@ -815,16 +891,48 @@ impl Router {
         r
     }
 
-    /// A new CQ: its handle; the server holds its region until a QP binds it to a worker.
-    fn create_cq(&self, client: u32, region: Box<DaemonCqRegion>) -> u32 {
+    /// A new CQ: its handle; the server holds its region until a QP binds it to a worker. Its channel must be one
+    /// of the session's.
+    fn create_cq(&self, client: u32, region: Box<DaemonCqRegion>, channel: Option<u32>) -> Response {
         let mut rt = self.routes();
+        if let Some(ch) = channel {
+            if rt.channels.get(&ch).is_none_or(|c| c.client != client) {
+                return err(ErrorCode::NotFound, format!("no completion channel {ch} in this session"));
+            }
+        }
         let mut h = rt.next_cq;
         while rt.cqs.contains_key(&h) {
             h = h.wrapping_add(1);
         }
         rt.next_cq = h.wrapping_add(1);
-        rt.cqs.insert(h, RouteCq { client, worker: None, region: Some(region) });
+        rt.cqs.insert(h, RouteCq { client, worker: None, region: Some(region), channel });
+        Response::Cq { cq: h }
+    }
+
+    /// A new completion channel (the daemon's end of its socket pair): its handle.
+    fn create_channel(&self, client: u32, fd: OwnedFd) -> u32 {
+        let mut rt = self.routes();
+        let mut h = rt.next_channel.max(1);
+        while rt.channels.contains_key(&h) {
+            h = h.wrapping_add(1).max(1);
+        }
+        rt.next_channel = h.wrapping_add(1);
+        rt.channels.insert(h, RouteChannel { client, fd: Arc::new(fd) });
         h
+    }
+
+    /// Destroys a channel no CQ uses any more (as `ibv_destroy_comp_channel`, which refuses while CQs use it).
+    fn destroy_channel(&self, client: u32, channel: u32) -> Response {
+        let mut rt = self.routes();
+        if rt.channels.get(&channel).is_none_or(|c| c.client != client) {
+            return err(ErrorCode::NotFound, format!("no completion channel {channel} in this session"));
+        }
+        let users = rt.cqs.values().filter(|c| c.client == client && c.channel == Some(channel)).count();
+        if users > 0 {
+            return err(ErrorCode::Busy, format!("completion channel {channel} is still used by {users} CQ(s)"));
+        }
+        rt.channels.remove(&channel);
+        Response::Ok
     }
 
     fn destroy_cq(&self, client: u32, cq: u32) -> Response {
@@ -873,9 +981,11 @@ impl Router {
             }
         };
         for cq in [send_cq, recv_cq] {
+            let channel = rt.cqs.get(&cq).and_then(|c| c.channel);
+            let event = channel.and_then(|ch| rt.channels.get(&ch)).map(|ch| ch.fd.clone());
             let Some(c) = rt.cqs.get_mut(&cq) else { continue };
             let Some(region) = c.region.take() else { continue };
-            match self.ask(w, client, Cmd::CreateCq { handle: cq, region }) {
+            match self.ask(w, client, Cmd::CreateCq { handle: cq, region, event }) {
                 Response::Cq { .. } => c.worker = Some(w),
                 r => {
                     // The region went with the command: this CQ cannot be used any more.
@@ -1003,6 +1113,8 @@ impl Router {
         }
         rt.qps.retain(|_, &mut (c, _)| c != client);
         rt.cqs.retain(|_, c| c.client != client);
+        // The daemon's ends of the session's channels close here (the workers dropped their CQs' copies).
+        rt.channels.retain(|_, c| c.client != client);
         r
     }
 
@@ -1298,7 +1410,16 @@ fn handle(
             router.reg_mr(id, pd, va, mem, AccessFlags(access & AccessFlags::ALL.0))
         }
         Request::DeregMr { lkey } => router.dereg_mr(id, lkey),
-        Request::CreateCq { depth } => {
+        Request::CreateCompChannel => {
+            return match super::shm::channel_pair() {
+                Ok((daemon_end, client_end)) => {
+                    (Response::Channel { channel: router.create_channel(id, daemon_end) }, Some(client_end))
+                }
+                Err(e) => (err(ErrorCode::Os, format!("completion channel: {e}")), None),
+            };
+        }
+        Request::DestroyCompChannel { channel } => router.destroy_channel(id, channel),
+        Request::CreateCq { depth, channel } => {
             if depth == 0 || depth > max {
                 return (err(ErrorCode::Invalid, format!("CQ depth {depth} not in 1..={max}")), None);
             }
@@ -1308,8 +1429,9 @@ fn handle(
             };
             // The region's descriptor goes back with the reply (a duplicate: the region stays the daemon's).
             let fd = region.fd().try_clone_to_owned().ok();
-            let cq = router.create_cq(id, Box::new(region));
-            return (Response::Cq { cq }, fd);
+            let r = router.create_cq(id, Box::new(region), channel);
+            let fd = if matches!(r, Response::Cq { .. }) { fd } else { None };
+            return (r, fd);
         }
         Request::DestroyCq { cq } => router.destroy_cq(id, cq),
         Request::CreateQp { pd, send_cq, recv_cq, sq_depth, rq_depth, max_send_sge, max_recv_sge, max_inline } => {

@@ -17,7 +17,9 @@
 //!   corrupt indices ([`ring::RingError::Corrupt`], sticky) do the same for the whole queue.
 //! - Client library: [`shm::recv_with_fds`], then [`shm::ClientQpRegion::open`] / [`shm::ClientCqRegion::open`]
 //!   (magic, ABI version and geometry checked; a version mismatch is a one-line [`abi::AbiError::Version`]), then
-//!   `post`/`post_inline` (one Release store each) and [`wq::CqReader::poll`].
+//!   `post`/`post_inline` (one Release store each) and [`wq::CqReader::poll`]. A CQ region also holds a
+//!   notification block ([`abi::CqNotify`], [`ring::NotifyView`]): the client's arm word and the daemon's answer,
+//!   for completion channels ([`client`]).
 //!
 //! - Control plane: [`proto`] (the versioned request/reply framing on the daemon's Unix socket, descriptors passed
 //!   with SCM_RIGHTS), [`daemon`] (the daemon's socket server, which routes each command to the worker owning its

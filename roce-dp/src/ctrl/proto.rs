@@ -24,7 +24,8 @@
 //!    with its own and answers [`Response::Hello`] (addresses, MTU, memory backing) or an [`ErrorCode::Abi`]
 //!    error naming both versions, then closes. Any other first request is refused.
 //! 2. Objects: PDs, MRs (the client's memfd travels with `RegMr`), CQs and QPs (their ring regions travel back
-//!    with the reply). Every handle belongs to the session that made it; using another session's handle is
+//!    with the reply), completion channels (the client's end of the channel's socket travels back with the reply;
+//!    a CQ names its channel at `CreateCq`). Every handle belongs to the session that made it; using another session's handle is
 //!    [`ErrorCode::NotFound`] (indistinguishable from a handle that does not exist).
 //! 3. End: the socket closing (the process exiting, killed or not) moves the session's QPs to the error state and
 //!    frees everything it owned.
@@ -46,8 +47,9 @@ use crate::engine::QpInfo;
 use crate::mr::AccessFlags;
 use crate::qp::{QpAttr, QpState};
 
-/// Version of this framing and of the messages; bumped on any change (2: `CreateQp` carries `max_inline`).
-pub const PROTO_VERSION: u16 = 2;
+/// Version of this framing and of the messages; bumped on any change (2: `CreateQp` carries `max_inline`; 3:
+/// completion channels, `CreateCq` carries the channel).
+pub const PROTO_VERSION: u16 = 3;
 
 /// Largest frame accepted (statistics of many QPs are the big ones).
 pub const MAX_FRAME: usize = 8 << 20;
@@ -146,6 +148,15 @@ pub enum Request {
     CreateCq {
         /// Depth (rounded up to a power of two).
         depth: u32,
+        /// The completion channel its events go to (`None`: polling only).
+        channel: Option<u32>,
+    },
+    /// Create a completion channel: the daemon answers [`Response::Channel`] with the client's end of its socket.
+    CreateCompChannel,
+    /// Destroy a completion channel (no CQ may use it).
+    DestroyCompChannel {
+        /// Handle.
+        channel: u32,
     },
     /// Destroy a CQ (no QP may use it).
     DestroyCq {
@@ -265,6 +276,11 @@ pub enum Response {
     QpInfo(QpInfo),
     /// Counters.
     Stats(Vec<StatRecord>),
+    /// A completion channel; the client's end of its socket comes with the frame.
+    Channel {
+        /// Handle.
+        channel: u32,
+    },
     /// Unsolicited: the daemon is stopping (every QP of the session was moved to the error state and flushed).
     Shutdown {
         /// Why.
@@ -476,8 +492,9 @@ impl Request {
                 w.u32(*lkey);
                 5
             }
-            Request::CreateCq { depth } => {
+            Request::CreateCq { depth, channel } => {
                 w.u32(*depth);
+                w.opt(*channel, Writer::u32);
                 6
             }
             Request::DestroyCq { cq } => {
@@ -507,6 +524,11 @@ impl Request {
                 11
             }
             Request::Stats => 12,
+            Request::CreateCompChannel => 13,
+            Request::DestroyCompChannel { channel } => {
+                w.u32(*channel);
+                14
+            }
         }
     }
 
@@ -517,7 +539,7 @@ impl Request {
             3 => Request::DeallocPd { pd: r.u32()? },
             4 => Request::RegMr { pd: r.u32()?, va: r.u64()?, len: r.u64()?, offset: r.u64()?, access: r.u32()? },
             5 => Request::DeregMr { lkey: r.u32()? },
-            6 => Request::CreateCq { depth: r.u32()? },
+            6 => Request::CreateCq { depth: r.u32()?, channel: r.opt(Reader::u32)? },
             7 => Request::DestroyCq { cq: r.u32()? },
             8 => Request::CreateQp {
                 pd: r.u32()?,
@@ -533,6 +555,8 @@ impl Request {
             10 => Request::QueryQp { qpn: r.u32()? },
             11 => Request::DestroyQp { qpn: r.u32()? },
             12 => Request::Stats,
+            13 => Request::CreateCompChannel,
+            14 => Request::DestroyCompChannel { channel: r.u32()? },
             _ => return Err(ProtoError::Malformed("unknown request kind")),
         };
         r.end()?;
@@ -597,6 +621,10 @@ impl Response {
                 w.str(reason);
                 0x109
             }
+            Response::Channel { channel } => {
+                w.u32(*channel);
+                0x10a
+            }
         }
     }
 
@@ -637,6 +665,7 @@ impl Response {
                 Response::Stats(v)
             }
             0x109 => Response::Shutdown { reason: r.str()? },
+            0x10a => Response::Channel { channel: r.u32()? },
             _ => return Err(ProtoError::Malformed("unknown response kind")),
         };
         r.end()?;
@@ -811,7 +840,10 @@ mod tests {
             Request::DeallocPd { pd: 3 },
             Request::RegMr { pd: 1, va: 0x7f00_0000_0000, len: 1 << 20, offset: 4096, access: 15 },
             Request::DeregMr { lkey: 0x101 },
-            Request::CreateCq { depth: 100 },
+            Request::CreateCq { depth: 100, channel: None },
+            Request::CreateCq { depth: 64, channel: Some(7) },
+            Request::CreateCompChannel,
+            Request::DestroyCompChannel { channel: 7 },
             Request::DestroyCq { cq: 2 },
             Request::CreateQp {
                 pd: 1,
@@ -859,6 +891,7 @@ mod tests {
             }),
             Response::Stats(vec![StatRecord { scope: "qp".into(), id: 0x100, name: "tx_packets".into(), value: 5 }]),
             Response::Shutdown { reason: "SIGTERM".into() },
+            Response::Channel { channel: 4 },
         ]
     }
 

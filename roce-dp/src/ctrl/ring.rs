@@ -222,6 +222,75 @@ impl<T: Pod> Raw<T> {
     }
 }
 
+/// A view of a CQ's notification block ([`CqNotify`](super::abi::CqNotify)) in shared memory: the client's arm
+/// word and the daemon's answer. Both sides only ever load and store the two words atomically; a value the peer
+/// wrote is just a number to compare.
+#[derive(Clone)]
+pub struct NotifyView {
+    ptr: NonNull<super::abi::CqNotify>,
+    _owner: Owner,
+}
+
+// SAFETY: the view holds a pointer to two atomics in a mapping its owner keeps alive; atomics may be shared and
+// accessed from any thread.
+unsafe impl Send for NotifyView {}
+// SAFETY: as above (every access is an atomic load or store).
+unsafe impl Sync for NotifyView {}
+
+impl NotifyView {
+    /// A view of the block at `base`.
+    ///
+    /// # Safety
+    /// `base .. base + len` is readable and writable memory that `owner` keeps mapped.
+    pub unsafe fn attach(base: NonNull<u8>, len: usize, owner: Owner) -> Result<NotifyView, LayoutError> {
+        let need = size_of::<super::abi::CqNotify>();
+        if len < need {
+            return Err(LayoutError::TooShort { need, have: len });
+        }
+        if !base.as_ptr().addr().is_multiple_of(RING_ALIGN) {
+            return Err(LayoutError::Misaligned(base.as_ptr().addr()));
+        }
+        Ok(NotifyView { ptr: base.cast(), _owner: owner })
+    }
+
+    /// A zeroed block on the heap (tests).
+    pub fn heap() -> NotifyView {
+        let mem = Arc::new(HeapMem::new(size_of::<super::abi::CqNotify>()));
+        // SAFETY: fresh zeroed memory of the block's size, aligned to RING_ALIGN, kept alive by the owner.
+        unsafe { NotifyView::attach(mem.base(), mem.len(), mem.clone()).expect("heap notify block") }
+    }
+
+    fn block(&self) -> &super::abi::CqNotify {
+        // SAFETY: in bounds and aligned (checked at attach), kept mapped by the owner; the fields are atomics,
+        // valid for any bit pattern, and only ever accessed atomically here.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// The arm word (daemon side: hostile, any value).
+    #[inline]
+    pub fn arm(&self) -> u32 {
+        self.block().arm.load(Ordering::Relaxed)
+    }
+
+    /// Stores the arm word (client side). The caller orders it before its re-poll with a SeqCst fence.
+    #[inline]
+    pub fn set_arm(&self, word: u32) {
+        self.block().arm.store(word, Ordering::Relaxed);
+    }
+
+    /// The sequence the daemon answered last (client side).
+    #[inline]
+    pub fn fired(&self) -> u32 {
+        self.block().fired.load(Ordering::Acquire)
+    }
+
+    /// Records the answered sequence (daemon side), before the channel is signalled.
+    #[inline]
+    pub fn set_fired(&self, seq: u32) {
+        self.block().fired.store(seq, Ordering::Release);
+    }
+}
+
 /// Zeroes a ring's indices. Call it once on fresh memory before either half attaches (a new memfd is zero already).
 ///
 /// # Safety

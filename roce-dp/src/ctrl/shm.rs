@@ -26,7 +26,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use super::abi::{self, region_kind, AbiError, RegionHeader, RingDesc, TableDesc, WqeLimits};
-use super::ring::{Consumer, LayoutError, Pod, Producer, SlotTable};
+use super::ring::{Consumer, LayoutError, NotifyView, Pod, Producer, SlotTable};
 use super::wq::{CqReader, RecvQueueReader, RecvQueueWriter, SendQueueReader, SendQueueWriter, WqError};
 
 /// Size of a huge page used with [`Backing::Hugetlb`] (the kernel default on x86-64).
@@ -334,6 +334,14 @@ impl ShmRegion {
         let base = self.span(desc.offset, bytes)?;
         // SAFETY: inside the mapping (span), kept alive by the owner; writer discipline is the caller's promise.
         Ok(unsafe { SlotTable::attach(base, bytes, capacity, desc.per_slot, Some(self.clone()))? })
+    }
+
+    /// A view of the CQ notification block at `offset`; the view keeps the region mapped.
+    pub fn notify(self: &Arc<Self>, offset: u64) -> Result<NotifyView, ShmError> {
+        let len = size_of::<abi::CqNotify>();
+        let base = self.span(offset, len)?;
+        // SAFETY: inside the mapping (span), kept alive by the owner.
+        Ok(unsafe { NotifyView::attach(base, len, self.clone())? })
     }
 
     fn ring_span<T: Pod>(&self, desc: RingDesc) -> Result<(NonNull<u8>, usize), ShmError> {
@@ -655,6 +663,8 @@ pub struct DaemonCqRegion {
     pub header: RegionHeader,
     /// Completion ring (push [`abi::Cqe`]s, then publish).
     pub cq: Producer<abi::Cqe>,
+    /// The notification block (the client's arm word is hostile input).
+    pub notify: NotifyView,
     region: Arc<ShmRegion>,
 }
 
@@ -665,7 +675,8 @@ impl DaemonCqRegion {
         let r = create_region(name, &h, backing)?;
         // SAFETY: fresh region created by this call: the only producer in this process.
         let cq = unsafe { r.producer(h.sq)? };
-        Ok(DaemonCqRegion { header: h, cq, region: r })
+        let notify = r.notify(h.notify)?;
+        Ok(DaemonCqRegion { header: h, cq, notify, region: r })
     }
 
     /// The region's memfd, to send to the client.
@@ -680,6 +691,8 @@ pub struct ClientCqRegion {
     pub header: RegionHeader,
     /// Completion reader.
     pub cq: CqReader,
+    /// The notification block (arm word ours, `fired` the daemon's).
+    pub notify: NotifyView,
 }
 
 impl ClientCqRegion {
@@ -691,7 +704,8 @@ impl ClientCqRegion {
         let (r, h) = open_region(fd, region_kind::CQ)?;
         // SAFETY: header checked; consumer uniqueness is the caller's promise.
         let cq = CqReader::new(unsafe { r.consumer(h.sq)? });
-        Ok(ClientCqRegion { header: h, cq })
+        let notify = r.notify(h.notify)?;
+        Ok(ClientCqRegion { header: h, cq, notify })
     }
 }
 
@@ -728,6 +742,74 @@ pub fn readable_or_closed(sock: &UnixStream) -> bool {
     // SAFETY: b is a valid one-byte buffer for the call; MSG_PEEK leaves the data in the socket.
     let n = unsafe { libc::recv(sock.as_raw_fd(), (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
     n >= 0 || !matches!(errno(), libc::EAGAIN | libc::EINTR)
+}
+
+/// A completion channel's socket pair (`AF_UNIX`, `SOCK_SEQPACKET`, both non-blocking): the daemon's end, which it
+/// only ever sends on ([`channel_signal`]; its read side is shut, so the client cannot queue anything there), and
+/// the client's end, which becomes readable when the daemon signals and reports end-of-stream when the daemon's
+/// end closes (the daemon died, or reclaimed the session).
+pub fn channel_pair() -> Result<(OwnedFd, OwnedFd), ShmError> {
+    let mut fds = [0 as libc::c_int; 2];
+    let ty = libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
+    // SAFETY: fds is a valid two-element out-array for the call.
+    if unsafe { libc::socketpair(libc::AF_UNIX, ty, 0, fds.as_mut_ptr()) } != 0 {
+        return Err(os("socketpair"));
+    }
+    // SAFETY: socketpair returned two fresh descriptors that nothing else owns.
+    let (daemon, client) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: plain syscall on our descriptor.
+    if unsafe { libc::shutdown(daemon.as_raw_fd(), libc::SHUT_RD) } != 0 {
+        return Err(os("shutdown(SHUT_RD)"));
+    }
+    Ok((daemon, client))
+}
+
+/// Signals a completion channel (daemon side): one 1-byte message, `MSG_DONTWAIT | MSG_NOSIGNAL`, so no state of
+/// the peer's end (a full queue, a closed end, any flag the client set on its own descriptor) can make it block
+/// or raise SIGPIPE. Returns whether the message was queued; a full queue still leaves the client's end readable.
+pub fn channel_signal(fd: BorrowedFd<'_>) -> bool {
+    let b = 1u8;
+    // SAFETY: b is a valid one-byte buffer for the call.
+    let n = unsafe { libc::send(fd.as_raw_fd(), (&b as *const u8).cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    n == 1
+}
+
+/// Consumes every message waiting on a channel's client end without blocking: how many there were, and whether
+/// the daemon's end is closed (end of stream).
+pub fn channel_drain(fd: BorrowedFd<'_>) -> Result<(usize, bool), ShmError> {
+    let mut n = 0;
+    loop {
+        let mut b = [0u8; 8];
+        // SAFETY: b is a valid buffer of b.len() bytes for the call.
+        let r = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+        match r {
+            0 => return Ok((n, true)),
+            r if r > 0 => n += 1,
+            _ => match errno() {
+                libc::EAGAIN => return Ok((n, false)),
+                libc::EINTR => {}
+                libc::ECONNRESET | libc::EPIPE => return Ok((n, true)),
+                _ => return Err(os("recv(completion channel)")),
+            },
+        }
+    }
+}
+
+/// Waits until a channel's client end is readable or closed, at most `timeout` (`None`: no limit). Returns false
+/// when the time ran out (or a signal interrupted the wait).
+pub fn channel_wait(fd: BorrowedFd<'_>, timeout: Option<std::time::Duration>) -> Result<bool, ShmError> {
+    let ms = match timeout {
+        None => -1,
+        // Round up so that a short timeout still sleeps.
+        Some(t) => libc::c_int::try_from(t.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX),
+    };
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: p is one valid pollfd for the call.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    if r < 0 {
+        return if errno() == libc::EINTR { Ok(false) } else { Err(os("poll(completion channel)")) };
+    }
+    Ok(r > 0)
 }
 
 /// The most descriptors one message may carry.
@@ -959,6 +1041,7 @@ mod tests {
             byte_len: 40,
             imm: None,
             invalidated_rkey: None,
+            solicited: false,
         };
         dc.cq.push_publish(abi::Cqe::from(&done)).unwrap();
         let mut out = [done; 2];

@@ -278,6 +278,12 @@ impl CqReader {
         CqReader { ring, deferred: None }
     }
 
+    /// Completions waiting in the ring, looking at the daemon's tail now (nothing is consumed): the re-check after
+    /// arming a CQ. An error if the ring is corrupt.
+    pub fn pending(&mut self) -> Result<u32, WqError> {
+        Ok(self.ring.sync()?)
+    }
+
     /// Up to `out.len()` completions (`ibv_poll_cq`); slots go back to the daemon before returning. A CQE that
     /// cannot be decoded is an error, reported once, after the good completions polled before it.
     pub fn poll(&mut self, out: &mut [verbs::Cqe]) -> Result<usize, WqError> {
@@ -403,6 +409,7 @@ mod tests {
             byte_len: 0,
             imm: None,
             invalidated_rkey: None,
+            solicited: false,
         };
         p.push_publish(Cqe::from(&done)).unwrap();
         p.push_publish(Cqe { status: 200, ..Cqe::default() }).unwrap();

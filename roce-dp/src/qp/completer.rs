@@ -320,6 +320,7 @@ impl Qp {
                 byte_len,
                 imm: None,
                 invalidated_rkey: None,
+                solicited: false,
             };
             self.cnt.send_completions += 1;
             let cq = self.send_cq;
@@ -371,6 +372,7 @@ impl Qp {
             byte_len: 0,
             imm: None,
             invalidated_rkey: None,
+            solicited: false,
         };
         self.cnt.send_completions += 1;
         if !ctx.push_cqe(self.send_cq, cqe) {
@@ -401,6 +403,7 @@ impl Qp {
                 byte_len: 0,
                 imm: None,
                 invalidated_rkey: None,
+                solicited: false,
             };
             self.cnt.recv_completions += 1;
             if !ctx.push_cqe(self.recv_cq, cqe) {

@@ -181,7 +181,7 @@ impl Qp {
         let len = f.payload.len() as u64;
         if off + len > rwqe.capacity {
             // The message is longer than the receive buffer: C9-... local length error at the responder.
-            self.complete_recv(ctx, WcStatus::LocLenErr, WcOpcode::Recv, 0, None, None);
+            self.complete_recv(ctx, WcStatus::LocLenErr, WcOpcode::Recv, 0, None, None, false);
             return Err(RespError::InvalidRequest);
         }
         if len > 0 {
@@ -191,7 +191,7 @@ impl Qp {
                 ctx.mrs.write(lkey, pd, addr, &f.payload[range], AccessFlags::LOCAL_WRITE)
             });
             if r.is_err() {
-                self.complete_recv(ctx, WcStatus::LocProtErr, WcOpcode::Recv, 0, None, None);
+                self.complete_recv(ctx, WcStatus::LocProtErr, WcOpcode::Recv, 0, None, None, false);
                 return Err(RespError::RemoteOp);
             }
         }
@@ -203,12 +203,12 @@ impl Qp {
             if let Some(rkey) = f.ieth() {
                 // C10-...: the invalidated rkey must belong to this QP's PD and be a remote key.
                 if ctx.mrs.invalidate_remote(rkey, self.pd).is_err() {
-                    self.complete_recv(ctx, WcStatus::RemInvReqErr, WcOpcode::Recv, 0, None, None);
+                    self.complete_recv(ctx, WcStatus::RemInvReqErr, WcOpcode::Recv, 0, None, None, false);
                     return Err(RespError::InvalidRequest);
                 }
                 inv = Some(rkey);
             }
-            self.complete_recv(ctx, WcStatus::Success, WcOpcode::Recv, (off + len) as u32, f.imm(), inv);
+            self.complete_recv(ctx, WcStatus::Success, WcOpcode::Recv, (off + len) as u32, f.imm(), inv, bth.solicited);
         } else {
             self.resp_msg = RespMsg::Send { off: off + len };
         }
@@ -261,7 +261,15 @@ impl Qp {
             self.resp_msg = RespMsg::Idle;
             self.msn = (self.msn + 1) & 0x00ff_ffff;
             if flags & op::IMM_DT != 0 {
-                self.complete_recv(ctx, WcStatus::Success, WcOpcode::RecvRdmaWithImm, total as u32, f.imm(), None);
+                self.complete_recv(
+                    ctx,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    total as u32,
+                    f.imm(),
+                    None,
+                    bth.solicited,
+                );
             }
         } else {
             self.resp_msg = RespMsg::Write { rkey, va: va + len, resid: resid - len, total };
@@ -327,7 +335,8 @@ impl Qp {
         self.res_next = (self.res_next + 1) % n;
     }
 
-    /// Completes the receive WQE at the head of the RQ.
+    /// Completes the receive WQE at the head of the RQ (`solicited`: the message's last packet had the BTH SE bit).
+    #[allow(clippy::too_many_arguments)]
     fn complete_recv(
         &mut self,
         ctx: &mut Ctx<'_>,
@@ -336,13 +345,14 @@ impl Qp {
         byte_len: u32,
         imm: Option<u32>,
         invalidated_rkey: Option<u32>,
+        solicited: bool,
     ) {
         if self.rq.head == self.rq.tail {
             return;
         }
         let r = *self.rq.get(self.rq.head);
         self.rq.head = self.rq.head.wrapping_add(1);
-        let cqe = Cqe { wr_id: r.wr_id, status, opcode, qpn: self.qpn, byte_len, imm, invalidated_rkey };
+        let cqe = Cqe { wr_id: r.wr_id, status, opcode, qpn: self.qpn, byte_len, imm, invalidated_rkey, solicited };
         self.cnt.recv_completions += 1;
         if !ctx.push_cqe(self.recv_cq, cqe) {
             self.cnt.cq_overflows += 1;

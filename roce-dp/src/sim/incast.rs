@@ -720,6 +720,7 @@ const BLANK: Cqe = Cqe {
     byte_len: 0,
     imm: None,
     invalidated_rkey: None,
+    solicited: false,
 };
 
 /// Takes a QP from RESET to RTS towards `dest` at `peer` (PSNs 0, all remote access, ACK timeout 4 ms, seven

@@ -5,7 +5,12 @@
 //! our shared-memory regions; posting and polling are index publishes in the shared rings.
 //!
 //! The daemon runs the data path, so a traffic loop's turn has nothing to poll but the CQ ring; after 64 empty
-//! turns in a row the tool yields its CPU (it usually shares the cores with the daemon's busy worker). The
+//! turns in a row the tool yields its CPU (it usually shares the cores with the daemon's busy worker). With `-e`
+//! (perftest's `--events`) every QP's CQ is bound to one completion channel and a turn that moved nothing arms
+//! them all ([`Cq::req_notify`]), looks at their rings once more ([`Cq::pending`]: a completion that landed
+//! before the worker saw the arm is found here) and only then sleeps on the channel, at most
+//! [`EVENT_WAIT`] so that the loops' clocks (`-D`, `--run_infinitely`, timeouts) still tick; the event is
+//! acknowledged and the next turn polls. The tool then uses CPU only per completion batch, not per turn. The
 //! passive side (the write/read/atomic server) sees traffic by the responder's expected PSN of its QPs, queried
 //! every 100 ms. When the daemon goes (stopped, killed), the tool says so in one line (the client library's
 //! [`Error::DaemonGone`](roce_dp::client::Error::DaemonGone)) and exits 2: from the traffic loops, from a wait on
@@ -14,7 +19,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use roce_dp::client::{Cq, Device, ModifyQp, Mr, Pd, Qp, QpInit};
+use roce_dp::client::{CompChannel, Cq, Device, ModifyQp, Mr, Pd, Qp, QpInit};
 use roce_dp::{AccessFlags, Cqe, SendWr};
 
 use super::exchange::{self, Dest, Mtu, TestKind};
@@ -38,6 +43,8 @@ struct Daemon {
     dev: Device,
     /// `--poll-sleep`.
     nap: Duration,
+    /// `-e`: the channel every CQ signals.
+    channel: Option<CompChannel>,
     last_alive: Instant,
     /// Changes of a QP's expected PSN seen so far, when the QPs were last looked at, and the next to look at.
     activity: u64,
@@ -50,6 +57,8 @@ const YIELD_AFTER: u32 = 64;
 /// How often the passive side looks at its QPs' receive PSNs, and at how many at most (round robin).
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 const SAMPLE_QPS: usize = 32;
+/// The longest sleep on the completion channel (`-e`) before the loop looks at its clocks again.
+pub(super) const EVENT_WAIT: Duration = Duration::from_millis(10);
 /// How often a loop looks at the daemon's socket.
 const ALIVE_EVERY: Duration = Duration::from_millis(20);
 
@@ -72,10 +81,12 @@ pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration, na
         exchange::accept(&listener, Some(timeout), timeout).map_err(err)?
     };
     let now = Instant::now();
+    let channel = if p.use_event { Some(dev.create_comp_channel().map_err(err)?) } else { None };
     let mut nic = Daemon {
         qps: Vec::new(),
         dev: dev.clone(),
         nap,
+        channel,
         last_alive: now,
         activity: 0,
         last_sample: now,
@@ -90,6 +101,29 @@ pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration, na
     })
 }
 
+impl Daemon {
+    /// `-e`: arm every CQ, look once more, sleep on the channel (module documentation). Errors end the sleep; the
+    /// loop's next liveness check reports a daemon that went away.
+    fn sleep_on_events(&mut self) {
+        for d in &mut self.qps {
+            if d.cq.req_notify(false).is_err() {
+                return;
+            }
+        }
+        for d in &mut self.qps {
+            if d.cq.pending().map_or(true, |n| n > 0) {
+                return;
+            }
+        }
+        let Some(ch) = &self.channel else { return };
+        if let Ok(Some(h)) = ch.get_cq_event(Some(EVENT_WAIT)) {
+            if let Some(d) = self.qps.iter().find(|d| d.cq.handle() == h) {
+                d.cq.ack_events(1);
+            }
+        }
+    }
+}
+
 impl Nic for Daemon {
     fn port_mtu(&self) -> u32 {
         self.dev.info().mtu
@@ -102,7 +136,11 @@ impl Nic for Daemon {
     fn add_qp(&mut self, p: &Params, region_len: usize) -> Result<NewQp, Fail> {
         let pd = self.dev.alloc_pd().map_err(err)?;
         let depth = p.tx_depth.max(p.rx_depth).max(1);
-        let cq = self.dev.create_cq(depth * 2 + 16).map_err(err)?;
+        let cq = match &self.channel {
+            Some(ch) => self.dev.create_cq_with_channel(depth * 2 + 16, ch),
+            None => self.dev.create_cq(depth * 2 + 16),
+        }
+        .map_err(err)?;
         let mr = pd.reg_mr(region_len, AccessFlags::ALL).map_err(err)?;
         let init = QpInit { sq_depth: p.tx_depth.max(1), rq_depth: p.rx_depth.max(1), ..QpInit::default() };
         let qp = self.dev.create_qp(&pd, &cq, &cq, init).map_err(err)?;
@@ -159,7 +197,9 @@ impl Nic for Daemon {
     }
 
     fn idle(&mut self, streak: u32) {
-        if !self.nap.is_zero() {
+        if self.channel.is_some() {
+            self.sleep_on_events();
+        } else if !self.nap.is_zero() {
             std::thread::sleep(self.nap);
         } else if streak >= YIELD_AFTER {
             std::thread::yield_now();

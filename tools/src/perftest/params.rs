@@ -139,6 +139,9 @@ struct Cli {
     /// Verify every payload byte (ours; perftest has no equivalent in 4.5).
     #[arg(long = "data_validation")]
     data_validation: bool,
+    /// Sleep on CQ events (default poll). With --daemon only; not in write_lat (its receiver polls memory).
+    #[arg(short = 'e', long = "events", visible_alias = "use_event")]
+    events: bool,
 }
 
 fn parse_mtu(s: &str) -> Result<Mtu, String> {
@@ -212,6 +215,8 @@ pub struct Params {
     pub out_json_file: Option<PathBuf>,
     /// `--data_validation`.
     pub data_validation: bool,
+    /// `-e` / `--events`: the traffic loops sleep on a completion channel when a turn moved nothing.
+    pub use_event: bool,
 }
 
 impl Params {
@@ -339,6 +344,13 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
     if !test.is_bw() && !matches!(run, RunLength::Iterations(_)) {
         return Err("-D is not implemented for the latency tests in roce-dp (BW tests only)".into());
     }
+    if c.events && verb == Verb::Write && !bw {
+        // perftest 4.5 refuses -e with every WRITE test; roce-dp accepts it in write_bw, whose client waits for
+        // send completions like the other BW clients.
+        return Err("Events feature not available on WRITE latency test: its receiver polls the buffer's last \
+                    byte, and no completion arrives to wake it"
+            .into());
+    }
     if c.bidirectional && c.data_validation {
         return Err("--data_validation cannot tell our bytes from the peer's with -b; use one or the other".into());
     }
@@ -367,5 +379,6 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
         out_json: c.out_json || c.out_json_file.is_some(),
         out_json_file: c.out_json_file,
         data_validation: c.data_validation,
+        use_event: c.events,
     })
 }

@@ -23,7 +23,8 @@
 //! (override the memif socket), `--timeout S` (give up after S seconds of no progress: connect, exchange, the run;
 //! default 60), `--poll-sleep US` (with `--daemon`: sleep US microseconds after each turn of a traffic loop that
 //! found no completion and could post nothing, instead of spinning: for an application sharing its core with a
-//! daemon worker).
+//! daemon worker). perftest's `-e`/`--events` (alias `--use_event`) works with `--daemon` only: a turn that moved
+//! nothing arms the CQs, looks at them once more and sleeps on the completion channel ([`super::daemon`]).
 //!
 //! `--data_validation` (the side that checks needs it; the source always fills its region with the pattern, the
 //! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;
@@ -119,6 +120,13 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
         (Some(_), Some(_)) => Err(bad("--daemon SOCKET and --port-conf FILE exclude each other: give one")),
         (Some(_), None) if ours.poll_sleep.is_some() => {
             Err(bad("--poll-sleep US goes with --daemon SOCKET (an embedded engine must poll its port)"))
+        }
+        (Some(_), None) if p.use_event => Err(bad(
+            "-e/--events needs --daemon SOCKET: with --port-conf the engine runs in this tool's own loop, which \
+             must poll its port (nothing else would wake it)",
+        )),
+        (None, Some(_)) if p.use_event && ours.poll_sleep.is_some() => {
+            Err(bad("-e/--events and --poll-sleep US exclude each other: sleep on completion events or nap, not both"))
         }
         (None, Some(sock)) => {
             let nap = Duration::from_micros(ours.poll_sleep.unwrap_or(0));
