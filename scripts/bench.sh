@@ -2,9 +2,10 @@
 # Benchmark (not a test): raw DPDK memif frame moving vs roce-dp RDMA WRITE over the same memif pair, in ONE
 # invocation, alternating the two: 4 KiB and 64 B messages (MTU 4096; the raw frames have the RoCE frames' size),
 # plus a one-frame ping-pong RTT for both (raw: a frame echoed back; roce-dp: an 8-byte WRITE and its ACK, one in
-# flight). roce-dp runs use --no-verify (payloads are neither generated nor checked: raw mode does not touch them
-# either; the data path still copies each payload into its mbuf and computes the ICRC on both sides). Server on
-# lcore 1, client on lcore 0, no hugepages. Prints a markdown table of medians and ends with:
+# flight; both timed per round trip after 1000 left out; the last line has the median, as perftest's t_typical,
+# the table the mean beside it). roce-dp runs use --no-verify (payloads are neither generated nor checked: raw mode
+# does not touch them either; the data path still copies each payload into its mbuf and computes the ICRC on both
+# sides). Server on lcore 1, client on lcore 0, no hugepages. Prints a markdown table of medians and ends with:
 #   bench: write_4k_vs_raw=R write_64_pps_vs_raw=R rtt_raw_us=X rtt_rdp_us=Y
 #
 #   scripts/bench.sh             3 rounds
@@ -38,12 +39,11 @@ NIC="$ROOT/target/release/rdp-nic"
 # Frame sizes of RoCE WRITE-with-immediate frames: Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + RETH 16 + ImmDt 4 +
 # payload + ICRC 4.
 HDR=78
-n=0
-# pair NAME ARGS...: one server/client run; prints the client's RESULT line (empty on failure).
+# pair NAME N ARGS...: one server/client run (N numbers its socket, port and logs); prints the client's RESULT
+# line (empty on failure).
 pair() {
-    local name="$1"
-    shift
-    n=$((n + 1))
+    local name="$1" n="$2"
+    shift 2
     local sock="/run/rdp-${RUN_ID}-b$n.sock" ps="${RUN_ID}b${n}s" pc="${RUN_ID}b${n}c" port=$((20000 + ($$ % 20000) + n))
     local slog="$LOG_DIR/$name-$n-server.log" clog="$LOG_DIR/$name-$n-client.log" spid
     track_prefix "$ps"
@@ -63,17 +63,21 @@ median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR 
 
 declare -A R
 for r in $(seq "$rounds"); do
-    R[raw4k]+="$(pair raw4k --raw bw --size $((4096 + HDR)) --seconds 2 | field fps) "
-    R[rdp4k]+="$(pair rdp4k --no-verify --op write --size 4096 --mtu 4096 --iters 30000 --qps 2 --depth 64 | field mpps) "
-    R[raw64]+="$(pair raw64 --raw bw --size $((64 + HDR)) --seconds 2 | field fps) "
-    R[rdp64]+="$(pair rdp64 --no-verify --op write --size 64 --mtu 4096 --iters 100000 --qps 2 --depth 64 | field mpps) "
-    R[rawrtt]+="$(pair rawrtt --raw rtt --size $((8 + HDR)) --iters 20000 | field avg_us) "
-    rdp=$(pair rdprtt --no-verify --op write --size 8 --mtu 4096 --iters 20000 --qps 1 --depth 1)
-    R[rdprtt]+="$(awk -v s="$(echo "$rdp" | field seconds)" 'BEGIN { if (s > 0) printf "%.3f", s / 20000 * 1e6 }') "
+    R[raw4k]+="$(pair raw4k "${r}1" --raw bw --size $((4096 + HDR)) --seconds 2 | field fps) "
+    R[rdp4k]+="$(pair rdp4k "${r}2" --no-verify --op write --size 4096 --mtu 4096 --iters 30000 --qps 2 --depth 64 | field mpps) "
+    R[raw64]+="$(pair raw64 "${r}3" --raw bw --size $((64 + HDR)) --seconds 2 | field fps) "
+    R[rdp64]+="$(pair rdp64 "${r}4" --no-verify --op write --size 64 --mtu 4096 --iters 100000 --qps 2 --depth 64 | field mpps) "
+    raw=$(pair rawrtt "${r}5" --raw rtt --size $((8 + HDR)) --iters 20000)
+    R[rawrtt]+="$(echo "$raw" | field median_us) "
+    R[rawrttavg]+="$(echo "$raw" | field avg_us) "
+    rdp=$(pair rdprtt "${r}6" --no-verify --op write --size 8 --mtu 4096 --iters 21000 --qps 1 --depth 1)
+    R[rdprtt]+="$(echo "$rdp" | field rtt_median_us) "
+    R[rdprttavg]+="$(echo "$rdp" | field rtt_avg_us) "
     echo "round $r/$rounds done" >&2
 done
 med() { tr ' ' '\n' <<<"${R[$1]}" | grep -E '^[0-9.]+$' | median; }
 raw4k=$(med raw4k) rdp4k=$(med rdp4k) raw64=$(med raw64) rdp64=$(med rdp64) rawrtt=$(med rawrtt) rdprtt=$(med rdprtt)
+rawrttavg=$(med rawrttavg) rdprttavg=$(med rdprttavg)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "nan"; else printf "%.3f", a * 1e6 / b }'; }
 mib() { awk -v f="$1" -v s="$2" 'BEGIN { if (f == "nan") print "nan"; else printf "%.0f", f * s / 1048576 }'; }
 echo
@@ -83,7 +87,7 @@ echo "| case | raw memif | roce-dp WRITE | ratio |"
 echo "|---|---|---|---|"
 echo "| 4 KiB messages | $(awk -v f="$raw4k" 'BEGIN{printf "%.3f", f/1e6}') Mfps ($(mib "$raw4k" 4096) MiB/s of 4 KiB) | $rdp4k Mmsg/s ($(mib "$(awk -v m="$rdp4k" 'BEGIN{print m*1e6}')" 4096) MiB/s) | $(ratio "$rdp4k" "$raw4k") |"
 echo "| 64 B messages | $(awk -v f="$raw64" 'BEGIN{printf "%.3f", f/1e6}') Mfps | $rdp64 Mmsg/s | $(ratio "$rdp64" "$raw64") |"
-echo "| RTT, one in flight | $rawrtt us | $rdprtt us | |"
+echo "| RTT, one in flight: median (mean) | $rawrtt us ($rawrttavg us) | $rdprtt us ($rdprttavg us) | |"
 echo
 echo "raw runs: ${R[raw4k]}| ${R[raw64]}| ${R[rawrtt]}; roce-dp runs: ${R[rdp4k]}| ${R[rdp64]}| ${R[rdprtt]}; logs: $LOG_DIR"
 echo "bench: write_4k_vs_raw=$(ratio "$rdp4k" "$raw4k") write_64_pps_vs_raw=$(ratio "$rdp64" "$raw64") rtt_raw_us=$rawrtt rtt_rdp_us=$rdprtt"

@@ -113,6 +113,33 @@ impl Mbuf {
         (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), usize::from(n)) })
     }
 
+    /// The free bytes after the data of a single-segment mbuf (stale contents), to be filled and then committed
+    /// with [`Mbuf::extend`]; empty for a multi-segment mbuf. The per-frame alternative to [`Mbuf::append`] +
+    /// [`Mbuf::trim`] when the final length is known only after writing: no call into the C shim.
+    pub fn spare_mut(&mut self) -> &mut [u8] {
+        if self.nb_segs() != 1 {
+            return &mut [];
+        }
+        let (len, room) = (self.len(), self.tailroom());
+        // SAFETY: the tailroom lies inside the mbuf's buffer (data_off + data_len + tailroom = buf_len), which self
+        // owns exclusively (&mut self); the slice starts right after the data.
+        unsafe { std::slice::from_raw_parts_mut(self.data_ptr().add(len), room) }
+    }
+
+    /// Grow the data of a single-segment mbuf by `n` bytes at the end (bytes written through
+    /// [`Mbuf::spare_mut`]); false (and no change) if the tailroom is shorter or the mbuf has several segments.
+    pub fn extend(&mut self, n: u16) -> bool {
+        if self.nb_segs() != 1 || usize::from(n) > self.tailroom() {
+            return false;
+        }
+        // SAFETY: self owns the mbuf exclusively; a single-segment mbuf's data and packet lengths move together,
+        // and the check above keeps the data inside the buffer (what rte_pktmbuf_append does for this case).
+        let m = unsafe { self.0.as_mut() };
+        m.data_len += n;
+        m.pkt_len += u32::from(n);
+        true
+    }
+
     /// Grow the data by `n` bytes at the front; the new bytes, or `None` if there is not enough headroom.
     pub fn prepend(&mut self, n: u16) -> Option<&mut [u8]> {
         // SAFETY: self owns a valid mbuf; rte_pktmbuf_prepend checks the headroom.

@@ -8,13 +8,16 @@
 //!    counted and dropped;
 //! 2. **timers**: `handle_timeout` when the engine's earliest deadline has passed;
 //! 3. **tx**: mbufs come from a stash refilled with one bulk allocation; the engine writes each frame straight into
-//!    an mbuf's data room (headers and payload in one pass, payload copied once from the registered region, ICRC
-//!    computed once), the mbuf is trimmed to the frame length, and one tx burst sends up to [`BURST`] frames.
+//!    an mbuf's tailroom (headers and payload in one pass, payload copied once from the registered region, ICRC
+//!    computed once), the frame length is committed in Rust (no shim call), and one tx burst sends up to [`BURST`]
+//!    frames.
 //!    Frames the PMD does not take stay queued and go first next time (memif applies back-pressure; dropping them
 //!    would cost a go-back-N retransmission); they are freed and counted only when the worker is dropped.
 //!
-//! Time is the TSC converted to nanoseconds ([`Clock`]). [`Worker::run`] loops until an `AtomicBool` stop flag is
-//! set, calling the application between polls, with an optional idle back-off for shared cores ([`Idle`]).
+//! Time is the TSC converted to nanoseconds ([`Clock`]), read once per poll. [`Worker::run`] loops until an
+//! `AtomicBool` stop flag is set, calling the application after each poll and then sending at once what it posted
+//! (a request posted on a completion leaves in the same turn, not after the next rx burst: one poll less on the
+//! ping-pong RTT), with an optional idle back-off for shared cores ([`Idle`]).
 //!
 //! Steering (README "Steering"): worker `w`'s engine numbers its QPs from `qpn_base + w * QPN_STRIDE`, so the
 //! owner of a frame's BTH destination QP is a division. With software steering (one rx queue: net_ring, memif,
@@ -250,6 +253,8 @@ pub struct Worker<'p> {
     frame_room: u16,
     rng: SimRng,
     empty_streak: u32,
+    /// The time read at the start of the last [`Worker::poll`].
+    turn_now: Instant,
 }
 
 impl<'p> Worker<'p> {
@@ -281,6 +286,7 @@ impl<'p> Worker<'p> {
             frame_room: room as u16,
             rng: SimRng::new(cfg.loss_seed),
             empty_streak: 0,
+            turn_now: Instant(0),
         })
     }
 
@@ -323,6 +329,7 @@ impl<'p> Worker<'p> {
     pub fn poll(&mut self) -> usize {
         self.stats.polls += 1;
         let now = self.clock.now();
+        self.turn_now = now;
         let got = self.poll_rx(now);
         if let Some(t) = self.engine.poll_timeout() {
             if t <= now {
@@ -506,18 +513,19 @@ impl<'p> Worker<'p> {
         let limit = self.cfg.burst;
         while self.tx.len() < limit && self.engine.has_pending_tx() {
             let Some(mut m) = self.take_mbuf() else { break };
-            let room = self.frame_room;
-            let Some(buf) = m.append(room) else {
+            let room = usize::from(self.frame_room);
+            // The engine writes the frame straight into the mbuf's tailroom; its length is committed afterwards.
+            let Some(buf) = m.spare_mut().get_mut(..room) else {
                 self.stats.mbuf_alloc_failures += 1;
                 break;
             };
             match self.engine.poll_transmit(now, buf) {
                 Some(len) => {
-                    m.trim(room - len as u16);
+                    // Cannot fail: len <= room <= the tailroom checked above.
+                    m.extend(len as u16);
                     let _ = self.tx.push(m);
                 }
                 None => {
-                    m.trim(room);
                     let _ = self.stash.push(m);
                     break;
                 }
@@ -548,10 +556,16 @@ impl<'p> Worker<'p> {
     /// it did work through the second element).
     pub fn run(&mut self, stop: &AtomicBool, mut app: impl FnMut(&mut Self) -> (bool, bool)) {
         while !stop.load(Ordering::Relaxed) {
-            let moved = self.poll();
+            let mut moved = self.poll();
             let (go_on, app_busy) = app(self);
             if !go_on {
                 break;
+            }
+            // What the application just posted leaves in this turn, not after the next rx burst and timer check
+            // (a request posted on a completion goes out one poll earlier: the ping-pong RTT). The turn's time is
+            // reused: the engine only arms timers and paces with it.
+            if self.engine.has_pending_tx() {
+                moved += self.poll_tx(self.turn_now);
             }
             if moved > 0 || app_busy {
                 self.empty_streak = 0;

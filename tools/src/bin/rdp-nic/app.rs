@@ -223,6 +223,10 @@ pub(crate) struct Requester {
     pub(crate) verified_bytes: u64,
     pub(crate) failure: Option<String>,
     cqes: [Cqe; 32],
+    /// Ping-pong runs (one QP, depth 1): each WR's time from post to completion, in nanoseconds.
+    pub(crate) rtts: Vec<u64>,
+    pingpong: bool,
+    posted_at: Option<std::time::Instant>,
 }
 
 impl Requester {
@@ -232,7 +236,9 @@ impl Requester {
             .zip(remotes)
             .map(|(l, r)| ReqQp { l: *l, r: *r, posted: 0, done: 0, counter: 0, post_counter: 0 })
             .collect();
-        Self { p, qps, verified_bytes: 0, failure: None, cqes: [NO_CQE; 32] }
+        let pingpong = p.qps == 1 && p.depth == 1;
+        let rtts = Vec::with_capacity(if pingpong { p.iters.min(1 << 24) as usize } else { 0 });
+        Self { p, qps, verified_bytes: 0, failure: None, cqes: [NO_CQE; 32], rtts, pingpong, posted_at: None }
     }
 
     pub(crate) fn completed(&self) -> u64 {
@@ -250,6 +256,22 @@ impl Requester {
         let slots = self.p.slots();
         for (qi, q) in self.qps.iter_mut().enumerate() {
             let qi = qi as u32;
+            // Completions first: the window they free is refilled in the same step.
+            loop {
+                let n = e.poll_cq(q.l.cq, &mut self.cqes);
+                if n == 0 {
+                    break;
+                }
+                busy = true;
+                if let Some(t) = self.posted_at.take() {
+                    self.rtts.push(t.elapsed().as_nanos() as u64);
+                }
+                for c in &self.cqes[..n] {
+                    if let Err(err) = check(&self.p, e, qi, q, c, &mut self.verified_bytes) {
+                        self.failure.get_or_insert(err);
+                    }
+                }
+            }
             while q.posted < self.p.iters && q.posted - q.done < u64::from(self.p.depth) && self.failure.is_none() {
                 let k = q.posted;
                 let slot = k % slots;
@@ -281,24 +303,15 @@ impl Requester {
                     q.post_counter = next_counter(q.post_counter, k);
                 }
                 let sge = Sge { addr: local, len: size as u32, lkey: q.l.mr.lkey };
+                if self.pingpong {
+                    self.posted_at = Some(std::time::Instant::now());
+                }
                 if let Err(err) = e.post_send(q.l.qpn, &wr, &[sge]) {
                     self.failure = Some(format!("post_send QP {:#x} WR {k}: {err}", q.l.qpn));
                     break;
                 }
                 q.posted += 1;
                 busy = true;
-            }
-            loop {
-                let n = e.poll_cq(q.l.cq, &mut self.cqes);
-                if n == 0 {
-                    break;
-                }
-                busy = true;
-                for c in &self.cqes[..n] {
-                    if let Err(err) = check(&self.p, e, qi, q, c, &mut self.verified_bytes) {
-                        self.failure.get_or_insert(err);
-                    }
-                }
             }
         }
         busy
@@ -473,6 +486,15 @@ impl Responder {
     }
 }
 
+/// Mean and median in microseconds of round-trip times in nanoseconds, the first `warmup` left out; `None` if
+/// nothing is left.
+pub(crate) fn rtt_summary(ns: &[u64], warmup: usize) -> Option<(f64, f64)> {
+    let mut v = ns.get(warmup..).filter(|v| !v.is_empty())?.to_vec();
+    let avg = v.iter().sum::<u64>() as f64 / v.len() as f64 / 1000.0;
+    v.sort_unstable();
+    Some((avg, v[v.len() / 2] as f64 / 1000.0))
+}
+
 fn post_recv(e: &mut Engine, p: &Params, l: &Local, k: u64) -> Result<(), String> {
     let size = p.msg_size();
     let sge = Sge { addr: l.va + (k % p.slots()) * size, len: size as u32, lkey: l.mr.lkey };
@@ -523,6 +545,14 @@ mod tests {
                 assert_eq!(req.verified_bytes + resp.verified_bytes, want, "{op:?}");
             }
         }
+    }
+
+    #[test]
+    fn rtt_summary_skips_the_warm_up() {
+        assert_eq!(rtt_summary(&[9000, 1000, 3000, 2000], 1), Some((2.0, 2.0)));
+        assert_eq!(rtt_summary(&[5000, 1000, 3000], 0), Some((3.0, 3.0)));
+        assert_eq!(rtt_summary(&[1000], 1), None);
+        assert_eq!(rtt_summary(&[], 0), None);
     }
 
     #[test]

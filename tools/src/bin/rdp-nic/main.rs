@@ -35,7 +35,7 @@ use roce_dp::steer::{FlowKey, RuleOp, SteerTable, SteeringMode};
 use roce_dp::wire::{IpAddrs, MacAddr};
 use roce_dp::{Engine, EngineConfig, LocalIp, PeerAddr};
 
-use app::{Local, Op, Params, Remote, Requester, Responder};
+use app::{rtt_summary, Local, Op, Params, Remote, Requester, Responder};
 use oob::Oob;
 
 #[derive(Parser)]
@@ -689,6 +689,8 @@ struct ReqSummary {
     end: Option<Instant>,
     peak_msgs_per_s: f64,
     unfinished: bool,
+    /// Ping-pong runs: post-to-completion times (ns).
+    rtts: Vec<u64>,
 }
 
 impl ReqSummary {
@@ -707,6 +709,7 @@ impl ReqSummary {
             None => self.unfinished = true,
         }
         self.peak_msgs_per_s += t.peak_msgs_per_s;
+        self.rtts.extend_from_slice(&req.rtts);
     }
 }
 
@@ -853,8 +856,12 @@ fn report_requester(label: &str, p: &Params, r: &ReqSummary) -> bool {
     let mpps = if secs > 0.0 { r.completed as f64 / secs / 1e6 } else { 0.0 };
     println!(" #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]");
     println!(" {:<10} {:<14} {:<19.2} {:<21.2} {:.6}", p.msg_size(), total, peak, avg, mpps);
+    // Ping-pong runs: the post-to-completion times after a warm-up, as the raw mode's RTT.
+    let rtt = rtt_summary(&r.rtts, (r.rtts.len() / 10).min(1000))
+        .map(|(avg, med)| format!(" rtt_avg_us={avg:.3} rtt_median_us={med:.3}"))
+        .unwrap_or_default();
     println!(
-        "RESULT op={} size={} iters={} qps={} mtu={} status={} seconds={secs:.6} avg_mib_s={avg:.2} mpps={mpps:.6}",
+        "RESULT op={} size={} iters={} qps={} mtu={} status={} seconds={secs:.6} avg_mib_s={avg:.2} mpps={mpps:.6}{rtt}",
         p.op.name(),
         p.msg_size(),
         p.iters,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use roce_dp::dpdk::Burst;
 
+use crate::app::rtt_summary;
 use crate::oob::Oob;
 use crate::{check, finish_port, leak_check, print_port_stats, Opts, Setup, SetupError};
 
@@ -76,14 +77,12 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
                     }
                     rtts.push(t.elapsed().as_nanos() as u64);
                 }
-                let mut r = rtts.split_off(1000); // warm-up
-                let avg = r.iter().sum::<u64>() as f64 / r.len().max(1) as f64 / 1000.0;
-                r.sort_unstable();
-                let med = r.get(r.len() / 2).copied().unwrap_or(0) as f64 / 1000.0;
+                let (avg, med) = rtt_summary(&rtts, 1000).unwrap_or_default(); // after a warm-up
+                let n = rtts.len().saturating_sub(1000);
                 oob.send("DONE 0")?;
                 let _ = oob.line(deadline)?;
-                ok &= check(label, r.len() as u64 == o.iters, format!("{} echoes", r.len()));
-                println!("RESULT raw rtt size={size} iters={} avg_us={avg:.3} median_us={med:.3}", r.len());
+                ok &= check(label, n as u64 == o.iters, format!("{n} echoes"));
+                println!("RESULT raw rtt size={size} iters={n} avg_us={avg:.3} median_us={med:.3}");
             }
         }
     } else {
