@@ -511,6 +511,15 @@ impl Engine {
         })
     }
 
+    /// Send WRs outstanding and receive WRs posted on a QP (what [`query_qp`](Self::query_qp) reports as
+    /// `sq_outstanding` and `rq_posted`, without the rest of the snapshot): the daemon's look before it moves WRs
+    /// from a QP's shared rings.
+    #[inline]
+    pub fn wq_lens(&self, qpn: u32) -> Option<(u32, u32)> {
+        let q = self.qps.get(qpn.checked_sub(self.cfg.qpn_base)? as usize)?.as_deref()?;
+        Some((q.sq.len(), q.rq.len()))
+    }
+
     /// A QP's rate control: the DCQCN state, or the line rate when congestion control is off.
     pub fn qp_cc_state(&self, qpn: u32) -> Option<CcState> {
         let i = self.qp_index(qpn)?;

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use roce_dp::client::{Cq, Device, Error, ErrorCode, Mr, Qp, QpInit, Remote, StatRecord};
-use roce_dp::ctrl::daemon::{Appliance, Job, Server, ServerConfig};
+use roce_dp::ctrl::daemon::{job_channel, Appliance, Job, JobSender, Server, ServerConfig};
 use roce_dp::ctrl::loopback::{LoopbackConfig, LoopbackDaemon};
 use roce_dp::ctrl::proto::DeviceInfo;
 use roce_dp::ctrl::shm::Backing;
@@ -28,7 +28,7 @@ struct Daemon {
     server: Option<Server>,
     stop: Arc<AtomicBool>,
     worker: Option<JoinHandle<Appliance>>,
-    jobs: mpsc::Sender<Job>,
+    jobs: JobSender,
     path: PathBuf,
 }
 
@@ -38,7 +38,7 @@ fn sock_path(tag: &str) -> PathBuf {
 
 fn start(tag: &str) -> Daemon {
     let path = sock_path(tag);
-    let (tx, rx) = mpsc::channel::<Job>();
+    let (tx, rx) = job_channel();
     let stop = Arc::new(AtomicBool::new(false));
     let st = stop.clone();
     let worker = std::thread::spawn(move || {
@@ -455,7 +455,7 @@ fn open_errors_are_one_actionable_line() {
         "{msg}"
     );
     // A second daemon on the same path is refused with one line; a stale socket file is replaced.
-    let (tx, _rx) = mpsc::channel();
+    let (tx, _rx) = job_channel();
     let info = DeviceInfo { abi: 1, pid: 0, mac: MAC, ipv4: Some(IP), ipv6: None, mtu: 1024, hugetlb: false };
     let cfg =
         ServerConfig { path: d.path.clone(), mode: 0o600, backing: Backing::Pages, info, max_depth: 64, log: false };

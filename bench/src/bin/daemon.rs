@@ -14,7 +14,10 @@
 //! Ratio = daemon throughput / embedded throughput (for the latency, embedded ns / daemon ns); the target is >= 0.9.
 //! Medians of `--runs N` (default 5) alternating rounds.
 //!
-//! Reproduce: `flock /tmp/roce-dp-busy.lock cargo run --release -p roce-dp-bench --bin daemon [-- --runs N]`
+//! Reproduce: `flock /tmp/roce-dp-busy.lock cargo run --release -p roce-dp-bench --bin daemon [-- --runs N]`.
+//! For profilers: `--only embedded|daemon|stepped` runs one path's post -> completion loop, and with `--bw SIZE`
+//! its bandwidth loop instead (64 MiB of SIZE-byte WRITEs), e.g.
+//! `valgrind --tool=callgrind target/release/daemon --only stepped --bw 4096`.
 
 use std::time::Instant;
 
@@ -197,8 +200,10 @@ fn through_stepped<T>(f: impl FnOnce(&mut Stepped) -> T) -> T {
     let (mut d, mut st) = LoopbackDaemon::start_stepped(cfg).expect("loopback daemon");
     // Control calls wait for worker steps: make them on another thread while this one steps.
     let open = std::thread::spawn(move || LoopPair::open(&path, REGION, DEPTH, MTU));
+    // (Yielding between steps: under a profiler that runs one thread at a time, the other thread gets on.)
     while !open.is_finished() {
         st.step();
+        std::thread::yield_now();
     }
     let mut s = Stepped { p: open.join().expect("open thread").expect("client session"), st };
     let r = f(&mut s);
@@ -209,6 +214,7 @@ fn through_stepped<T>(f: impl FnOnce(&mut Stepped) -> T) -> T {
     });
     while !close.is_finished() {
         st.step();
+        std::thread::yield_now();
     }
     r
 }
@@ -256,8 +262,19 @@ fn main() {
     let runs: usize =
         args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(5);
     let quick = args.iter().any(|a| a == "--quick");
-    // For profilers: one path's post -> completion loop only.
-    match args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).map(String::as_str) {
+    // For profilers: one path's post -> completion loop only, or with `--bw SIZE` its WRITE bandwidth loop (64 MiB).
+    let bw: Option<u32> =
+        args.iter().position(|a| a == "--bw").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok());
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).map(String::as_str);
+    if let (Some(path), Some(size)) = (only, bw.filter(|&s| (1..=REGION as u32 / 2).contains(&s))) {
+        let n = (64u64 << 20) / u64::from(size);
+        return match path {
+            "embedded" => println!("{:.0} MiB/s", bandwidth(&mut Embedded::new(), size, n)),
+            "daemon" => println!("{:.0} MiB/s", through_daemon(|p| bandwidth(p, size, n))),
+            _ => println!("{:.0} MiB/s", through_stepped(|p| bandwidth(p, size, n))),
+        };
+    }
+    match only {
         Some("embedded") => return println!("{:.0} ns", latency(&mut Embedded::new(), 500_000)),
         Some("daemon") => return println!("{:.0} ns", through_daemon(|p| latency(p, 500_000))),
         Some("stepped") => return println!("{:.0} ns", through_stepped(|p| latency(p, 500_000))),

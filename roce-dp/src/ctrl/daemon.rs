@@ -4,10 +4,11 @@
 //! feeds the engine from its QPs' shared send and receive rings and moves completions into its CQ rings).
 //! `roce-dpd` joins them to a DPDK port; tests join them to engines over an in-memory link.
 //!
-//! The two halves talk through one `mpsc` channel of [`Job`]s per worker: each worker drains its own between
-//! bursts with `try_recv` (a load when empty: no lock on the packet path) and answers each job on its own reply
-//! channel. So each engine is only ever touched by its worker, and control requests wait at most one poll
-//! iteration.
+//! The two halves talk through one [`job_channel`] per worker (an `mpsc` channel of [`Job`]s beside a count of the
+//! jobs sent and not yet taken): each worker looks at the count between bursts (one load of a line that only
+//! changes when a command is sent) and takes its jobs with `try_recv` only when the count says there are some, and
+//! answers each job on its own reply channel. So each engine is only ever touched by its worker, and control
+//! requests wait at most one poll iteration.
 //!
 //! # Several workers
 //! Each worker runs its own engine (worker `w` numbers its QPs from `qpn_base + w *`
@@ -42,7 +43,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -144,6 +145,54 @@ pub struct Job {
     pub cmd: Cmd,
     /// Where the answer goes.
     pub reply: mpsc::Sender<Response>,
+}
+
+/// The control threads' end of a worker's job queue (cloned by every session thread).
+#[derive(Clone)]
+pub struct JobSender {
+    tx: mpsc::Sender<Job>,
+    pending: Arc<AtomicUsize>,
+}
+
+/// The worker's end of its job queue.
+pub struct JobReceiver {
+    rx: mpsc::Receiver<Job>,
+    pending: Arc<AtomicUsize>,
+}
+
+/// A worker's job queue: an `mpsc` channel and the count of jobs sent and not yet taken, so that the worker's idle
+/// turn costs one load of the count instead of a `try_recv` of the channel.
+pub fn job_channel() -> (JobSender, JobReceiver) {
+    let (tx, rx) = mpsc::channel();
+    let pending = Arc::new(AtomicUsize::new(0));
+    (JobSender { tx, pending: pending.clone() }, JobReceiver { rx, pending })
+}
+
+impl JobSender {
+    /// Queues a job for the worker; false if the worker's end is gone (the job is dropped).
+    #[must_use]
+    pub fn send(&self, job: Job) -> bool {
+        if self.tx.send(job).is_err() {
+            return false;
+        }
+        // After the send (Release): a worker that sees the count sees the job in the channel.
+        self.pending.fetch_add(1, Ordering::Release);
+        true
+    }
+}
+
+impl JobReceiver {
+    /// The next job, if one was sent: [`TryRecvError::Empty`](mpsc::TryRecvError::Empty) at the cost of one load
+    /// when none is pending.
+    #[inline]
+    pub fn try_recv(&self) -> Result<Job, mpsc::TryRecvError> {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return Err(mpsc::TryRecvError::Empty);
+        }
+        let job = self.rx.try_recv()?;
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+        Ok(job)
+    }
 }
 
 /// Counters of the appliance (scope `daemon` in the statistics).
@@ -647,11 +696,17 @@ impl Appliance {
         if q.broken {
             return false;
         }
-        let Ok(info) = e.query_qp(q.qpn) else { return false };
+        // An idle QP costs a look at each ring's cached tail (a load of the client's tail only when the cache says
+        // empty); the engine is asked for its queues' room only when a ring has something.
+        let (sq_new, rq_new) = (q.region.sq.has_work(), q.region.rq.has_work());
+        if !sq_new && !rq_new {
+            return false;
+        }
+        let Some((sq_len, rq_len)) = e.wq_lens(q.qpn) else { return false };
         let mut moved = false;
         let mut failed: Option<abi::Cqe> = None;
         // Send queue: only as many as the engine's queue has room for; the rest wait in the ring.
-        let mut room = q.sq_cap.saturating_sub(info.sq_outstanding);
+        let mut room = if sq_new { q.sq_cap.saturating_sub(sq_len) } else { 0 };
         while room > 0 {
             // Inline payload is copied out of the slot into `inline` (at most the QP's max_inline bytes: the
             // reader refuses a longer inline_len), then into the engine's own inline area.
@@ -686,7 +741,7 @@ impl Appliance {
             }
         }
         q.region.sq.release();
-        let mut room = q.rq_cap.saturating_sub(info.rq_posted);
+        let mut room = if rq_new { q.rq_cap.saturating_sub(rq_len) } else { 0 };
         while room > 0 && failed.is_none() {
             match q.region.rq.poll_into(&mut self.sges) {
                 Ok(None) => break,
@@ -707,7 +762,7 @@ impl Appliance {
                 }
             }
         }
-        let _ = q.region.rq.sync();
+        q.region.rq.release();
         if let Some(cqe) = failed {
             self.stats.wqes_refused += 1;
             let cq = if cqe.opcode == abi::wc_opcode::RECV { q.recv_cq } else { q.send_cq };
@@ -805,7 +860,7 @@ struct Routes {
 
 /// Sends each command to the worker(s) that own its objects (see the module documentation).
 struct Router {
-    workers: Vec<mpsc::Sender<Job>>,
+    workers: Vec<JobSender>,
     routes: Mutex<Routes>,
 }
 
@@ -821,7 +876,7 @@ fn not_found_qp(qpn: u32) -> Response {
 }
 
 impl Router {
-    fn new(workers: Vec<mpsc::Sender<Job>>) -> Router {
+    fn new(workers: Vec<JobSender>) -> Router {
         Router { workers, routes: Mutex::default() }
     }
 
@@ -1179,14 +1234,14 @@ const WORKER_TIMEOUT: Duration = Duration::from_secs(5);
 impl Server {
     /// Binds the socket (refusing a path another daemon answers on; replacing a stale socket file), sets its
     /// mode, and starts accepting. Commands go to the one worker's `jobs`.
-    pub fn start(cfg: ServerConfig, jobs: mpsc::Sender<Job>) -> Result<Server, ServeError> {
+    pub fn start(cfg: ServerConfig, jobs: JobSender) -> Result<Server, ServeError> {
         Server::start_workers(cfg, vec![jobs])
     }
 
     /// [`start`](Self::start) for several workers: `jobs[w]` reaches worker `w`, whose engine numbers its QPs
     /// from `qpn_base + w * QPN_STRIDE` (QPNs are routed by what `CreateQp` answered, not by that rule). Worker 0
     /// receives ARP/ND (it resolves peers for the others).
-    pub fn start_workers(cfg: ServerConfig, jobs: Vec<mpsc::Sender<Job>>) -> Result<Server, ServeError> {
+    pub fn start_workers(cfg: ServerConfig, jobs: Vec<JobSender>) -> Result<Server, ServeError> {
         if jobs.is_empty() {
             return Err(ServeError("no worker to serve the socket".into()));
         }
@@ -1300,9 +1355,9 @@ impl Server {
 }
 
 /// Sends `cmd` to the worker and waits for the answer.
-fn ask(jobs: &mpsc::Sender<Job>, client: u32, cmd: Cmd) -> Response {
+fn ask(jobs: &JobSender, client: u32, cmd: Cmd) -> Response {
     let (tx, rx) = mpsc::channel();
-    if jobs.send(Job { client, cmd, reply: tx }).is_err() {
+    if !jobs.send(Job { client, cmd, reply: tx }) {
         return err(ErrorCode::ShuttingDown, "the daemon's worker has stopped");
     }
     rx.recv_timeout(WORKER_TIMEOUT)
@@ -1471,4 +1526,28 @@ fn handle(
         Request::Stats => router.stats(),
     };
     (r, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_channel_counts_what_waits() {
+        let (tx, rx) = job_channel();
+        assert!(matches!(rx.try_recv(), Err(mpsc::TryRecvError::Empty)));
+        let (reply, answers) = mpsc::channel();
+        for client in [7, 8] {
+            assert!(tx.clone().send(Job { client, cmd: Cmd::Stats, reply: reply.clone() }), "worker end alive");
+        }
+        assert_eq!(rx.pending.load(Ordering::Relaxed), 2);
+        assert_eq!(rx.try_recv().map(|j| j.client).ok(), Some(7));
+        assert_eq!(rx.try_recv().map(|j| j.client).ok(), Some(8));
+        assert_eq!(rx.pending.load(Ordering::Relaxed), 0);
+        assert!(matches!(rx.try_recv(), Err(mpsc::TryRecvError::Empty)));
+        drop(rx);
+        let sent = tx.send(Job { client: 9, cmd: Cmd::Stats, reply });
+        assert!(!sent, "a send to a stopped worker fails");
+        assert!(answers.try_recv().is_err());
+    }
 }

@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::client::{Cq, Device, Error, Mr, Pd, Qp, QpInit, Remote};
-use super::daemon::{Appliance, Job, ServeError, Server, ServerConfig};
+use super::daemon::{job_channel, Appliance, JobReceiver, ServeError, Server, ServerConfig};
 use super::proto::{DeviceInfo, StatRecord};
 use super::shm::Backing;
 use crate::engine::{qpn_owner, Engine, EngineConfig, RxMeta, MAX_HEADER_BYTES, QPN_STRIDE};
@@ -152,7 +152,7 @@ impl LoopbackDaemon {
         let mut workers = Vec::new();
         let mut fail = None;
         for (w, (_, wire)) in wires.into_iter().enumerate() {
-            let (tx, rx) = mpsc::channel::<Job>();
+            let (tx, rx) = job_channel();
             jobs.push(tx);
             let mut lw = LoopWorker::new(w, port.clone());
             if n > 1 {
@@ -189,7 +189,7 @@ impl LoopbackDaemon {
     /// Starts the server only: its one worker is the returned [`Stepper`], which the caller steps. Control calls (a
     /// client opening its session, [`shutdown`](Self::shutdown)) wait for steps, so make them on another thread.
     pub fn start_stepped(cfg: LoopbackConfig) -> Result<(LoopbackDaemon, Stepper), ServeError> {
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = job_channel();
         let server = Server::start(server_config(&cfg), tx)?;
         let d = LoopbackDaemon { server: Some(server), stop: Arc::default(), workers: Vec::new(), path: cfg.path };
         Ok((d, Stepper { w: LoopWorker::new(0, Arc::new(PortCounters::new(1))), jobs: rx }))
@@ -288,7 +288,7 @@ impl LoopWorker {
     }
 
     /// One iteration of the worker loop: control jobs, the QPs' rings, the loopback. Returns whether anything moved.
-    fn step(&mut self, jobs: &mpsc::Receiver<Job>) -> bool {
+    fn step(&mut self, jobs: &JobReceiver) -> bool {
         self.loops += 1;
         let mut busy = false;
         while let Ok(job) = jobs.try_recv() {
@@ -311,11 +311,15 @@ impl LoopWorker {
             self.app.serve(&mut self.e, &self.neigh, job, &extra);
             busy = true;
         }
-        let now = Instant(self.t0.elapsed().as_nanos() as u64);
         busy |= self.app.poll(&mut self.e);
+        // The clock is read only when the engine has a frame to send or a timer armed (or frames may come from
+        // another worker): an idle turn costs no clock read.
+        let idle = self.wire.is_none() && !self.e.has_pending_tx() && self.e.poll_timeout().is_none();
+        let now = || Instant(self.t0.elapsed().as_nanos() as u64);
         let moved = match &self.wire {
-            None => pump(&mut self.e, now, &mut self.buf, &mut self.port),
-            Some(wire) => pump_wire(&mut self.e, now, &mut self.buf, &mut self.port, self.w, wire),
+            _ if idle => false,
+            None => pump(&mut self.e, now(), &mut self.buf, &mut self.port),
+            Some(wire) => pump_wire(&mut self.e, now(), &mut self.buf, &mut self.port, self.w, wire),
         };
         if moved {
             // Completions the frames just made go into the CQ rings in this iteration, not the next.
@@ -361,7 +365,7 @@ fn pump_wire(e: &mut Engine, now: Instant, buf: &mut [u8], st: &mut PumpStats, m
     moved
 }
 
-fn worker(mut w: LoopWorker, jobs: &mpsc::Receiver<Job>, stop: &AtomicBool, idle_sleep_us: Option<u64>) -> Appliance {
+fn worker(mut w: LoopWorker, jobs: &JobReceiver, stop: &AtomicBool, idle_sleep_us: Option<u64>) -> Appliance {
     while !stop.load(Ordering::Relaxed) {
         if !w.step(jobs) {
             if let Some(us) = idle_sleep_us {
@@ -376,7 +380,7 @@ fn worker(mut w: LoopWorker, jobs: &mpsc::Receiver<Job>, stop: &AtomicBool, idle
 /// thread (a benchmark of the appliance's work without the core crossing between client and worker).
 pub struct Stepper {
     w: LoopWorker,
-    jobs: mpsc::Receiver<Job>,
+    jobs: JobReceiver,
 }
 
 impl Stepper {

@@ -617,6 +617,14 @@ impl<T: Pod> Consumer<T> {
         self.cached_tail.wrapping_sub(self.head)
     }
 
+    /// Whether a [`pop`](Self::pop) would find an entry: the cached tail when it says so (no shared-memory
+    /// access), else the producer's tail reloaded and checked. A corrupt ring answers true, so that the caller's
+    /// next pop reports the error.
+    #[inline]
+    pub fn has_entries(&mut self) -> bool {
+        self.len_cached() > 0 || self.refresh().is_err() || self.len_cached() > 0
+    }
+
     /// Copies the next entry out of the ring, with the index it had (for side tables indexed like the ring).
     /// `Ok(None)` when the ring is empty. The slot is handed back to the producer at the next
     /// [`sync`](Self::sync) or [`release`](Self::release), so side-table data of the entry stays put until then.
@@ -916,6 +924,27 @@ mod tests {
         mem.ctrl().tail.store(2, Ordering::Release); // plausible again: still refused
         assert_eq!(c.pop(), Err(e));
         assert_eq!(c.sync(), Err(e));
+    }
+
+    #[test]
+    fn has_entries_uses_the_cache_and_reports_corruption() {
+        let mem = HeapMem::new(ring_bytes(8, 8).unwrap());
+        let (mut p, mut c) = pair(8, &mem);
+        assert!(!c.has_entries());
+        assert_eq!(c.reloads(), 1, "an empty cache reloads the tail");
+        p.push(1).unwrap();
+        assert!(!c.has_entries(), "an unpublished entry is invisible");
+        p.push(2).unwrap();
+        p.publish();
+        assert!(c.has_entries());
+        let loads = c.reloads();
+        assert!(c.has_entries() && c.has_entries());
+        assert_eq!(c.reloads(), loads, "the cached tail answers while it says there is more");
+        assert_eq!((c.pop(), c.pop()), (Ok(Some(1)), Ok(Some(2))));
+        mem.ctrl().tail.store(2 + 9, Ordering::Release); // claims 9 entries in a ring of 8
+        assert!(c.has_entries(), "a corrupt ring answers true");
+        assert!(matches!(c.pop(), Err(RingError::Corrupt { peer: 11, local: 2, .. })));
+        assert!(c.has_entries(), "and keeps answering true (sticky)");
     }
 
     #[test]

@@ -123,6 +123,13 @@ impl SendQueueReader {
         Ok(true)
     }
 
+    /// Whether [`poll_into`](Self::poll_into) has something to say: a WQE waits, or the ring is corrupt (the
+    /// cached tail, reloaded from shared memory only when it says the queue is empty).
+    #[inline]
+    pub fn has_work(&mut self) -> bool {
+        self.ring.has_entries()
+    }
+
     /// [`poll_into`](Self::poll_into) returning the request by value.
     pub fn poll(&mut self, inline_out: &mut [u8]) -> Result<Option<SendRequest>, WqError> {
         let mut req = SendRequest::default();
@@ -162,6 +169,18 @@ impl RecvQueueReader {
         };
         let r = wqe.decode_into(self.max_sge, sges, |k| ext_sge(self.sges.as_ref(), index, k));
         r.map(Some).map_err(|error| WqError::Wqe { index, wr_id: wqe.wr_id, error })
+    }
+
+    /// Whether [`poll_into`](Self::poll_into) has something to say (see [`SendQueueReader::has_work`]).
+    #[inline]
+    pub fn has_work(&mut self) -> bool {
+        self.ring.has_entries()
+    }
+
+    /// Hands consumed slots back.
+    #[inline]
+    pub fn release(&mut self) {
+        self.ring.release();
     }
 
     /// [`poll_into`](Self::poll_into) returning `(wr_id, sges)` by value.

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use roce_dp::config::{DaemonBacking, Driver, Profile};
-use roce_dp::ctrl::daemon::{Appliance, Job, Server, ServerConfig};
+use roce_dp::ctrl::daemon::{job_channel, Appliance, JobReceiver, Server, ServerConfig};
 use roce_dp::ctrl::proto::{DeviceInfo, StatRecord};
 use roce_dp::ctrl::shm::Backing;
 use roce_dp::dpdk::{
@@ -120,7 +120,7 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     // Validated with the profile: one lcore per worker when given (required for several workers).
     let lcores: Vec<u32> = d.lcores().and_then(Result::ok).unwrap_or_default();
     // The socket first: "in use" fails before DPDK starts. Requests wait in the channels until the workers poll.
-    let (jobs_tx, jobs_rx): (Vec<_>, Vec<_>) = (0..nw).map(|_| mpsc::channel::<Job>()).unzip();
+    let (jobs_tx, jobs_rx): (Vec<_>, Vec<_>) = (0..nw).map(|_| job_channel()).unzip();
     let mut info = DeviceInfo {
         abi: roce_dp::ctrl::abi::ABI_VERSION,
         pid: std::process::id(),
@@ -342,7 +342,7 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
 fn serve_worker(
     w: usize,
     mut wk: Worker<'_>,
-    jobs: &mpsc::Receiver<Job>,
+    jobs: &JobReceiver,
     port: Option<&Port>,
     done: &AtomicBool,
     server: &mut Option<Server>,
@@ -351,38 +351,38 @@ fn serve_worker(
     let mut closing: Option<std::thread::JoinHandle<()>> = None;
     let never = AtomicBool::new(false);
     wk.run(&never, |wk| {
-        let wstats = wk.stats;
-        let extra = |v: &mut Vec<StatRecord>| {
-            for kv in wstats.line().split_whitespace() {
-                if let Some((k, val)) = kv.split_once('=') {
-                    v.push(StatRecord {
-                        scope: "worker".into(),
-                        id: w as u32,
-                        name: k.into(),
-                        value: val.parse().unwrap_or(0),
-                    });
-                }
-            }
-            if let Some(p) = port.and_then(|p| p.stats().ok().map(|s| (p.id(), s))) {
-                let (id, p) = p;
-                for (k, val) in [
-                    ("ipackets", p.ipackets),
-                    ("opackets", p.opackets),
-                    ("ibytes", p.ibytes),
-                    ("obytes", p.obytes),
-                    ("imissed", p.imissed),
-                    ("ierrors", p.ierrors),
-                    ("oerrors", p.oerrors),
-                    ("rx_nombuf", p.rx_nombuf),
-                ] {
-                    v.push(StatRecord { scope: "port".into(), id: u32::from(id), name: k.into(), value: val });
-                }
-            }
-        };
         let mut busy = false;
         let mut solicit = Vec::new();
         while let Ok(job) = jobs.try_recv() {
             busy = true;
+            let wstats = wk.stats;
+            let extra = |v: &mut Vec<StatRecord>| {
+                for kv in wstats.line().split_whitespace() {
+                    if let Some((k, val)) = kv.split_once('=') {
+                        v.push(StatRecord {
+                            scope: "worker".into(),
+                            id: w as u32,
+                            name: k.into(),
+                            value: val.parse().unwrap_or(0),
+                        });
+                    }
+                }
+                if let Some(p) = port.and_then(|p| p.stats().ok().map(|s| (p.id(), s))) {
+                    let (id, p) = p;
+                    for (k, val) in [
+                        ("ipackets", p.ipackets),
+                        ("opackets", p.opackets),
+                        ("ibytes", p.ibytes),
+                        ("obytes", p.obytes),
+                        ("imissed", p.imissed),
+                        ("ierrors", p.ierrors),
+                        ("oerrors", p.oerrors),
+                        ("rx_nombuf", p.rx_nombuf),
+                    ] {
+                        v.push(StatRecord { scope: "port".into(), id: u32::from(id), name: k.into(), value: val });
+                    }
+                }
+            };
             if let Some(ip) = app.serve(&mut wk.engine, &wk.neigh, job, &extra) {
                 solicit.push(ip);
             }
