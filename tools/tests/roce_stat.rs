@@ -251,7 +251,7 @@ fn watch_prints_deltas_until_sigint() {
 }
 
 fn one_line_error(o: &Output) -> String {
-    assert_eq!(o.status.code(), Some(2), "exit 2; stdout {}", text(&o.stdout));
+    assert_eq!(o.status.code(), Some(2), "exit 2; stdout {}; stderr {}", text(&o.stdout), text(&o.stderr));
     let err = text(&o.stderr);
     assert_eq!(err.lines().count(), 1, "one line: {err:?}");
     assert!(err.starts_with("roce-stat: "), "{err}");
@@ -288,12 +288,22 @@ fn absent_forbidden_and_foreign_daemons_are_one_line_errors() {
         for p in [&dir, &exe] {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
-        let o = Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(&exe)
-            .args(["--socket", path])
-            .output()
-            .expect("setpriv (util-linux) runs roce-stat as nobody");
+        // The copy's write descriptor can live on for a moment in a child that another test thread forked while
+        // it was open (until that child execs): exec then fails with ETXTBSY ("Text file busy", exit 126).
+        let mut tries = 0;
+        let o = loop {
+            let o = Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(&exe)
+                .args(["--socket", path])
+                .output()
+                .expect("setpriv (util-linux) runs roce-stat as nobody");
+            tries += 1;
+            if o.status.code() != Some(126) || !text(&o.stderr).contains("Text file busy") || tries == 50 {
+                break o;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
         std::fs::remove_dir_all(&dir).unwrap();
         o
     } else {
