@@ -5,6 +5,8 @@
 
 #![cfg(target_os = "linux")]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -478,7 +480,6 @@ fn garbage_in_one_sessions_rings_errors_only_its_own_qps() {
     use roce_dp::ctrl::abi::{self, wr_opcode, RegionHeader, Wqe};
     use roce_dp::ctrl::proto::{Conn, ModifyQp, Request, Response};
     use roce_dp::ctrl::shm::{ClientCqRegion, ShmRegion};
-    use roce_dp::QpAttr;
     use std::os::unix::net::UnixStream;
 
     let d = start("garbage");
@@ -522,25 +523,7 @@ fn garbage_in_one_sessions_rings_errors_only_its_own_qps() {
     let (q3, mut r3, h3) = qp(&mut conn);
     // Q2 and Q3 connect to themselves (loopback), so their WRs really run.
     for q in [q2, q3] {
-        for attr in [
-            QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() },
-            QpAttr {
-                state: Some(QpState::Rtr),
-                path_mtu: Some(1024),
-                dest_qpn: Some(q),
-                rq_psn: Some(0),
-                max_dest_rd_atomic: Some(4),
-                ..QpAttr::default()
-            },
-            QpAttr {
-                state: Some(QpState::Rts),
-                sq_psn: Some(0),
-                timeout: Some(10),
-                retry_cnt: Some(1),
-                max_rd_atomic: Some(4),
-                ..QpAttr::default()
-            },
-        ] {
+        for attr in common::raw_connect_attrs(q) {
             let gid = Some(std::net::Ipv4Addr::from(IP).to_ipv6_mapped().octets());
             let m = ModifyQp { attr, gid: if attr.state == Some(QpState::Rtr) { gid } else { None }, mac: None };
             assert_eq!(call(&mut conn, Request::ModifyQp { qpn: q, m }).0, Response::Ok);

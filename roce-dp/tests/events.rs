@@ -11,6 +11,8 @@
 //!
 //! Run: `cargo test -p roce-dp --test events`.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -380,24 +382,7 @@ fn hostile_arm_words_only_fire_the_own_channel() {
     let mut qregion = ShmRegion::map(fds.pop().unwrap()).unwrap();
     let qh: RegionHeader = qregion.read(0).unwrap();
     let gid = Some(std::net::Ipv4Addr::from(roce_dp::ctrl::loopback::IPV4).to_ipv6_mapped().octets());
-    for attr in [
-        QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() },
-        QpAttr {
-            state: Some(QpState::Rtr),
-            path_mtu: Some(1024),
-            dest_qpn: Some(qpn),
-            rq_psn: Some(0),
-            max_dest_rd_atomic: Some(4),
-            ..QpAttr::default()
-        },
-        QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(0),
-            timeout: Some(10),
-            retry_cnt: Some(1),
-            ..Default::default()
-        },
-    ] {
+    for attr in common::raw_connect_attrs(qpn) {
         let m = ModifyQp { attr, gid: if attr.state == Some(QpState::Rtr) { gid } else { None }, mac: None };
         assert_eq!(call(&mut conn, Request::ModifyQp { qpn, m }).0, Response::Ok);
     }

@@ -94,3 +94,28 @@ pub const CAPTURES: &[Capture] = &[
     Capture { name: "uc_write_4k.pcap", frames: 120, opcodes: &[(38, 20), (39, 40), (40, 20)], qpns: (0x13, 0x13) },
     Capture { name: "ud_send_1k.pcap", frames: 50, opcodes: &[(100, 20)], qpns: (0x12, 0x12) },
 ];
+
+/// The INIT, RTR and RTS attributes that connect a QP of a raw control-protocol session to `dest_qpn` over the
+/// loopback engine (path MTU 1024, PSNs 0, 4 reads/atomics each way, ACK timeout exponent 10, one retry).
+pub fn raw_connect_attrs(dest_qpn: u32) -> [roce_dp::QpAttr; 3] {
+    use roce_dp::{AccessFlags, QpAttr, QpState};
+    [
+        QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() },
+        QpAttr {
+            state: Some(QpState::Rtr),
+            path_mtu: Some(1024),
+            dest_qpn: Some(dest_qpn),
+            rq_psn: Some(0),
+            max_dest_rd_atomic: Some(4),
+            ..QpAttr::default()
+        },
+        QpAttr {
+            state: Some(QpState::Rts),
+            sq_psn: Some(0),
+            timeout: Some(10),
+            retry_cnt: Some(1),
+            max_rd_atomic: Some(4),
+            ..QpAttr::default()
+        },
+    ]
+}
