@@ -59,9 +59,16 @@ iop_qemu() {
 
 # iop_copy_with_libs ROOT FILE...: copy each file and every shared library it needs into ROOT.
 iop_copy_with_libs() {
-    local r="$1" f lib
+    local r="$1" f
     shift
     for f in "$@"; do mkdir -p "$r$(dirname "$f")" && cp "$f" "$r$f"; done
+    iop_copy_libs "$r" "$@"
+}
+
+# iop_copy_libs ROOT FILE...: copy every shared library the files need (ldd) into ROOT, at the same paths.
+iop_copy_libs() {
+    local r="$1" f lib
+    shift
     for f in "$@"; do ldd "$f" | awk '/=> \//{print $3} /^\t\/lib64/{print $1}'; done | sort -u |
         while read -r lib; do
             mkdir -p "$r$(dirname "$lib")"
@@ -164,4 +171,61 @@ iop_vmrun() {
     local ip="$1" cmd="$2" t="${3:-120}"
     timeout "$t" bash -c 'exec 3<>"/dev/tcp/$1/$2" || exit 1; printf "( %s ) 2>&1\nexit\n" "$3" >&3; cat <&3' \
         _ "$ip" "$IOP_CTL_PORT" "$cmd"
+}
+
+# --- the steering guest (tier 12): rdp-nic on net_tap under Debian's kernel, whose tc modules net_tap's rte_flow needs
+
+IOP_FLOW_MODULES=(tun bridge sch_multiq sch_ingress cls_flower act_skbedit act_gact act_mirred)
+IOP_PMD_DIR=/usr/lib/x86_64-linux-gnu/dpdk/pmds-23.0
+
+# iop_flow_initramfs IMG RDP_NIC RUNS_FILE: a busybox initramfs holding RDP_NIC and the shared libraries it loads, only
+# the net_tap and mempool_ring plugins in DPDK's plugin directory (EAL loads every plugin found there), ip and tc
+# from iproute2, the closure of IOP_FLOW_MODULES, /flow-runs (one "NAME ARGS..." line per rdp-nic run) and
+# flow-guest-init.sh as /init. Built per run (the binary changes with every build); ~1 s.
+iop_flow_initramfs() {
+    local img="$1" nic="$2" runs="$3" kv r ko rel m p deps kos=()
+    kv=$(cat "$IOP_CACHE/KV")
+    r="$img.root"
+    rm -rf "$r"
+    mkdir -p "$r"/{bin,sbin,etc,proc,sys,dev,tmp,run,lib64,usr/bin,usr/sbin,"$IOP_PMD_DIR"}
+    cp /bin/busybox "$r/bin/busybox" && ln -s busybox "$r/bin/sh" || return 1
+    for m in "${IOP_FLOW_MODULES[@]}"; do
+        deps=$(modprobe -d "$IOP_CACHE/kroot" -S "$kv" --show-depends "$m" | awk '/^insmod/{print $2}')
+        [[ -n "$deps" ]] || { echo "interop: module $m not in kernel $kv" >&2; return 1; }
+        kos+=($deps)
+    done
+    for ko in $(printf '%s\n' "${kos[@]}" | sort -u); do
+        rel=${ko#"$IOP_CACHE"/kroot/}
+        mkdir -p "$r/$(dirname "$rel")" && cp "$ko" "$r/$rel" || return 1
+    done
+    cp "$IOP_CACHE/kroot/lib/modules/$kv"/modules.{order,builtin,builtin.modinfo} "$r/lib/modules/$kv/" 2>/dev/null
+    depmod -b "$r" "$kv" || return 1
+    # The plugins under their .so names only: EAL would load a plugin twice under two names.
+    for p in librte_net_tap librte_mempool_ring; do
+        [[ -f "$IOP_PMD_DIR/$p.so" ]] || { echo "interop: $IOP_PMD_DIR/$p.so missing (libdpdk-dev)" >&2; return 1; }
+        cp "$(readlink -f "$IOP_PMD_DIR/$p.so")" "$r$IOP_PMD_DIR/$p.so"
+    done
+    iop_copy_with_libs "$r" "$(command -v ip)" "$(command -v tc)" || return 1
+    cp "$nic" "$r/usr/bin/rdp-nic" && iop_copy_libs "$r" "$nic" "$r$IOP_PMD_DIR"/*.so || return 1
+    if ldd "$nic" "$r$IOP_PMD_DIR"/*.so | grep 'not found' >&2; then return 1; fi
+    cp /lib64/ld-linux-x86-64.so.2 "$r/lib64/" 2>/dev/null
+    echo "root:x:0:0:root:/:/bin/sh" >"$r/etc/passwd"
+    echo "root:x:0:" >"$r/etc/group"
+    cp "$runs" "$r/flow-runs" && cp "$IOP_HERE/flow-guest-init.sh" "$r/init" && chmod +x "$r/init" || return 1
+    (cd "$r" && find . -print0 | cpio --null -o -H newc --quiet | gzip -1) >"$img.tmp" && mv "$img.tmp" "$img"
+    rm -rf "$r"
+}
+
+# iop_flow_vm IMG CONSOLE OUT: boot the steering guest (2 vCPUs: rdp-nic pins its workers to cores 0 and 1; no
+# NIC) in the background of the calling shell (so it can `wait` for it); its serial console goes to CONSOLE, the
+# runs' output (ttyS1) to OUT. Sets IOP_FLOW_PID to QEMU's PID; the guest powers itself off when the runs are done.
+iop_flow_vm() {
+    local img="$1" con="$2" out="$3" kv
+    kv=$(cat "$IOP_CACHE/KV")
+    "$IOP_CACHE/qroot/usr/bin/qemu-system-x86_64" -L "$IOP_CACHE/fw" -name rdp-flow -accel tcg -cpu max \
+        -m "${IOP_FLOW_MEM:-1536}" -smp 2 -display none -monitor none -nic none -no-reboot \
+        -serial "file:$con" -serial "file:$out" \
+        -kernel "$IOP_CACHE/kroot/boot/vmlinuz-$kv" -initrd "$img" \
+        -append "console=ttyS0 panic=-1 quiet" </dev/null >/dev/null 2>"$con.qemu" &
+    IOP_FLOW_PID=$!
 }

@@ -171,6 +171,11 @@ struct Opts {
     /// Seconds a raw `bw` run sends for.
     #[arg(long, global = true, default_value_t = 2.0)]
     seconds: f64,
+    /// Ring and tap modes: after the run, print `HOLD` and wait until stdin reaches end of file before the
+    /// steering rules and the ports go, so that they can be inspected from outside (e.g. the tap interfaces'
+    /// rules and their hit counts with `tc -s filter show`).
+    #[arg(long, global = true)]
+    hold: bool,
     /// Let DPDK print to the terminal.
     #[arg(short, long, global = true)]
     verbose: bool,
@@ -675,7 +680,12 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
             println!("STATS worker b{w}: {line}");
         }
     }
-    // The ports stop and close when they drop (after every worker that borrowed a queue pair).
+    if o.hold {
+        println!("HOLD rules and ports kept until stdin closes");
+        // Whatever stdin holds is read and dropped; end of file (or a read error) ends the hold.
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+    }
+    // The rules go, then the ports stop and close when they drop (after every worker that borrowed a queue pair).
     Ok(ok)
 }
 
@@ -949,6 +959,9 @@ fn link_up(s: &mut Setup, o: &Opts) -> Result<(), SetupError> {
 }
 
 fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> Result<bool, SetupError> {
+    if o.hold {
+        return Err(SetupError("--hold needs the ring or tap mode".into()));
+    }
     // Check the profile before touching DPDK so bad input fails fast with its own line.
     let prof = Profile::load(profile).map_err(|e| SetupError(e.0))?;
     let max_mtu = prof.net.mtu;
