@@ -5,13 +5,15 @@
 # iop_flow_initramfs; the guest's /init is scripts/interop/flow-guest-init.sh). The kernel and QEMU .debs come from
 # the interop harness's cache (target/interop-cache, shared with tier 10; downloaded on a fresh machine).
 # In the guest: `--steering rte_flow` write, then SEND, WRITE and READ with `--steering auto`, each 4 QPs x 16 x
-# 64 KiB over two net_tap ports with 2 rx queues bridged by br0; the guest hands each run's output and the last
-# `tc -s filter show` of both taps taken during the run back on its second serial port. Checks: every byte verified
-# (the tool's CHECK lines), net_tap CREATED the exact rules (rules=4 on both ports, none refused or in conflict; the
-# kernel lists 4 flower filters UDP dst 4791 with skbedit queue_mapping on each tap, 2 of them to queue 1), auto
-# chose rte_flow, and tier 11's counter checks with 0 steering misses: worker 1 of each NIC received on its own rx
-# queue, nothing dropped between workers or for an unknown QP. TCG runs ~100x slower than the host, so the guest's
-# runs take `--qp-timeout 18` (1.07 s): 16.8 ms, the default, makes every window of 64 KiB messages time out.
+# 64 KiB over two net_tap ports with 2 rx queues bridged by br0; the guest hands each run's output and the
+# `tc -s filter show` of both taps, taken while rdp-nic holds its rules after the run (--hold), back on its second
+# serial port. Checks: every byte verified (the tool's CHECK lines), net_tap CREATED the exact rules (rules=4 on
+# both ports, none refused or in conflict; the kernel lists 4 flower filters UDP dst 4791 with skbedit
+# queue_mapping on each tap, 2 of them to queue 1, and the rules to each queue matched at least the RoCE frames that
+# queue's worker received), auto chose rte_flow, and tier 11's counter checks with 0 steering misses: worker 1 of
+# each NIC received on its own rx queue, nothing dropped between workers or for an unknown QP. Then a run with a
+# rule conflict and a full table (below). TCG runs ~100x slower than the host, so the guest's runs take
+# `--qp-timeout 18` (1.07 s): with the default 16.8 ms, 16 x 64 KiB in flight per QP kept timing out.
 TIERS+=(tier12_tap_flow_guest)
 
 # shellcheck source=scripts/interop/guest.sh
