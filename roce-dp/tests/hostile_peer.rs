@@ -4,7 +4,8 @@
 //! READ responses and atomic ACKs for PSNs that are SENDs or WRITEs, duplicate atomic ACKs with different original
 //! values, NAK storms of every code (reserved ones too), RNR NAK loops with every timer value, garbage MSNs; mixed
 //! with honest answers, with time advancing by random steps (timers fire on the way) and with WRs posted meanwhile.
-//! Meanwhile the application modifies the running QP (path MTU, PSNs, destination QP, timeouts, retry counts,
+//! Meanwhile the peer sends requests of its own to the engine's responder (every request opcode, in and out of
+//! sequence, RETH/AtomicETH at the data region, its guards, its end, wrapping around), and the application modifies the running QP (path MTU, PSNs, destination QP, timeouts, retry counts,
 //! rights; through SQD and back sometimes), as a daemon client's ModifyQp can. Then the peer either goes silent or
 //! answers honestly for a while, and time runs on.
 //!
@@ -47,6 +48,52 @@ fn psn(v: u32) -> u32 {
 }
 
 impl Adversary {
+    /// A request to the engine's responder (the peer is a requester too): in sequence or near it, every request
+    /// opcode, RETH/AtomicETH at the data region, its guards, its end or wrapping, lengths around the MTU.
+    fn request(&mut self, expected: u32, keys: &[u32]) -> Pkt {
+        let r = &mut self.rng;
+        let opc = Opcode(
+            [0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x13, 0x14, 0x16, 0x17]
+                [r.below(17) as usize],
+        );
+        let p = if r.below(4) == 0 { psn(expected.wrapping_add(r.below(5) as u32).wrapping_sub(2)) } else { expected };
+        let mtu = self.mtu as usize;
+        let len = match r.below(5) {
+            0 => 0,
+            1 => mtu,
+            2 => mtu + 1,
+            3 => 1 + r.below(mtu as u64) as usize,
+            _ => r.below(64) as usize,
+        };
+        let key = keys[r.below(keys.len() as u64) as usize];
+        let va = match r.below(6) {
+            0 => DATA_VA - 8,
+            1 => DATA_VA + DATA_LEN as u64 - (r.below(16) & !7),
+            2 => u64::MAX - 7,
+            _ => DATA_VA + (r.below(DATA_LEN as u64) & !7),
+        };
+        let dma = [0, 8, self.mtu, 3 * self.mtu, u32::MAX, 1 << 31, len as u32][r.below(7) as usize];
+        let mut pkt = Pkt::new(opc, p);
+        pkt.bth.ack_req = r.below(2) == 0;
+        let f = opc.flags();
+        if f & op::RETH != 0 {
+            pkt = pkt.reth(va, key, dma);
+        }
+        if f & op::ATOMIC_ETH != 0 {
+            pkt = pkt.atomic(va, key, r.next_u64(), r.next_u64());
+        }
+        if f & op::IMM_DT != 0 {
+            pkt = pkt.imm(r.next_u64() as u32);
+        }
+        if f & op::IETH != 0 {
+            pkt = pkt.ieth(key);
+        }
+        if f & op::PAYLOAD != 0 {
+            pkt = pkt.fill(0, len);
+        }
+        pkt
+    }
+
     fn pick(&mut self) -> Option<Sent> {
         if self.seen.is_empty() {
             return None;
@@ -229,6 +276,7 @@ impl Adversary {
 
 #[derive(Default, Debug)]
 struct Cover {
+    requests_in: u64,
     wrs: u64,
     success: u64,
     errors: u64,
@@ -249,11 +297,22 @@ fn run(seed: u64, cov: &mut Cover) -> Result<(), String> {
         max_unacked_psns: 4 + rng.below(200) as u32,
         ack_req_every: 1 + rng.below(16) as u32,
         sq_psn: [0xff_fff0, 0x7f_fffe, rng.below(1 << 24) as u32][rng.below(3) as usize],
+        rq_psn: [0xff_fffe, rng.below(1 << 24) as u32][rng.below(2) as usize],
+        max_dest_rd_atomic: 1 + rng.below(4) as u8,
+        ack: if rng.below(2) == 0 {
+            roce_dp::AckPolicy::default()
+        } else {
+            roce_dp::AckPolicy { max_pkts: 1 + rng.below(8) as u32, max_delay: Duration::from_micros(rng.below(50)) }
+        },
         ..PeerCfg::default()
     };
     let mut p = Peer::with(cfg);
     let mut adv = Adversary { rng: SimRng::new(seed ^ 0xadad), mtu, seen: Vec::new(), max_psn: None };
     let mut posted = 0u64;
+    let recvs = 16u64;
+    for k in 0..recvs {
+        p.post_recv(1000 + k, 40_000 + k * 1024, 1024);
+    }
     let post = |p: &mut Peer, rng: &mut SimRng, posted: &mut u64| {
         if p.state() != QpState::Rts {
             return;
@@ -282,6 +341,8 @@ fn run(seed: u64, cov: &mut Cover) -> Result<(), String> {
     };
     let steps = 20 + rng.below(120);
     let honest_after = rng.below(2) == 0;
+    // In a third of the runs the peer sends requests too (they end most of those runs in ERR early).
+    let requests = rng.below(3) == 0;
     let mut t = 0;
     loop {
         t += 1;
@@ -294,6 +355,14 @@ fn run(seed: u64, cov: &mut Cover) -> Result<(), String> {
         }
         if hostile && rng.below(16) == 0 {
             hostile_modify(&mut p, &mut rng);
+        }
+        if hostile && requests && rng.below(8) == 0 {
+            let expected = p.eng.query_qp(p.qpn).unwrap().rq_psn;
+            let keys = [p.data.rkey, p.guards[0].rkey, p.guards[1].rkey, p.data.rkey ^ 1, 0];
+            for _ in 0..1 + rng.below(3) {
+                let r = adv.request(expected, &keys);
+                rx(&mut p, r);
+            }
         }
         for o in p.tx() {
             if trace() {
@@ -364,7 +433,18 @@ fn run(seed: u64, cov: &mut Cover) -> Result<(), String> {
             return Err(format!("error completion {x:?} but the QP is {:?}", info.state));
         }
     }
+    let mut got_recvs = 0;
+    while let Some(x) = p.eng.poll_cq_one(p.rcq) {
+        got_recvs += 1;
+        if x.status != WcStatus::Success && info.state != QpState::Err {
+            return Err(format!("receive completion {x:?} but the QP is {:?}", info.state));
+        }
+    }
+    if got_recvs > recvs {
+        return Err(format!("{got_recvs} receive completions for {recvs} receive WRs"));
+    }
     let qc = p.counters();
+    cov.requests_in += qc.rx_packets + qc.duplicate_requests + qc.out_of_sequence;
     cov.wrs += posted;
     cov.success += c.iter().filter(|x| x.status == WcStatus::Success).count() as u64;
     cov.errors += c.iter().filter(|x| x.status != WcStatus::Success).count() as u64;

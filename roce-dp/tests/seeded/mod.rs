@@ -1,4 +1,4 @@
-//! The seeded runs of the hostile suites (hostile_frames.rs, hostile_peer.rs, hostile_config.rs): the seed and the
+//! The seeded runs of the hostile suites (hostile_frames.rs, hostile_peer.rs, hostile_config.rs, hostile_proto.rs): the seed and the
 //! number of iterations from the environment, every iteration behind `catch_unwind` so that a panic is reported with
 //! the seed that caused it.
 //!
