@@ -2,8 +2,9 @@
 //! playing one side of each connection, with the other side's frames mutated on the way in. The mutations know the
 //! frame's structure (the opcode table gives every header's place): opcode, PSN, destination QP, AckReq/SE/M, pad
 //! count, transport version, RETH va/len/rkey, AETH syndrome/MSN, AtomicETH and AtomicAckETH, immediate data and
-//! IETH, payload length against the path MTU, IP/UDP length fields, truncation and bit flips, each field set to edge
-//! values (0, 1, 2^23, 2^24 - 1, 2^31, 2^32 - 1, just past a region, va wrap-around, another region's key, ...).
+//! IETH, payload length against the path MTU, IP/UDP length fields, ECN CE marks and frames turned into CNPs (half the
+//! runs with DCQCN on), truncation and bit flips, each field set to edge values (0, 1, 2^23, 2^24 - 1, 2^31,
+//! 2^32 - 1, just past a region, va wrap-around, another region's key, ...).
 //! Lengths, the IPv4 checksum and the ICRC are recomputed afterwards (most of the time) so the mutation reaches the
 //! transport checks instead of dying at the ICRC. Frames are also duplicated, replayed late and reordered.
 //!
@@ -223,14 +224,17 @@ fn guarded(
     k
 }
 
-fn setup(cap: &Capture, me: usize, msgs: &[Msg], their_sends: usize) -> Played {
+fn setup(cap: &Capture, me: usize, msgs: &[Msg], their_sends: usize, dcqcn: bool) -> Played {
     let (m, o) = (cap.ends[me], cap.ends[1 - me]);
-    let cfg = EngineConfig {
+    let mut cfg = EngineConfig {
         local_mac: m.mac,
         local_ip: LocalIp { v4: Some(m.ip), v6: None },
         qpn_base: m.qpn,
         ..EngineConfig::default()
     };
+    if dcqcn {
+        cfg.cc.algorithm = roce_dp::CcAlgorithm::Dcqcn;
+    }
     let mut eng = Engine::new(cfg);
     let pd = eng.alloc_pd();
     let mut guards = Vec::new();
@@ -471,7 +475,7 @@ fn mutate(f: &[u8], rng: &mut SimRng, d: &Dict) -> Vec<u8> {
         // Each step sees the frame as the previous one left it (a truncated frame takes no further mutation).
         let Some(l) = layout(&g) else { break };
         let b = l.bth;
-        match rng.below(20) {
+        match rng.below(21) {
             0 => g[b] = if rng.below(3) == 0 { rng.next_u64() as u8 } else { rng.below(0x1e) as u8 },
             1 => {
                 let old = u32::from_be_bytes([0, g[b + 9], g[b + 10], g[b + 11]]);
@@ -552,6 +556,15 @@ fn mutate(f: &[u8], rng: &mut SimRng, d: &Dict) -> Vec<u8> {
                     g.truncate(4096 + 200);
                 }
             }
+            19 if rng.below(2) == 0 => g[IP + 1] |= 3, // ECN CE (not covered by the ICRC)
+            19 => {
+                // Turned into a CNP to the same QP (BTH opcode 0x81, BECN, 16 reserved bytes).
+                g.truncate(b + 12);
+                g[b] = 0x81;
+                g[b + 1] &= !0x30;
+                g[b + 4] |= 0x40;
+                g.extend([0u8; 16 + 4]);
+            }
             17 => {
                 // Truncated anywhere, lengths left as they were.
                 g.truncate(rng.below(g.len() as u64) as usize);
@@ -611,6 +624,8 @@ fn describe(f: &[u8]) -> String {
 #[derive(Default, Debug)]
 struct Cover {
     mutated: u64,
+    cnps: u64,
+    ce: u64,
     drops: u64,
     naks_sent: u64,
     bad_responses: u64,
@@ -625,7 +640,8 @@ fn run(cap: &Capture, me: usize, seed: u64, mutations: bool, cov: &mut Cover) ->
     let mine = messages_of(cap, cap.ends[me].ip);
     let theirs = messages_of(cap, cap.ends[1 - me].ip);
     let their_sends = theirs.iter().filter(|m| matches!(m.opcode, WrOpcode::Send | WrOpcode::SendWithImm)).count();
-    let mut pl = setup(cap, me, &mine, their_sends);
+    // Half the runs with DCQCN on: the CNPs and CE marks the mutations make then move its rate and timers.
+    let mut pl = setup(cap, me, &mine, their_sends, mutations && rng.below(2) == 0);
     let peer = cap.ends[1 - me];
     let mut keys: Vec<u32> = pl.regions.iter().chain(&pl.guards).map(|k| k.rkey).collect();
     keys.push(0);
@@ -744,6 +760,8 @@ fn run(cap: &Capture, me: usize, seed: u64, mutations: bool, cov: &mut Cover) ->
         }
     }
     cov.drops += drops;
+    cov.cnps += st.rx_cnp;
+    cov.ce += qc.ecn_ce_rcvd;
     cov.naks_sent += qc.nak_inv_req_sent + qc.nak_rem_access_sent + qc.nak_rem_op_sent + qc.nak_psn_seq_sent;
     cov.bad_responses += qc.bad_responses;
     cov.success += cqes.iter().filter(|c| c.status == WcStatus::Success).count() as u64;
@@ -791,6 +809,6 @@ fn mutated_rxe_frames_never_break_the_rules() {
     if seeds.iters >= 20 {
         // The mutations reached the deep checks: NAKs, bad responses, error completions, drops.
         assert!(cov.mutated > seeds.iters && cov.drops > 0 && cov.naks_sent > 0 && cov.bad_responses > 0, "{cov:?}");
-        assert!(cov.errors > 0 && cov.qp_err > 0 && cov.success > 0, "{cov:?}");
+        assert!(cov.errors > 0 && cov.qp_err > 0 && cov.success > 0 && cov.cnps > 0 && cov.ce > 0, "{cov:?}");
     }
 }
