@@ -108,3 +108,31 @@ fn connection_attributes_are_set_on_the_way_up_only() {
     let e = q.eng.modify_qp(q.qpn, &QpAttr { state: Some(QpState::Err), sq_psn: Some(1), ..QpAttr::default() });
     assert!(matches!(e, Err(VerbsError::AttrNotModifiable { attr: "sq_psn", .. })), "{e:?}");
 }
+
+/// A QP that ran out of transport retries, reset and connected again without giving retry_cnt (it keeps its
+/// value, as every attribute not given does) must have its retries back: the retry counters restart at RESET.
+#[test]
+fn a_reset_qp_gets_its_retries_back() {
+    let mut p = Peer::new();
+    let retries = p.cfg.retry_cnt;
+    let run_out = |p: &mut Peer, wr_id: u64| {
+        p.post_send(wr_id, 0, 100);
+        let psn = p.tx_one().psn();
+        for _ in 0..retries {
+            p.fire();
+            assert_eq!(p.tx_one().psn(), psn, "a retransmission");
+        }
+        p.fire();
+        p.tx_nothing();
+        p.expect_cqes(&[(wr_id, WcStatus::RetryExcErr)]);
+    };
+    run_out(&mut p, 1);
+    assert_eq!(p.state(), QpState::Err);
+    p.eng.modify_qp(p.qpn, &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
+    p.eng.modify_qp(p.qpn, &QpAttr { state: Some(QpState::Init), ..QpAttr::default() }).unwrap();
+    p.eng.modify_qp(p.qpn, &p.rtr_attr()).unwrap();
+    p.eng
+        .modify_qp(p.qpn, &QpAttr { state: Some(QpState::Rts), sq_psn: Some(0x30_0000), ..QpAttr::default() })
+        .unwrap();
+    run_out(&mut p, 2);
+}

@@ -670,6 +670,11 @@ impl Qp {
         self.noack_pkts = 0;
         self.outstanding_rd_atomic = 0;
         self.rnr_until = None;
+        // The retry counters restart (a QP that exhausted them and was reset keeps retry_cnt and rnr_retry when
+        // the application does not give them again; it must not start its new life with none left).
+        self.retry_left = self.retry_cnt;
+        self.rnr_left = self.rnr_retry;
+        self.retry_at = None;
         self.msn = 0;
         self.sent_psn_nak = false;
         self.resp_msg = RespMsg::Idle;
