@@ -21,8 +21,8 @@ mod harness;
 use harness::{summary, with_ip_id};
 use roce_dp::wire::{op, parse_frame, Opcode, RoceFrame};
 use roce_dp::{
-    AccessFlags, CqId, Cqe, Engine, EngineConfig, Instant, LocalIp, MrKeys, Pd, PeerAddr, QpAttr, QpCaps, QpState,
-    RxMeta, SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
+    AccessFlags, CqId, Cqe, Engine, EngineConfig, Instant, LocalIp, MrKeys, PeerAddr, QpAttr, QpCaps, QpState, RxMeta,
+    SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
 };
 use std::fmt::Write as _;
 
@@ -259,29 +259,6 @@ enum Side {
     Server,
 }
 
-/// Registers a region whose keys equal `key` (= `index << 8 | generation`, roce-dp/src/mr.rs) using only the
-/// public verbs: zero-length placeholders fill the slots below `index`, then slot `index` is registered (zero
-/// length) and deregistered until the generation it just used is the one before the wanted one, so the real
-/// registration that follows gets exactly `key`. No test-only engine API is needed.
-fn reg_mr_with_key(eng: &mut Engine, pd: Pd, va: u64, len: usize, key: u32) -> MrKeys {
-    let index = key >> 8;
-    let prev_gen = (key & 0xff).wrapping_sub(1) & 0xff;
-    for _ in 0..index {
-        eng.reg_mr(pd, 0, 0, AccessFlags::NONE).unwrap();
-    }
-    for _ in 0..=256 {
-        let k = eng.reg_mr(pd, va, 0, AccessFlags::NONE).unwrap();
-        assert_eq!(k.lkey >> 8, index, "the MR table does not hand out slots in order");
-        assert!(eng.dereg_mr(k.lkey));
-        if k.lkey & 0xff == prev_gen {
-            let keys = eng.reg_mr(pd, va, len, AccessFlags::ALL).unwrap();
-            assert_eq!((keys.lkey, keys.rkey), (key, key));
-            return keys;
-        }
-    }
-    panic!("key {key:#x} never produced");
-}
-
 const WORK_VA: u64 = 0x6000_0000_0000;
 const RECV_VA: u64 = 0x6100_0000_0000;
 const EXPOSED_LEN: usize = 1 << 20;
@@ -322,7 +299,7 @@ fn setup(cap: &Capture, side: Side, n_recv: usize, slot: u32) -> Played {
     let mut eng = Engine::new(cfg);
     let pd = eng.alloc_pd();
     // The region perftest exchanged (remote READ/WRITE/atomic target); SEND tests exchange rkey 0 and use none.
-    let exposed = (me.rkey != 0).then(|| reg_mr_with_key(&mut eng, pd, me.vaddr, EXPOSED_LEN, me.rkey));
+    let exposed = (me.rkey != 0).then(|| common::reg_mr_with_key(&mut eng, pd, me.vaddr, EXPOSED_LEN, me.rkey));
     let work = eng.reg_mr(pd, WORK_VA, 4 << 20, AccessFlags::ALL).unwrap();
     let recv = eng.reg_mr(pd, RECV_VA, 4 << 20, AccessFlags::ALL).unwrap();
     let scq = eng.create_cq(1024).unwrap();
@@ -740,7 +717,7 @@ fn regions_can_carry_the_captured_rkeys() {
     for key in [0x20bb, 0x2059, 0x219d, 0x0001, 0x0100, 0x0300] {
         let mut eng = Engine::new(EngineConfig::default());
         let pd = eng.alloc_pd();
-        let k = reg_mr_with_key(&mut eng, pd, 0x1000, 64, key);
+        let k = common::reg_mr_with_key(&mut eng, pd, 0x1000, 64, key);
         assert_eq!((k.lkey, k.rkey), (key, key));
     }
 }

@@ -134,6 +134,16 @@ pub enum VerbsError {
     MissingAttr(&'static str),
     /// An attribute value is out of range.
     BadAttr(&'static str, u64),
+    /// An attribute the transition may not change (the connection's numbering and segmentation are fixed once
+    /// packets can be in flight).
+    AttrNotModifiable {
+        /// The attribute.
+        attr: &'static str,
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
     /// A queue size or SGE count exceeds the engine's limits.
     BadCaps(&'static str, u64),
     /// The queue is full.
@@ -161,6 +171,9 @@ impl fmt::Display for VerbsError {
             VerbsError::BadTransition { from, to } => write!(f, "illegal QP transition {from:?} -> {to:?}"),
             VerbsError::MissingAttr(a) => write!(f, "missing QP attribute {a} for this transition"),
             VerbsError::BadAttr(a, v) => write!(f, "QP attribute {a} = {v} is out of range"),
+            VerbsError::AttrNotModifiable { attr, from, to } => {
+                write!(f, "QP attribute {attr} cannot be set in the transition {from:?} -> {to:?}")
+            }
             VerbsError::BadCaps(a, v) => write!(f, "QP capability {a} = {v} exceeds the engine's limit"),
             VerbsError::QueueFull => f.write_str("work queue is full"),
             VerbsError::TooManySge(n) => write!(f, "{n} SGEs exceed the QP's max_sge"),
@@ -520,6 +533,21 @@ impl Qp {
                 }
             }
         }
+        // The path MTU, the destination QP and the expected PSN are set on the way into RTR, the first send PSN on
+        // RTR -> RTS, and never again (the IBA's modify-QP attribute table; Linux `ib_modify_qp_is_ok`): the send
+        // queue's WQEs carry PSNs and message offsets computed from them, so changing one under a WR in flight
+        // left that WR without a completion forever (sq_psn) or put a READ response past its message (path_mtu).
+        let into_rtr = to == Rtr && matches!(from, Init | Rtr);
+        for (attr, given, allowed) in [
+            ("path_mtu", a.path_mtu.is_some(), into_rtr),
+            ("dest_qpn", a.dest_qpn.is_some(), into_rtr),
+            ("rq_psn", a.rq_psn.is_some(), into_rtr),
+            ("sq_psn", a.sq_psn.is_some(), from == Rtr && to == Rts),
+        ] {
+            if given && !allowed {
+                return Err(VerbsError::AttrNotModifiable { attr, from, to });
+            }
+        }
         if let Some(p) = a.peer {
             match (p.ip, local_ip) {
                 (IpAddrs::V4 { .. }, LocalIp { v4: None, .. }) => return Err(VerbsError::BadAttr("peer (IPv4)", 4)),
@@ -642,6 +670,11 @@ impl Qp {
         self.noack_pkts = 0;
         self.outstanding_rd_atomic = 0;
         self.rnr_until = None;
+        // The retry counters restart (a QP that exhausted them and was reset keeps retry_cnt and rnr_retry when
+        // the application does not give them again; it must not start its new life with none left).
+        self.retry_left = self.retry_cnt;
+        self.rnr_left = self.rnr_retry;
+        self.retry_at = None;
         self.msn = 0;
         self.sent_psn_nak = false;
         self.resp_msg = RespMsg::Idle;

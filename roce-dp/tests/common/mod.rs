@@ -119,3 +119,26 @@ pub fn raw_connect_attrs(dest_qpn: u32) -> [roce_dp::QpAttr; 3] {
         },
     ]
 }
+
+/// Registers a region whose keys equal `key` (= `index << 8 | generation`, roce-dp/src/mr.rs) using only the
+/// public verbs: zero-length placeholders fill the slots below `index`, then slot `index` is registered (zero
+/// length) and deregistered until the generation it just used is the one before the wanted one, so the real
+/// registration that follows gets exactly `key`. No test-only engine API is needed.
+pub fn reg_mr_with_key(eng: &mut roce_dp::Engine, pd: roce_dp::Pd, va: u64, len: usize, key: u32) -> roce_dp::MrKeys {
+    let index = key >> 8;
+    let prev_gen = (key & 0xff).wrapping_sub(1) & 0xff;
+    for _ in 0..index {
+        eng.reg_mr(pd, 0, 0, roce_dp::AccessFlags::NONE).unwrap();
+    }
+    for _ in 0..=256 {
+        let k = eng.reg_mr(pd, va, 0, roce_dp::AccessFlags::NONE).unwrap();
+        assert_eq!(k.lkey >> 8, index, "the MR table does not hand out slots in order");
+        assert!(eng.dereg_mr(k.lkey));
+        if k.lkey & 0xff == prev_gen {
+            let keys = eng.reg_mr(pd, va, len, roce_dp::AccessFlags::ALL).unwrap();
+            assert_eq!((keys.lkey, keys.rkey), (key, key));
+            return keys;
+        }
+    }
+    panic!("key {key:#x} never produced");
+}
