@@ -10,6 +10,8 @@
 #
 #   scripts/bench.sh             3 rounds
 #   scripts/bench.sh --rounds 5
+#   scripts/bench.sh --nic PATH  run the rdp-nic binary at PATH instead of building this tree's (before/after
+#                                comparisons in one window: e.g. a copy of main's target/release/rdp-nic)
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -17,10 +19,12 @@ source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 rounds=3
+nic=""
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --rounds) rounds="${2:?}"; shift 2 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        --nic) nic="${2:?}"; shift 2 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -33,8 +37,13 @@ mkdir -p "$LOG_DIR"
 bash scripts/setup.sh >/dev/null || exit 2
 # shellcheck disable=SC1091
 [[ -f "$HOME/.cargo/env" ]] && source "$HOME/.cargo/env"
-cargo build --locked --release -p roce-dp-tools --bins >"$LOG_DIR/build.log" 2>&1 || { echo "bench.sh: build failed"; exit 2; }
-NIC="$ROOT/target/release/rdp-nic"
+if [[ -n "$nic" ]]; then
+    [[ -x "$nic" ]] || { echo "bench.sh: --nic $nic is not an executable file" >&2; exit 2; }
+    NIC="$(realpath "$nic")"
+else
+    cargo build --locked --release -p roce-dp-tools --bins >"$LOG_DIR/build.log" 2>&1 || { echo "bench.sh: build failed"; exit 2; }
+    NIC="$ROOT/target/release/rdp-nic"
+fi
 
 # Frame sizes of RoCE WRITE-with-immediate frames: Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + RETH 16 + ImmDt 4 +
 # payload + ICRC 4.
@@ -81,7 +90,7 @@ rawrttavg=$(med rawrttavg) rdprttavg=$(med rdprttavg)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "nan"; else printf "%.3f", a * 1e6 / b }'; }
 mib() { awk -v f="$1" -v s="$2" 'BEGIN { if (f == "nan") print "nan"; else printf "%.0f", f * s / 1048576 }'; }
 echo
-echo "memif copy mode, server lcore 1 / client lcore 0, MTU 4096, medians of $rounds alternating runs"
+echo "memif copy mode, server lcore 1 / client lcore 0, MTU 4096, medians of $rounds alternating runs ($NIC)"
 echo
 echo "| case | raw memif | roce-dp WRITE | ratio |"
 echo "|---|---|---|---|"

@@ -295,6 +295,22 @@ impl Burst {
         }
     }
 
+    /// Empties the burst without freeing anything and returns how many mbufs it held: the caller now owns them
+    /// and takes each exactly once with [`Burst::take_released`] (in place: no copy of the burst).
+    pub(crate) fn release(&mut self) -> usize {
+        std::mem::replace(&mut self.len, 0)
+    }
+
+    /// Mbuf `i` of those the last [`Burst::release`] handed over.
+    ///
+    /// # Safety
+    /// `i` is below the count `release` returned, each `i` is taken at most once, and nothing was stored in the
+    /// burst since (no push, fill or allocation).
+    pub(crate) unsafe fn take_released(&self, i: usize) -> Mbuf {
+        // SAFETY: by the caller's contract pkts[i] still holds a valid mbuf the burst gave up, taken only now.
+        unsafe { Mbuf::from_raw(NonNull::new_unchecked(self.pkts[i])) }
+    }
+
     /// Fill the free slots from `fill` (e.g. `rte_eth_rx_burst_`), which receives a pointer to the first free slot
     /// and the number of free slots, and returns how many mbufs it stored there.
     ///

@@ -238,8 +238,14 @@ impl Nic for Embedded<'_> {
         self.w.engine.mr_bytes_mut(self.qps[q].lkey).expect("own MR")
     }
 
+    /// Sends what the application posted and the ACKs the last step's frames queued in one burst, then receives
+    /// (`Worker::poll_tx_first`): a latency test's reply WRITE leaves with the ACK of the WRITE it answers.
     fn step(&mut self) -> bool {
-        self.w.poll() > 0
+        self.w.poll_tx_first() > 0
+    }
+
+    fn flush(&mut self) {
+        self.w.flush_tx();
     }
 
     /// The tool's thread busy-polls its port, as perftest polls its NIC.

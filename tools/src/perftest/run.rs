@@ -209,6 +209,9 @@ pub(super) trait Nic {
     fn mem_mut(&mut self, q: usize) -> &mut [u8];
     /// One turn of the data path inside a traffic loop; true if it moved frames.
     fn step(&mut self) -> bool;
+    /// The traffic loop ended: send what its last turn left pending (a backend whose step sends before it
+    /// receives holds the last ACKs and posts until the next step).
+    fn flush(&mut self) {}
     /// `streak` turns of a traffic loop in a row moved nothing.
     fn idle(&mut self, streak: u32);
     /// One turn while the tool waits for something else (the out-of-band exchange, the passive side's teardown).
@@ -510,8 +513,15 @@ pub(super) fn drive<N: Nic>(
     let mut streak = 0u32;
     loop {
         let moved = nic.step();
-        let (go_on, busy) = app(nic)?;
+        let (go_on, busy) = match app(nic) {
+            Ok(r) => r,
+            Err(f) => {
+                nic.flush();
+                return Err(f);
+            }
+        };
         if !go_on {
+            nic.flush();
             return Ok(());
         }
         if moved || busy {
