@@ -20,7 +20,9 @@
 #   scripts/bench-daemon.sh              3 rounds
 #   scripts/bench-daemon.sh --rounds 5   (--poll-sleep US: the client tool's sleep, default 20; --tool-cpu N: its
 #                                         core, default 1; --events: the client tool runs with -e instead of
-#                                         --poll-sleep, sleeping on its completion channel when a pass moved nothing)
+#                                         --poll-sleep, sleeping on its completion channel when a pass moved nothing;
+#                                         --bin DIR: run the binaries in DIR instead of building them, for A/B runs
+#                                         of two builds: rdp_write_bw, roce-dpd and daemon)
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -31,13 +33,15 @@ rounds=3
 nap=20
 tool_cpu=1
 events=0
+bin_dir=
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --rounds) rounds="${2:?}"; shift 2 ;;
         --poll-sleep) nap="${2:?}"; shift 2 ;;
         --tool-cpu) tool_cpu="${2:?}"; shift 2 ;;
         --events) events=1; shift ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        --bin) bin_dir="${2:?}"; shift 2 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "bench-daemon.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -50,9 +54,16 @@ mkdir -p "$LOG_DIR"
 bash scripts/setup.sh >/dev/null || exit 2
 # shellcheck disable=SC1091
 [[ -f "$HOME/.cargo/env" ]] && source "$HOME/.cargo/env"
-cargo build --locked --release -p roce-dp-tools --bins -p roce-dp-bench --bin daemon >"$LOG_DIR/build.log" 2>&1 ||
-    { echo "bench-daemon.sh: build failed (see $LOG_DIR/build.log)"; exit 2; }
 BIN="$ROOT/target/release"
+if [[ -n $bin_dir ]]; then
+    BIN=$(cd "$bin_dir" && pwd) || exit 2
+    for b in rdp_write_bw roce-dpd daemon; do
+        [[ -x $BIN/$b ]] || { echo "bench-daemon.sh: --bin $bin_dir has no executable $b" >&2; exit 2; }
+    done
+else
+    cargo build --locked --release -p roce-dp-tools --bins -p roce-dp-bench --bin daemon >"$LOG_DIR/build.log" 2>&1 ||
+        { echo "bench-daemon.sh: build failed (see $LOG_DIR/build.log)"; exit 2; }
+fi
 WAIT_FLAGS=(--poll-sleep "$nap") WAIT_DESC="--poll-sleep $nap" WAIT_ARG="--poll-sleep $nap"
 ((events)) && WAIT_FLAGS=(-e) WAIT_DESC="-e (sleeping on completion events)" WAIT_ARG="--events"
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -194,5 +205,5 @@ echo "| post -> completion, 64 B WRITE, one in flight (loopback engine) | $latE 
 echo
 echo "tool runs: ${R[tool4096]}| ${R[tool65536]}; daemon runs: ${R[daemon4096]}| ${R[daemon65536]}"
 echo "client tool CPU s / run s with the daemons: ${R[cpu4096]}| ${R[cpu65536]}; logs: $LOG_DIR"
-echo "reproduce: flock /tmp/roce-dp-busy.lock scripts/bench-daemon.sh --rounds $rounds $WAIT_ARG --tool-cpu $tool_cpu"
+echo "reproduce: flock /tmp/roce-dp-busy.lock scripts/bench-daemon.sh --rounds $rounds $WAIT_ARG --tool-cpu $tool_cpu${bin_dir:+ --bin $bin_dir}"
 echo "bench-daemon: write_4k_vs_tool=$(ratio "$(med daemon4096)" "$(med tool4096)") write_64k_vs_tool=$(ratio "$(med daemon65536)" "$(med tool65536)") post_to_cqe_ns=$latD"

@@ -25,11 +25,18 @@ fn rep_movsb_aliases(dst: *const u8, src: *const u8) -> bool {
     d != 0 && d < ALIAS_WINDOW
 }
 
+/// Whether a copy of `n` bytes from `src` to `dst` should take the 64-byte-chunk loop instead of `memcpy`: a
+/// mid-sized block in glibc's slow `rep movsb` window. The one decision for [`copy_bytes`] and for the copies
+/// through shared-memory windows (`ctrl::shm::ShmBytes`), which cannot form slices of the client's memory.
+#[inline]
+pub fn wants_chunked(dst: *const u8, src: *const u8, n: usize) -> bool {
+    (CHUNKED_FROM..CHUNKED_UNTIL).contains(&n) && rep_movsb_aliases(dst, src)
+}
+
 /// Copies `src` into `dst` (equal lengths; panics otherwise, like `copy_from_slice`).
 #[inline]
 pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
-    let n = src.len();
-    if !(CHUNKED_FROM..CHUNKED_UNTIL).contains(&n) || !rep_movsb_aliases(dst.as_ptr(), src.as_ptr()) {
+    if !wants_chunked(dst.as_ptr(), src.as_ptr(), src.len()) {
         dst.copy_from_slice(src);
         return;
     }

@@ -101,7 +101,10 @@ impl Embedded {
 
 /// What both paths offer the measurement loops: post a WRITE of `len` bytes, poll completions.
 trait Path {
+    /// Posts one WR of a batch; the batch goes to the data path at [`flush`](Path::flush).
     fn post(&mut self, wr_id: u64, len: u32, signaled: bool);
+    /// Ends a batch of posts (through the rings: one publish of the send ring's tail).
+    fn flush(&mut self) {}
     /// Completions polled (their statuses checked); drives the engine when it is embedded.
     fn poll(&mut self, out: &mut [Cqe]) -> usize;
 }
@@ -126,7 +129,11 @@ impl Path for LoopPair {
         let mut wr =
             SendWr::new(wr_id, WrOpcode::RdmaWrite).remote(self.mr.addr() + (REGION / 2) as u64, self.mr.rkey());
         wr.signaled = signaled;
-        self.a.post_send(&wr, &[self.mr.sge(0, len)]).expect("post");
+        self.a.stage_send(&wr, &[self.mr.sge(0, len)]).expect("post");
+    }
+
+    fn flush(&mut self) {
+        self.a.publish_sends();
     }
 
     fn poll(&mut self, out: &mut [Cqe]) -> usize {
@@ -147,11 +154,13 @@ fn latency(p: &mut dyn Path, n: u64) -> f64 {
     let mut out = [Cqe::EMPTY; 4];
     for i in 0..n / 10 {
         p.post(i, 64, true);
+        p.flush();
         while p.poll(&mut out) == 0 {}
     }
     let t = Instant::now();
     for i in 0..n {
         p.post(i, 64, true);
+        p.flush();
         while p.poll(&mut out) == 0 {}
     }
     t.elapsed().as_nanos() as f64 / n as f64
@@ -168,6 +177,7 @@ fn bandwidth(p: &mut dyn Path, size: u32, n: u64) -> f64 {
             p.post(posted, size, signaled);
             posted += 1;
         }
+        p.flush();
         let k = p.poll(&mut out);
         if k > 0 {
             done = out[k - 1].wr_id + 1;
@@ -185,6 +195,10 @@ struct Stepped {
 impl Path for Stepped {
     fn post(&mut self, wr_id: u64, len: u32, signaled: bool) {
         self.p.post(wr_id, len, signaled);
+    }
+
+    fn flush(&mut self) {
+        self.p.flush();
     }
 
     fn poll(&mut self, out: &mut [Cqe]) -> usize {

@@ -836,6 +836,25 @@ impl Qp {
         self.region.sq.post(wr, sgl).map_err(wq_err)
     }
 
+    /// Writes a send work request into the ring without telling the daemon yet: it sees the WR, with every WR
+    /// staged before it, at the next [`publish_sends`](Self::publish_sends), [`post_send`](Self::post_send) or
+    /// [`post_send_inline`](Self::post_send_inline), or when the QP is dropped. A batch of WRs then costs one index
+    /// store (one transfer of the ring's tail to the worker) instead of one per WR, as a chain of WRs given to one
+    /// `ibv_post_send`. Staged WRs take room in the ring: a ring full of them stays full until they are published.
+    pub fn stage_send(&mut self, wr: &SendWr, sgl: &[Sge]) -> Result<(), Error> {
+        self.region.sq.stage(wr, sgl).map_err(wq_err)
+    }
+
+    /// Publishes the staged send WRs ([`stage_send`](Self::stage_send)); nothing if none is staged.
+    pub fn publish_sends(&mut self) {
+        self.region.sq.publish();
+    }
+
+    /// Send WRs staged and not yet published.
+    pub fn staged_sends(&self) -> u32 {
+        self.region.sq.staged()
+    }
+
     /// Posts a SEND or WRITE (with or without immediate) whose payload `data` is copied into the send ring's
     /// inline area now (`IBV_SEND_INLINE`): `data` need not be in a registered region, and the caller may reuse it
     /// as soon as this returns. At most [`max_inline`](Self::max_inline) bytes (else [`Error::BadRequest`]).

@@ -784,8 +784,9 @@ impl Appliance {
         moved
     }
 
-    /// Engine completions into the CQ rings, as far as each ring has room.
-    fn deliver(&mut self, e: &mut Engine) -> bool {
+    /// Engine completions into the CQ rings, as far as each ring has room (the second half of
+    /// [`poll`](Self::poll), for a worker whose turn made completions after its look at the QPs' rings).
+    pub fn deliver(&mut self, e: &mut Engine) -> bool {
         let mut moved = false;
         for (i, slot) in self.cqs.iter_mut().enumerate() {
             let Some(s) = slot else { continue };

@@ -322,8 +322,9 @@ impl LoopWorker {
             Some(wire) => pump_wire(&mut self.e, now(), &mut self.buf, &mut self.port, self.w, wire),
         };
         if moved {
-            // Completions the frames just made go into the CQ rings in this iteration, not the next.
-            self.app.poll(&mut self.e);
+            // Completions the frames just made go into the CQ rings in this iteration, not the next (only the CQs:
+            // the QPs' rings were looked at above, and WQEs posted since wait for the next turn's look).
+            self.app.deliver(&mut self.e);
             let mine = &self.shared.0[self.w];
             mine[0].store(self.port.frames, Ordering::Relaxed);
             mine[1].store(self.port.bytes, Ordering::Relaxed);

@@ -465,15 +465,16 @@ impl ShmBytes {
     }
 }
 
-/// Copies `dst.len()` bytes from `src` (as `copy::copy_bytes`: 64-byte chunks the compiler vectorises for the mid
-/// sizes where glibc's `rep movsb` is slow here, the system memcpy otherwise).
+/// Copies `dst.len()` bytes from `src` with the choice of `copy::copy_bytes`: the system memcpy, except for a
+/// mid-sized block in glibc's slow `rep movsb` window (`copy::wants_chunked`), which goes in 64-byte chunks. (Until
+/// session 6 every block of 2 KiB-512 KiB took the chunk loop: slower than memcpy outside that window.)
 ///
 /// # Safety
 /// `src .. src + dst.len()` is readable and does not overlap `dst`.
 #[inline]
 unsafe fn copy_in(dst: &mut [u8], src: *const u8) {
     let n = dst.len();
-    if !(2048..512 * 1024).contains(&n) {
+    if !crate::copy::wants_chunked(dst.as_ptr(), src, n) {
         // SAFETY: the caller's contract.
         unsafe { ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) };
         return;
@@ -484,6 +485,8 @@ unsafe fn copy_in(dst: &mut [u8], src: *const u8) {
         // SAFETY: at .. at + 64 is inside the caller's readable range (n - 64 * i >= 64 here).
         let v: [u8; 64] = unsafe { at.cast::<[u8; 64]>().read_unaligned() };
         c.copy_from_slice(&v);
+        // No instruction: keeps LLVM from turning the loop back into the memcpy call it exists to avoid.
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
         // SAFETY: stays within (or one past) the range.
         at = unsafe { at.add(64) };
     }
@@ -499,7 +502,7 @@ unsafe fn copy_in(dst: &mut [u8], src: *const u8) {
 #[inline]
 unsafe fn copy_out(dst: *mut u8, src: &[u8]) {
     let n = src.len();
-    if !(2048..512 * 1024).contains(&n) {
+    if !crate::copy::wants_chunked(dst, src.as_ptr(), n) {
         // SAFETY: the caller's contract.
         unsafe { ptr::copy_nonoverlapping(src.as_ptr(), dst, n) };
         return;
@@ -510,6 +513,7 @@ unsafe fn copy_out(dst: *mut u8, src: &[u8]) {
         let v: [u8; 64] = c.try_into().expect("64-byte chunk");
         // SAFETY: at .. at + 64 is inside the caller's writable range.
         unsafe { at.cast::<[u8; 64]>().write_unaligned(v) };
+        core::sync::atomic::compiler_fence(core::sync::atomic::Ordering::SeqCst);
         // SAFETY: stays within (or one past) the range.
         at = unsafe { at.add(64) };
     }

@@ -59,6 +59,8 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 const SAMPLE_QPS: usize = 32;
 /// The longest sleep on the completion channel (`-e`) before the loop looks at its clocks again.
 pub(super) const EVENT_WAIT: Duration = Duration::from_millis(10);
+/// Send WRs a BW loop stages before it publishes them (the rest of its batch follows at its end).
+const STAGE_MAX: u32 = 32;
 /// How often a loop looks at the daemon's socket.
 const ALIVE_EVERY: Duration = Duration::from_millis(20);
 
@@ -171,6 +173,22 @@ impl Nic for Daemon {
         let d = &mut self.qps[q];
         let sge = d.mr.sge(offset as usize, len);
         d.qp.post_send(wr, &[sge]).map_err(|e| err(format!("post_send: {e}")))
+    }
+
+    /// Staged in the send ring; published every [`STAGE_MAX`] WRs and at [`flush_sends`](Nic::flush_sends), so
+    /// the worker starts on a long batch before its end.
+    fn stage_send(&mut self, q: usize, wr: &SendWr, offset: u64, len: u32) -> Result<(), Fail> {
+        let d = &mut self.qps[q];
+        let sge = d.mr.sge(offset as usize, len);
+        d.qp.stage_send(wr, &[sge]).map_err(|e| err(format!("post_send: {e}")))?;
+        if d.qp.staged_sends() >= STAGE_MAX {
+            d.qp.publish_sends();
+        }
+        Ok(())
+    }
+
+    fn flush_sends(&mut self, q: usize) {
+        self.qps[q].qp.publish_sends();
     }
 
     fn post_recv(&mut self, q: usize, wr_id: u64, offset: u64, len: u32) -> Result<(), Fail> {

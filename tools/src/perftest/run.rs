@@ -199,6 +199,13 @@ pub(super) trait Nic {
     fn connect(&mut self, qps: &[Local], remote: &[Dest], mtu: Mtu, p: &Params, timeout: Duration) -> Result<(), Fail>;
     /// Posts a send WR of QP `q` with one SGE: `len` bytes at `offset` of its region.
     fn post_send(&mut self, q: usize, wr: &SendWr, offset: u64, len: u32) -> Result<(), Fail>;
+    /// [`post_send`](Self::post_send) of one WR of a batch that ends with [`flush_sends`](Self::flush_sends): the
+    /// data path may take it only then (through roce-dpd: one publish of the ring's tail per batch).
+    fn stage_send(&mut self, q: usize, wr: &SendWr, offset: u64, len: u32) -> Result<(), Fail> {
+        self.post_send(q, wr, offset, len)
+    }
+    /// Hands QP `q`'s staged send WRs to the data path.
+    fn flush_sends(&mut self, _q: usize) {}
     /// Posts a receive of QP `q` into `len` bytes at `offset` of its region.
     fn post_recv(&mut self, q: usize, wr_id: u64, offset: u64, len: u32) -> Result<(), Fail>;
     /// Completions of QP `q`'s CQ.

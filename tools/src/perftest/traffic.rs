@@ -305,7 +305,7 @@ impl<'a> BwSide<'a> {
                     // perftest's CQ moderation: every cq_mod-th WR of a QP is signaled, and the last one.
                     wr.signaled = k % cq_mod == cq_mod - 1 || limit == Some(k + 1);
                     wr.compare_add = u64::from(!cas); // FETCH_AND_ADD adds 1; CMP_AND_SWAP swaps 0 for 0
-                    nic.post_send(i, &wr, 0, size as u32)?;
+                    nic.stage_send(i, &wr, 0, size as u32)?;
                     let t = Instant::now();
                     first_post.get_or_insert(t);
                     if let Some(m) = peak.as_mut() {
@@ -314,6 +314,7 @@ impl<'a> BwSide<'a> {
                     posted[i] += 1;
                     busy = true;
                 }
+                nic.flush_sends(i);
                 let k = nic.poll_cq(i, &mut cqes)?;
                 if k == 0 {
                     continue;
