@@ -5,7 +5,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use roce_dp::config::{Driver, Profile};
+use roce_dp::config::{Driver, HostView, Profile};
 use roce_dp::dpdk::{self, choose_offloads, Eal, Mempool, Port, PortConfig, Worker, WorkerConfig};
 use roce_dp::neigh::NeighIp;
 use roce_dp::wire::{IpAddrs, MacAddr};
@@ -43,6 +43,8 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
     if prof.port.driver == Driver::NetRing {
         return Err(bad(format!("{}: net_ring profiles are for rdp-nic ring", path.display())));
     }
+    let lcores = ours.lcore.as_deref().map(|l| ("--lcore", l));
+    prof.check_host(&path.display().to_string(), lcores, &HostView::default()).map_err(|e| bad(e.0))?;
     let args = prof.eal_args("rdp-perf", ours.lcore.as_deref(), prefix);
     let argv = args.to_vec();
     let eal = Eal::init_with_log(argv, Path::new("/dev/null")).map_err(|e| bad(format!("EAL: {e}")))?;
