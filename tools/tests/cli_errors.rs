@@ -154,6 +154,19 @@ mod dpdk_tools {
             );
             let _ = std::fs::remove_file(&p);
         }
+        // The client checks its profile before connecting to a server (none listens here).
+        let p = profile(
+            "ice-client.toml",
+            "[port]\ndriver = \"ice\"\npci = \"fffe:ff:1f.7\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n",
+        );
+        one_line(
+            &run(env!("CARGO_BIN_EXE_rdp_read_lat"), &["--port-conf", &p, "-p", "1", "127.0.0.1"]),
+            &format!(
+                "rdp_read_lat: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine (lspci -D lists them; \
+                 set port.pci to the NIC port's address)"
+            ),
+        );
+        let _ = std::fs::remove_file(&p);
         // No such interface in this network namespace.
         let p = profile(
             "afp.toml",
