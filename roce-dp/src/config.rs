@@ -543,6 +543,128 @@ impl Profile {
     }
 }
 
+/// Where [`Profile::check_host`] looks: the real `/sys` and `/proc`, or a test's copy of the files it reads.
+#[derive(Clone, Debug)]
+pub struct HostView {
+    /// `/sys` (PCI devices, online CPUs, hugepage pools).
+    pub sys: std::path::PathBuf,
+    /// `/proc/self/net/dev`: the interfaces of this process's network namespace.
+    pub net_dev: std::path::PathBuf,
+}
+
+impl Default for HostView {
+    fn default() -> Self {
+        Self { sys: "/sys".into(), net_dev: "/proc/self/net/dev".into() }
+    }
+}
+
+/// Parses a DPDK `-l` list (`"0"`, `"1,0"`, `"0-3,6"`); `None` for forms it does not check (`@`, groups).
+fn lcore_list(s: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.trim().parse::<u32>().ok()?..=b.trim().parse::<u32>().ok()?),
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+impl HostView {
+    fn online_cpus(&self) -> Option<(String, Vec<u32>)> {
+        let s = std::fs::read_to_string(self.sys.join("devices/system/cpu/online")).ok()?;
+        let s = s.trim().to_owned();
+        let l = lcore_list(&s)?;
+        Some((s, l))
+    }
+
+    fn iface_exists(&self, iface: &str) -> Option<bool> {
+        let text = std::fs::read_to_string(&self.net_dev).ok()?;
+        Some(text.lines().skip(2).any(|l| l.split(':').next().is_some_and(|n| n.trim() == iface)))
+    }
+
+    fn free_hugepages(&self) -> Option<u64> {
+        let dir = std::fs::read_dir(self.sys.join("kernel/mm/hugepages")).ok()?;
+        Some(
+            dir.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_to_string(e.path().join("free_hugepages")).ok())
+                .filter_map(|s| s.trim().parse::<u64>().ok())
+                .sum(),
+        )
+    }
+}
+
+impl Profile {
+    /// Checks, before DPDK starts, that what the profile names exists here: the PCI device (and, for mlx5 and ice,
+    /// that it sits on the driver DPDK needs), the kernel interface (in this network namespace), every lcore
+    /// (`lcores`: the caller's `-l` list, else `[eal] lcores`; `key` names where it came from), and free
+    /// hugepages when `[eal] hugepages = true`. One line `name: key: problem` naming what is missing, instead of
+    /// EAL's bare "Invalid argument" or a port lookup's "No such device". What cannot be read is not judged.
+    pub fn check_host(&self, name: &str, lcores: Option<(&str, &str)>, host: &HostView) -> Result<(), ConfigError> {
+        let fail = |key: &str, why: String| Err(ConfigError(format!("{name}: {key}: {why}")));
+        let p = &self.port;
+        if let (Some(pci), Driver::Mlx5 | Driver::Ice) = (p.pci.as_deref(), p.driver) {
+            let dev = host.sys.join("bus/pci/devices").join(pci);
+            if !dev.exists() {
+                return fail(
+                    "port.pci",
+                    format!("no PCI device {pci} on this machine (lspci -D lists them; set port.pci to the NIC port's address)"),
+                );
+            }
+            let driver = std::fs::read_link(dev.join("driver"))
+                .ok()
+                .and_then(|l| l.file_name().map(|n| n.to_string_lossy().into_owned()));
+            let user_space = |d: &str| matches!(d, "vfio-pci" | "uio_pci_generic" | "igb_uio");
+            match (p.driver, driver.as_deref()) {
+                (Driver::Ice, Some(d)) if user_space(d) => {}
+                (Driver::Ice, d) => {
+                    return fail(
+                        "port.pci",
+                        format!(
+                            "{pci} is on {}, not vfio-pci: bind it first (modprobe vfio-pci; dpdk-devbind.py -b vfio-pci {pci})",
+                            d.map_or("no driver".to_owned(), |d| format!("the kernel's {d} driver"))
+                        ),
+                    )
+                }
+                (_, Some("mlx5_core")) => {}
+                (_, d) => {
+                    return fail(
+                        "port.pci",
+                        format!(
+                            "{pci} is on {}, not mlx5_core: mlx5 runs beside its kernel driver (modprobe mlx5_core; do not bind it to vfio-pci)",
+                            d.unwrap_or("no driver")
+                        ),
+                    )
+                }
+            }
+        }
+        if let (Some(iface), Driver::AfPacket | Driver::AfXdp) = (p.iface.as_deref(), p.driver) {
+            if host.iface_exists(iface) == Some(false) {
+                return fail(
+                    "port.iface",
+                    format!("no network interface {iface:?} in this network namespace (ip link lists them)"),
+                );
+            }
+        }
+        let (key, list) = lcores.unwrap_or(("eal.lcores", self.eal.lcores.as_deref().unwrap_or("0")));
+        if let (Some(want), Some((online, cpus))) = (lcore_list(list), host.online_cpus()) {
+            if let Some(l) = want.iter().find(|l| !cpus.contains(l)) {
+                return fail(key, format!("lcore {l} is not an online CPU here (online: {online})"));
+            }
+        }
+        if self.eal.hugepages && host.free_hugepages() == Some(0) {
+            return fail(
+                "eal.hugepages",
+                "true, but no hugepage is free on this machine: reserve some (scripts/setup.sh --hugepages N) or \
+                 remove hugepages = true to run on ordinary pages"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+}
+
 #[cfg(feature = "dpdk")]
 impl Profile {
     /// EAL arguments for this profile: `lcores` (the caller's choice, else the profile's, else "0"), the run's
@@ -653,6 +775,80 @@ mod tests {
         .unwrap();
         assert_eq!(a.data_room(), 8160 + 128);
         assert!(a.vdev().unwrap().1.contains("framesz=8192,blocksz=8192"));
+    }
+
+    #[test]
+    fn host_check_names_what_the_machine_lacks() {
+        // A fake /sys and /proc/self/net/dev: CPUs 0-1, one PCI device on ice, one on mlx5_core, one on vfio-pci,
+        // interface veth0, no free hugepage.
+        let root = std::env::temp_dir().join(format!("roce-dp-hostview-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let sys = root.join("sys");
+        std::fs::create_dir_all(sys.join("devices/system/cpu")).unwrap();
+        std::fs::write(sys.join("devices/system/cpu/online"), "0-1\n").unwrap();
+        for (pci, drv) in [("0000:5e:00.0", "ice"), ("0000:3b:00.0", "mlx5_core"), ("0000:5e:00.1", "vfio-pci")] {
+            let dev = sys.join("bus/pci/devices").join(pci);
+            std::fs::create_dir_all(&dev).unwrap();
+            std::os::unix::fs::symlink(format!("../../../bus/pci/drivers/{drv}"), dev.join("driver")).unwrap();
+        }
+        std::fs::create_dir_all(sys.join("kernel/mm/hugepages/hugepages-2048kB")).unwrap();
+        std::fs::write(sys.join("kernel/mm/hugepages/hugepages-2048kB/free_hugepages"), "0\n").unwrap();
+        let net_dev = root.join("net_dev");
+        std::fs::write(&net_dev, "Inter-|   Receive\n face |bytes\n    lo: 0 0\n veth0: 1 2\n").unwrap();
+        let host = HostView { sys, net_dev };
+        let nic = |driver: &str, pci: &str, eal: &str| {
+            Profile::parse(
+                "t.toml",
+                &format!("[port]\ndriver = \"{driver}\"\npci = \"{pci}\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 4096\n[eal]\n{eal}"),
+            )
+            .unwrap()
+        };
+        let check = |p: &Profile, l: Option<(&str, &str)>| p.check_host("t.toml", l, &host).map_err(|e| e.0);
+        assert_eq!(
+            check(&nic("ice", "0000:5e:00.2", ""), None).unwrap_err(),
+            "t.toml: port.pci: no PCI device 0000:5e:00.2 on this machine (lspci -D lists them; set port.pci to the \
+             NIC port's address)"
+        );
+        assert_eq!(
+            check(&nic("ice", "0000:5e:00.0", ""), None).unwrap_err(),
+            "t.toml: port.pci: 0000:5e:00.0 is on the kernel's ice driver, not vfio-pci: bind it first (modprobe \
+             vfio-pci; dpdk-devbind.py -b vfio-pci 0000:5e:00.0)"
+        );
+        assert_eq!(
+            check(&nic("mlx5", "0000:5e:00.1", ""), None).unwrap_err(),
+            "t.toml: port.pci: 0000:5e:00.1 is on vfio-pci, not mlx5_core: mlx5 runs beside its kernel driver \
+             (modprobe mlx5_core; do not bind it to vfio-pci)"
+        );
+        assert_eq!(check(&nic("ice", "0000:5e:00.1", "lcores = \"0-1\""), None), Ok(()));
+        assert_eq!(check(&nic("mlx5", "0000:3b:00.0", "lcores = \"1\""), None), Ok(()));
+        assert_eq!(
+            check(&nic("mlx5", "0000:3b:00.0", "lcores = \"2\""), None).unwrap_err(),
+            "t.toml: eal.lcores: lcore 2 is not an online CPU here (online: 0-1)"
+        );
+        assert_eq!(
+            check(&nic("mlx5", "0000:3b:00.0", ""), Some(("--lcore", "0,3"))).unwrap_err(),
+            "t.toml: --lcore: lcore 3 is not an online CPU here (online: 0-1)"
+        );
+        assert_eq!(
+            check(&nic("mlx5", "0000:3b:00.0", "hugepages = true"), None).unwrap_err(),
+            "t.toml: eal.hugepages: true, but no hugepage is free on this machine: reserve some (scripts/setup.sh \
+             --hugepages N) or remove hugepages = true to run on ordinary pages"
+        );
+        let afp = |iface: &str| {
+            Profile::parse(
+                "t.toml",
+                &format!("[port]\ndriver = \"af_xdp\"\niface = \"{iface}\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n"),
+            )
+            .unwrap()
+        };
+        assert_eq!(check(&afp("veth0"), None), Ok(()));
+        assert_eq!(
+            check(&afp("veth1"), None).unwrap_err(),
+            "t.toml: port.iface: no network interface \"veth1\" in this network namespace (ip link lists them)"
+        );
+        assert_eq!(lcore_list("0-3,6"), Some(vec![0, 1, 2, 3, 6]));
+        assert_eq!(lcore_list("1@2"), None, "forms it does not check are left to EAL");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

@@ -69,10 +69,34 @@ pub fn parse_cli<C: clap::Parser>(tool: &str) -> Result<C, std::process::ExitCod
             Err(std::process::ExitCode::SUCCESS)
         }
         Err(e) => {
-            let text = e.to_string();
-            let line = text.lines().next().unwrap_or("bad arguments").trim_start_matches("error: ");
-            eprintln!("{tool}: {line} (see --help)");
+            eprintln!("{tool}: {} (see --help)", clap_error_line(&e, &C::command()));
             Err(std::process::ExitCode::from(2))
         }
     }
+}
+
+/// A clap error as one line, without clap's `error: ` prefix: its first line, with the arguments clap lists on the
+/// lines after a trailing colon ("the following required arguments were not provided:") joined onto it; a
+/// missing subcommand (clap prints the whole help then) names the subcommands of `cmd`.
+pub fn clap_error_line(e: &clap::Error, cmd: &clap::Command) -> String {
+    use clap::error::ErrorKind;
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        let subs: Vec<&str> = cmd.get_subcommands().map(|s| s.get_name()).filter(|n| *n != "help").collect();
+        return match subs.as_slice() {
+            [] => "arguments missing".to_owned(),
+            [s @ .., last] => format!("a command is needed: {} or {last}", s.join(", ")),
+        };
+    }
+    let text = e.render().to_string();
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or("bad arguments").trim();
+    let mut line = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    if line.ends_with(':') {
+        let listed: Vec<&str> = lines.map(str::trim).take_while(|l| !l.is_empty()).collect();
+        line.pop();
+        if !listed.is_empty() {
+            line = format!("{line}: {}", listed.join(", "));
+        }
+    }
+    line
 }

@@ -53,7 +53,7 @@ enum Op {
 
 /// Run RoCEv2 RC traffic between two roce-dp engines over a simulated link (deterministic, seeded).
 #[derive(Parser, Debug)]
-#[command(name = "rdp-sim", version, about)]
+#[command(name = "rdp-sim", version)]
 struct Args {
     /// Operation.
     #[arg(long, value_enum, default_value = "write")]
@@ -169,7 +169,16 @@ struct Args {
 /// Reads a congestion-control configuration from TOML; unknown keys and bad values are errors naming the key.
 fn read_cc_config(path: &PathBuf) -> Result<CcConfig, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
-    let cfg: CcConfig = toml::from_str(&text).map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
+    let cfg: CcConfig = toml::from_str(&text).map_err(|e| {
+        // toml's own text quotes the line and marks the column over several lines: one line instead.
+        let msg = e.message().lines().next().unwrap_or("syntax error").trim().to_owned();
+        match e.span() {
+            Some(s) => {
+                format!("--cc-config {}: line {}: {msg}", path.display(), text[..s.start].matches('\n').count() + 1)
+            }
+            None => format!("--cc-config {}: {msg}", path.display()),
+        }
+    })?;
     cfg.validate().map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
     Ok(cfg)
 }
@@ -239,6 +248,15 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // An output file that cannot be created fails now, not after the whole run.
+    for (flag, p) in [("--trace", &a.trace), ("--plot", &a.plot)] {
+        if let Some(p) = p {
+            if let Err(e) = std::fs::File::create(p) {
+                eprintln!("rdp-sim: {flag} {}: {e}", p.display());
+                return ExitCode::from(2);
+            }
+        }
+    }
     let (sample_ns, buffer_kb) = (cfg.sample_every.as_nanos(), a.buffer_kb);
     let d = &cfg.cc.dcqcn;
     println!(
@@ -359,7 +377,10 @@ fn check(a: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let a = Args::parse();
+    let a: Args = match roce_dp_tools::parse_cli("rdp-sim") {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
     if let Some(n) = a.incast {
         return run_incast(&a, n);
     }

@@ -26,7 +26,10 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args: Args = match roce_dp_tools::parse_cli("roce-dump") {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
     let stdout = io::stdout();
     let mut dumper = Dumper::new(BufWriter::new(stdout.lock()), Options { verbose: args.verbose, json: args.json });
     let mut write_err: Option<io::Error> = None;

@@ -5,7 +5,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use roce_dp::config::{Driver, Profile};
+use roce_dp::config::{Driver, HostView, Profile};
 use roce_dp::dpdk::{self, choose_offloads, Eal, Mempool, Port, PortConfig, Worker, WorkerConfig};
 use roce_dp::neigh::NeighIp;
 use roce_dp::wire::{IpAddrs, MacAddr};
@@ -34,7 +34,9 @@ struct Port_ {
     memif: bool,
 }
 
-fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Result<Port_, Fail> {
+/// The profile of `--port-conf`, checked against this machine (before the client connects to its server, so that a
+/// profile naming hardware this machine lacks fails here and not after the peer's exchange began).
+fn checked_profile(ours: &Ours) -> Result<Profile, Fail> {
     let path = ours.port_conf.as_ref().ok_or_else(|| bad("--port-conf FILE.toml is required (see --help)"))?;
     let mut prof = Profile::load(path).map_err(|e| bad(e.0))?;
     if let Some(s) = &ours.socket {
@@ -43,6 +45,13 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
     if prof.port.driver == Driver::NetRing {
         return Err(bad(format!("{}: net_ring profiles are for rdp-nic ring", path.display())));
     }
+    let lcores = ours.lcore.as_deref().map(|l| ("--lcore", l));
+    prof.check_host(&path.display().to_string(), lcores, &HostView::default()).map_err(|e| bad(e.0))?;
+    Ok(prof)
+}
+
+fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Result<Port_, Fail> {
+    let prof = checked_profile(ours)?;
     let args = prof.eal_args("rdp-perf", ours.lcore.as_deref(), prefix);
     let argv = args.to_vec();
     let eal = Eal::init_with_log(argv, Path::new("/dev/null")).map_err(|e| bad(format!("EAL: {e}")))?;
@@ -85,6 +94,7 @@ const MEMIF_SETTLE: Duration = Duration::from_millis(500);
 pub(super) fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str, timeout: Duration) -> Result<(), Fail> {
     // The server's port exists (memif: its socket) before it accepts; the client connects first, then starts.
     let (mut s, stream) = if let Some(host) = &p.host {
+        checked_profile(ours)?;
         let st = exchange::connect(host, p.port, timeout.min(Duration::from_secs(5)), timeout).map_err(err)?;
         (setup_port(ours, prefix, true, timeout)?, st)
     } else {

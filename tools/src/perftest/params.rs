@@ -79,22 +79,22 @@ struct Cli {
     /// Connection type (only RC).
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
-    /// Message size in bytes.
+    /// Message size in bytes (default 65536 in BW tests, 2 in latency tests, 8 in atomic tests).
     #[arg(short = 's', long = "size", conflicts_with = "all")]
     size: Option<u64>,
     /// Run all sizes from 2 to 2^23 bytes.
     #[arg(short = 'a', long = "all")]
     all: bool,
-    /// Iterations.
+    /// Iterations (default 5000 in write BW, 1000 in the others).
     #[arg(short = 'n', long = "iters", conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(MIN_ITERS..=MAX_ITERS))]
     iters: Option<u64>,
     /// Number of QPs.
     #[arg(short = 'q', long = "qp", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16384))]
     qp: u32,
-    /// Send queue depth.
+    /// Send queue depth (default 128 in BW tests, 1 in latency tests; at most the iterations).
     #[arg(short = 't', long = "tx-depth", value_parser = clap::value_parser!(u32).range(1..=15000))]
     tx_depth: Option<u32>,
-    /// Receive queue depth (send tests).
+    /// Receive queue depth (send tests; default 512, at most the iterations).
     #[arg(short = 'r', long = "rx-depth", value_parser = clap::value_parser!(u32).range(1..=16384))]
     rx_depth: Option<u32>,
     /// Run for this many seconds instead of a number of iterations.
@@ -121,7 +121,7 @@ struct Cli {
     /// Do not compute the peak bandwidth (BW tests).
     #[arg(short = 'N', long = "noPeak")]
     no_peak: bool,
-    /// Request a completion every N sends (BW tests).
+    /// Request a completion every N sends (BW tests; default 100, at most the send queue depth).
     #[arg(short = 'Q', long = "cq-mod", value_parser = clap::value_parser!(u32).range(1..=1024))]
     cq_mod: Option<u32>,
     /// Report Gb/s instead of MiB/s (BW tests).
@@ -264,11 +264,49 @@ impl Params {
 
 /// A clap error as one line: `rdp_write_bw: unexpected argument '--foo' found (see --help)`.
 pub fn one_line_error(test: TestKind, e: &clap::Error) -> String {
-    let text = e.render().to_string();
-    let first = text.lines().next().unwrap_or("bad command line").trim();
-    let first = first.strip_prefix("error: ").unwrap_or(first);
-    format!("{}: {first} (see --help)", test.tool_name())
+    use clap::error::{ContextKind, ContextValue};
+    if e.kind() == ErrorKind::UnknownArgument {
+        if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
+            let flag = arg.split_once('=').map_or(arg.as_str(), |(f, _)| f);
+            if let Some((names, why)) = PERFTEST_ONLY.iter().find(|(names, _)| names.split('/').any(|n| n == flag)) {
+                return format!("{}: perftest's {names} is not supported by roce-dp: {why}", test.tool_name());
+            }
+        }
+    }
+    format!("{}: {} (see --help)", test.tool_name(), crate::clap_error_line(e, &Cli::command()))
 }
+
+/// perftest flags the tools do not take, and why: a perftest user gets that instead of "unexpected argument".
+const PERFTEST_ONLY: &[(&str, &str)] = &[
+    ("-R/--rdma_cm", "the QPs connect through perftest's TCP exchange (the default without -R)"),
+    ("-z/--comm_rdma_cm", "the exchange runs over TCP (perftest's default)"),
+    ("-l/--post_list", "every WR is posted on its own"),
+    ("-I/--inline_size", "no inline sends in these tools (rdp-client --inline shows the daemon's inline path)"),
+    ("-S/--sl", "RoCE has no service level; the engine sends DSCP 0 with ECT(0)"),
+    ("--tclass", "the engine sends DSCP 0 with ECT(0)"),
+    ("-w/--limit_bw", "no bandwidth limit or check"),
+    ("-y/--limit_msgrate", "no message-rate limit or check"),
+    ("--cpu_util", "no CPU utilisation report"),
+    ("--use-srq", "no shared receive queues"),
+    ("--odp", "no on-demand paging: every region is registered whole"),
+    ("--write_with_imm", "rdp_write_bw posts plain RDMA WRITEs"),
+    ("--dont_xchg_versions", "the version and MTU exchange always runs"),
+    ("-g/--mcg", "no multicast: RC only"),
+    ("-M/--MGID", "no multicast: RC only"),
+    ("-O/--dualport", "one port per soft NIC"),
+    ("-j/--source_mac", "raw Ethernet tests are not implemented"),
+    ("-k/--num_of_qps_in_srq", "no shared receive queues"),
+    ("-L/--hop_limit", "the engine sends TTL/hop limit 64"),
+    ("--report-both", "each side prints its own report"),
+    ("--report-per-port", "one port per soft NIC"),
+    ("--reversed", "the client sends"),
+    ("--ipv6", "the GID follows the profile's address"),
+    ("--use_hugepages", "the profile's [eal] hugepages decides"),
+    ("--mmap", "regions are allocated by the tool"),
+    ("--use_cuda", "no GPU memory"),
+    ("--use_rocm", "no GPU memory"),
+    ("--bind_source_ip", "the exchange connects from any local address"),
+];
 
 fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
     let verb = test.verb();

@@ -271,7 +271,28 @@ fn passive(c: &Common) -> Result<bool, Fail> {
     let _ = std::fs::remove_file(path);
     let l = UnixListener::bind(path).map_err(|e| Fail(format!("out-of-band listen on {}: {e}", path.display())))?;
     let mut n = node(c, 0x2000, 0)?;
-    let (s, _) = l.accept().map_err(|e| Fail(format!("out-of-band accept: {e}")))?;
+    // Wait for the active side at most --timeout (a blocking accept would wait for ever).
+    l.set_nonblocking(true)?;
+    let until = Instant::now() + Duration::from_secs(c.timeout);
+    let s = loop {
+        match l.accept() {
+            Ok((s, _)) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let _ = std::fs::remove_file(path);
+                return Err(Fail(format!(
+                    "no active side connected to {} within --timeout {} s (run `rdp-client active --oob {}`)",
+                    path.display(),
+                    c.timeout,
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(Fail(format!("out-of-band accept: {e}"))),
+        }
+    };
+    s.set_nonblocking(false)?;
     let _ = std::fs::remove_file(path);
     let mut oob = Oob { r: BufReader::new(s.try_clone()?), w: s };
     let mtu = n.dev.info().mtu;
@@ -339,12 +360,20 @@ fn active(c: &Common, op: Op, size: u32, iters: u64, inline: u32) -> Result<bool
     if inline > 0 && size > inline {
         return Err(Fail(format!("--inline {inline}: --size {size} does not fit (give --inline >= --size)")));
     }
-    let until = Instant::now() + Duration::from_secs(10);
+    // The passive side may still be starting: wait for its socket at most --timeout.
+    let until = Instant::now() + Duration::from_secs(c.timeout);
     let s = loop {
         match UnixStream::connect(path) {
             Ok(s) => break s,
             Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(Fail(format!("out-of-band connect to {}: {e}", path.display()))),
+            Err(e) => {
+                return Err(Fail(format!(
+                    "no passive side listening on {} within --timeout {} s ({e}): start `rdp-client passive --oob {}` first",
+                    path.display(),
+                    c.timeout,
+                    path.display()
+                )))
+            }
         }
     };
     let mut oob = Oob { r: BufReader::new(s.try_clone()?), w: s };

@@ -25,7 +25,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use roce_dp::config::{Driver, Profile};
+use roce_dp::config::{Driver, HostView, Profile};
 use roce_dp::dpdk::{
     self, choose_offloads, register_thread, Burst, Dispatch, DpdkError, Eal, EalArgs, FlowDest, FlowRule, Idle,
     Mempool, Port, PortConfig, Ring, RoceMatch, Worker, WorkerConfig, QPN_STRIDE,
@@ -924,6 +924,8 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, clie
         return Err(SetupError(format!("{}: net_ring profiles are for the ring mode", profile.display())));
     }
     let lcore = o.lcore.map(|l| l.to_string());
+    let lcores = lcore.as_deref().map(|l| ("--lcore", l));
+    prof.check_host(&profile.display().to_string(), lcores, &HostView::default()).map_err(|e| SetupError(e.0))?;
     let args = prof.eal_args("rdp-nic", lcore.as_deref(), prefix);
     let eal = init_eal(args, o.verbose)?;
     let room = prof.pool_data_room();

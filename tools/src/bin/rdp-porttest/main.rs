@@ -157,7 +157,10 @@ enum Outcome {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = match roce_dp_tools::parse_cli("rdp-porttest") {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     dpdk::signal::stop_on_signals();
     let (mode_name, default_lcore) = match &cli.mode {
         Mode::Ring => ("ring", 0),

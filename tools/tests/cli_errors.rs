@@ -1,0 +1,212 @@
+//! What a new user typing the documented commands wrong gets: one line on stderr naming what was wrong, exit
+//! status 2, from each tool (the built binaries). Bad arguments, a missing subcommand or required flag, a wrong
+//! file given as `--cc-config`, an output file that cannot be created, perftest flags roce-dp does not take, an
+//! out-of-band peer that never comes, and port profiles naming a PCI device, an interface or an lcore this machine
+//! does not have (checked before DPDK starts, so neither root nor a NIC is needed here).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use roce_dp::ctrl::loopback::{LoopbackConfig, LoopbackDaemon};
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("rdp-cli-test-{}-{name}", std::process::id()))
+}
+
+fn run(exe: &str, args: &[&str]) -> Output {
+    Command::new(exe).args(args).output().unwrap_or_else(|e| panic!("run {exe}: {e}"))
+}
+
+/// The run failed with status 2, nothing on stdout, and exactly `want` (one line) on stderr.
+fn one_line(o: &Output, want: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err, format!("{want}\n"), "stdout: {}", String::from_utf8_lossy(&o.stdout));
+    assert!(o.stdout.is_empty(), "stdout: {}", String::from_utf8_lossy(&o.stdout));
+}
+
+#[test]
+fn rdp_sim_bad_arguments_and_files_are_one_line() {
+    let sim = env!("CARGO_BIN_EXE_rdp-sim");
+    one_line(&run(sim, &["--op", "foo"]), "rdp-sim: invalid value 'foo' for '--op <OP>' (see --help)");
+    one_line(&run(sim, &["--size", "-1"]), "rdp-sim: unexpected argument '-1' found (see --help)");
+    one_line(
+        &run(sim, &["--seed", "x"]),
+        "rdp-sim: invalid value 'x' for '--seed <SEED>': invalid digit found in string (see --help)",
+    );
+    // A port profile given where the congestion-control file goes: toml's several-line excerpt becomes one line.
+    let conf = temp("profile-as-cc.toml");
+    std::fs::write(&conf, "# a port profile\n[port]\ndriver = \"net_ring\"\n").unwrap();
+    let conf_s = conf.to_str().unwrap();
+    one_line(
+        &run(sim, &["--incast", "2", "--cc-config", conf_s]),
+        &format!(
+            "rdp-sim: --cc-config {conf_s}: line 2: unknown field `port`, expected one of `algorithm`, `np_enabled`, \
+             `line_rate_mbps`, `dcqcn`"
+        ),
+    );
+    let _ = std::fs::remove_file(&conf);
+    // An output file that cannot be created: refused before the run, not after it.
+    let plot = "/nonexistent-rdp-dir/x.svg";
+    one_line(
+        &run(sim, &["--incast", "2", "--duration-ms", "0.1", "--plot", plot]),
+        &format!("rdp-sim: --plot {plot}: No such file or directory (os error 2)"),
+    );
+    // --help says what rdp-sim is (not the package's description).
+    let o = run(sim, &["--help"]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("Run RoCEv2 RC traffic between two roce-dp engines"));
+}
+
+#[test]
+fn roce_dump_and_roce_stat_usage_errors_are_one_line() {
+    let dump = env!("CARGO_BIN_EXE_roce-dump");
+    one_line(&run(dump, &[]), "roce-dump: the following required arguments were not provided: <FILE> (see --help)");
+    one_line(&run(dump, &["--bogus", "x.pcap"]), "roce-dump: unexpected argument '--bogus' found (see --help)");
+    let stat = env!("CARGO_BIN_EXE_roce-stat");
+    one_line(
+        &run(stat, &[]),
+        "roce-stat: the following required arguments were not provided: --socket <SOCKET> (see --help)",
+    );
+}
+
+#[test]
+fn rdp_client_without_a_command_or_a_peer_says_what_to_do() {
+    let client = env!("CARGO_BIN_EXE_rdp-client");
+    one_line(&run(client, &[]), "rdp-client: a command is needed: open, passive or active (see --help)");
+    // The active side with no passive side: gives up after --timeout, naming the command to start first.
+    let oob = temp("no-passive.sock");
+    let oob_s = oob.to_str().unwrap();
+    one_line(
+        &run(client, &["active", "--oob", oob_s, "--timeout", "1"]),
+        &format!(
+            "rdp-client: no passive side listening on {oob_s} within --timeout 1 s (No such file or directory (os \
+             error 2)): start `rdp-client passive --oob {oob_s}` first"
+        ),
+    );
+    // The passive side with a daemon but no active side: gives up after --timeout (it used to wait for ever).
+    let d = LoopbackDaemon::start(LoopbackConfig::new(temp("daemon.sock"))).expect("loopback daemon starts");
+    let oob = temp("no-active.sock");
+    let oob_s = oob.to_str().unwrap();
+    let daemon = temp("daemon.sock");
+    let o = run(client, &["passive", "--daemon", daemon.to_str().unwrap(), "--oob", oob_s, "--timeout", "1"]);
+    one_line(
+        &o,
+        &format!(
+            "rdp-client: no active side connected to {oob_s} within --timeout 1 s (run `rdp-client active --oob \
+             {oob_s}`)"
+        ),
+    );
+    assert!(!oob.exists(), "the out-of-band socket is removed");
+    drop(d);
+}
+
+#[cfg(feature = "dpdk")]
+mod dpdk_tools {
+    use super::*;
+
+    /// A profile in a temporary file; returns its path.
+    fn profile(name: &str, text: &str) -> String {
+        let p = temp(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn perftest_flags_roce_dp_does_not_take_are_named() {
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        one_line(
+            &run(bw, &["-R", "127.0.0.1"]),
+            "rdp_write_bw: perftest's -R/--rdma_cm is not supported by roce-dp: the QPs connect through perftest's \
+             TCP exchange (the default without -R)",
+        );
+        one_line(
+            &run(bw, &["--port-conf", "x.toml", "--tclass=96"]),
+            "rdp_write_bw: perftest's --tclass is not supported by roce-dp: the engine sends DSCP 0 with ECT(0)",
+        );
+        let lat = env!("CARGO_BIN_EXE_rdp_read_lat");
+        one_line(
+            &run(lat, &["-I", "64"]),
+            "rdp_read_lat: perftest's -I/--inline_size is not supported by roce-dp: no inline sends in these tools \
+             (rdp-client --inline shows the daemon's inline path)",
+        );
+        // A typo is still clap's line.
+        one_line(&run(bw, &["--sise", "8"]), "rdp_write_bw: unexpected argument '--sise' found (see --help)");
+    }
+
+    #[test]
+    fn profiles_naming_hardware_this_machine_lacks_fail_before_dpdk() {
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        // No such PCI device (domain fffe: none on any machine this runs on), mlx5 and ice.
+        for driver in ["mlx5", "ice"] {
+            let p = profile(
+                &format!("{driver}.toml"),
+                &format!(
+                    "[port]\ndriver = \"{driver}\"\npci = \"fffe:ff:1f.7\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n"
+                ),
+            );
+            one_line(
+                &run(bw, &["--port-conf", &p]),
+                &format!(
+                    "rdp_write_bw: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine (lspci -D lists them; \
+                     set port.pci to the NIC port's address)"
+                ),
+            );
+            let _ = std::fs::remove_file(&p);
+        }
+        // The client checks its profile before connecting to a server (none listens here).
+        let p = profile(
+            "ice-client.toml",
+            "[port]\ndriver = \"ice\"\npci = \"fffe:ff:1f.7\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n",
+        );
+        one_line(
+            &run(env!("CARGO_BIN_EXE_rdp_read_lat"), &["--port-conf", &p, "-p", "1", "127.0.0.1"]),
+            &format!(
+                "rdp_read_lat: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine (lspci -D lists them; \
+                 set port.pci to the NIC port's address)"
+            ),
+        );
+        let _ = std::fs::remove_file(&p);
+        // No such interface in this network namespace.
+        let p = profile(
+            "afp.toml",
+            "[port]\ndriver = \"af_packet\"\niface = \"rdpnoif9\"\nframesz = 8192\nblocksz = 8192\n[net]\n\
+             ipv4 = \"10.9.0.1\"\nmtu = 4096\n",
+        );
+        one_line(
+            &run(bw, &["--port-conf", &p]),
+            &format!(
+                "rdp_write_bw: {p}: port.iface: no network interface \"rdpnoif9\" in this network namespace (ip link \
+                 lists them)"
+            ),
+        );
+        // An lcore beyond the machine's CPUs, from the profile and from --lcore.
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        let online = online.trim();
+        let p = profile(
+            "lcore.toml",
+            "[port]\ndriver = \"memif\"\nrole = \"server\"\nsocket = \"/run/rdp-cli-test.sock\"\n[net]\n\
+             ipv4 = \"10.9.0.1\"\nmtu = 4096\n[eal]\nlcores = \"1000\"\n",
+        );
+        one_line(
+            &run(bw, &["--port-conf", &p]),
+            &format!("rdp_write_bw: {p}: eal.lcores: lcore 1000 is not an online CPU here (online: {online})"),
+        );
+        one_line(
+            &run(bw, &["--port-conf", &p, "--lcore", "999"]),
+            &format!("rdp_write_bw: {p}: --lcore: lcore 999 is not an online CPU here (online: {online})"),
+        );
+        let _ = std::fs::remove_file(&p);
+        // roce-dpd: the same check, on the daemon's worker lcores.
+        let p = profile(
+            "daemon.toml",
+            "[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n[worker]\nworkers = 2\n\
+             idle = \"sleep\"\n[daemon]\nsocket = \"/run/rdp-cli-test-d.sock\"\nworker_lcores = \"0,998\"\n",
+        );
+        one_line(
+            &run(env!("CARGO_BIN_EXE_roce-dpd"), &["--config", &p]),
+            &format!("roce-dpd: {p}: daemon.worker_lcores: lcore 998 is not an online CPU here (online: {online})"),
+        );
+        let _ = std::fs::remove_file(&p);
+    }
+}
