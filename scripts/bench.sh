@@ -73,9 +73,9 @@ median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR 
 declare -A R
 for r in $(seq "$rounds"); do
     R[raw4k]+="$(pair raw4k "${r}1" --raw bw --size $((4096 + HDR)) --seconds 2 | field fps) "
-    R[rdp4k]+="$(pair rdp4k "${r}2" --no-verify --op write --size 4096 --mtu 4096 --iters 30000 --qps 2 --depth 64 | field mpps) "
+    R[rdp4k]+="$(pair rdp4k "${r}2" --no-verify --op write --size 4096 --mtu 4096 --iters 150000 --qps 2 --depth 64 | field mpps) "
     R[raw64]+="$(pair raw64 "${r}3" --raw bw --size $((64 + HDR)) --seconds 2 | field fps) "
-    R[rdp64]+="$(pair rdp64 "${r}4" --no-verify --op write --size 64 --mtu 4096 --iters 100000 --qps 2 --depth 64 | field mpps) "
+    R[rdp64]+="$(pair rdp64 "${r}4" --no-verify --op write --size 64 --mtu 4096 --iters 1000000 --qps 2 --depth 64 | field mpps) "
     raw=$(pair rawrtt "${r}5" --raw rtt --size $((8 + HDR)) --iters 20000)
     R[rawrtt]+="$(echo "$raw" | field median_us) "
     R[rawrttavg]+="$(echo "$raw" | field avg_us) "
