@@ -64,9 +64,29 @@ fn roce_dump_and_roce_stat_usage_errors_are_one_line() {
     one_line(&run(dump, &[]), "roce-dump: the following required arguments were not provided: <FILE> (see --help)");
     one_line(&run(dump, &["--bogus", "x.pcap"]), "roce-dump: unexpected argument '--bogus' found (see --help)");
     let stat = env!("CARGO_BIN_EXE_roce-stat");
+    one_line(&run(stat, &["--bogus"]), "roce-stat: unexpected argument '--bogus' found (see --help)");
+    // --socket defaults to rdp-client's default; a path that is a plain file is named as not a socket.
+    let help = String::from_utf8_lossy(&run(stat, &["--help"]).stdout).into_owned();
+    assert!(help.contains("[default: /run/roce-dpd.sock]"), "{help}");
+    let file = temp("not-a-socket");
+    std::fs::write(&file, b"x").unwrap();
+    let o = run(stat, &["--socket", file.to_str().unwrap()]);
+    std::fs::remove_file(&file).unwrap();
     one_line(
-        &run(stat, &[]),
-        "roce-stat: the following required arguments were not provided: --socket <SOCKET> (see --help)",
+        &o,
+        &format!(
+            "roce-stat: {} is not a socket: give the socket roce-dpd listens on (its config's [daemon] socket)",
+            file.display()
+        ),
+    );
+}
+
+#[test]
+fn rdp_sim_refuses_a_run_of_no_messages() {
+    let sim = env!("CARGO_BIN_EXE_rdp-sim");
+    one_line(
+        &run(sim, &["--op", "write", "--msgs", "0"]),
+        "rdp-sim: invalid value '0' for '--msgs <MSGS>': 0 is not in 1..=4294967295 (see --help)",
     );
 }
 

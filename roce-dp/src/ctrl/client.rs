@@ -81,6 +81,7 @@
 use core::fmt;
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -104,6 +105,11 @@ pub enum Error {
     /// Nothing listens on the socket.
     DaemonAbsent {
         /// The socket path.
+        path: PathBuf,
+    },
+    /// The path exists but is not a socket (a typo, or a file where the daemon's socket should be).
+    NotASocket {
+        /// The path.
         path: PathBuf,
     },
     /// The socket exists but this user may not connect to it.
@@ -148,6 +154,11 @@ impl fmt::Display for Error {
             Error::DaemonAbsent { path } => write!(
                 f,
                 "no roce-dpd listening on {}: start it with `roce-dpd --config conf/NAME.toml` (its [daemon] socket)",
+                path.display()
+            ),
+            Error::NotASocket { path } => write!(
+                f,
+                "{} is not a socket: give the socket roce-dpd listens on (its config's [daemon] socket)",
                 path.display()
             ),
             Error::PermissionDenied { path } => write!(
@@ -301,7 +312,10 @@ impl Device {
     pub fn open_as(path: &Path, abi: u32) -> Result<Device, Error> {
         let sock = UnixStream::connect(path).map_err(|e| match e.raw_os_error() {
             Some(libc::EACCES | libc::EPERM) => Error::PermissionDenied { path: path.to_owned() },
-            Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTSOCK) => Error::DaemonAbsent { path: path.to_owned() },
+            Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTSOCK) => match std::fs::metadata(path) {
+                Ok(m) if !m.file_type().is_socket() => Error::NotASocket { path: path.to_owned() },
+                _ => Error::DaemonAbsent { path: path.to_owned() },
+            },
             _ => Error::DaemonGone { path: path.to_owned(), reason: format!("connect: {e}") },
         })?;
         let mut inner = Inner {

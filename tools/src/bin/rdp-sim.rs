@@ -61,8 +61,8 @@ struct Args {
     /// Message size in bytes (0 ..= 2^31; atomics always 8).
     #[arg(long, default_value_t = 4096)]
     size: u64,
-    /// Messages per QP.
-    #[arg(long, default_value_t = 1000)]
+    /// Messages per QP (at least 1: a run of none would prove nothing).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     msgs: u32,
     /// QP pairs.
     #[arg(long, default_value_t = 1)]

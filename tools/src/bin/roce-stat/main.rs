@@ -29,8 +29,8 @@ use roce_dp::client::{Device, StatRecord};
 #[derive(Parser)]
 #[command(name = "roce-stat", version, about = "Counters of a running roce-dpd (ports, workers, engines, QPs)")]
 struct Cli {
-    /// The daemon's socket (its [daemon] socket).
-    #[arg(long)]
+    /// The daemon's socket (its config's [daemon] socket; the same default as rdp-client's --daemon).
+    #[arg(long, default_value = "/run/roce-dpd.sock")]
     socket: PathBuf,
     /// Machine-readable output (one JSON object; one per interval with --watch).
     #[arg(long)]
