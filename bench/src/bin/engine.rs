@@ -123,7 +123,11 @@ fn pump(now: Instant, from: &mut Engine, to: &mut Engine, w: &mut Wire) -> usize
 
 /// Runs `msgs` messages of `size` bytes; returns (seconds, frames moved).
 fn run(op: Op, size: u32, msgs: u64, coalesce: bool, cc: CcAlgorithm) -> (f64, u64) {
-    let depth = 256u32;
+    run_depth(op, size, msgs, coalesce, cc, 256)
+}
+
+/// [`run`] with `depth` WRs in flight (1: a ping-pong, every WR signaled).
+fn run_depth(op: Op, size: u32, msgs: u64, coalesce: bool, cc: CcAlgorithm, depth: u32) -> (f64, u64) {
     let region = (size as usize).max(64);
     let mut a = side(0, depth, region, coalesce, cc);
     let mut b = side(1, depth, region, coalesce, cc);
@@ -153,7 +157,7 @@ fn run(op: Op, size: u32, msgs: u64, coalesce: bool, cc: CcAlgorithm) -> (f64, u
         while outstanding < u64::from(depth) && posted < msgs {
             // Signal every 32nd WR (and the last), as perftest's CQ moderation does.
             let mut wr = SendWr::new(posted, opcode).remote(VA, b.rkey);
-            wr.signaled = posted % 32 == 31 || posted + 1 == msgs;
+            wr.signaled = depth == 1 || posted % 32 == 31 || posted + 1 == msgs;
             a.e.post_send(a.qpn, &wr, &[sge_a]).expect("post");
             posted += 1;
             outstanding += 1;
@@ -223,7 +227,7 @@ fn crc_gbs(len: usize) -> f64 {
 }
 
 fn main() {
-    // `--one OP SIZE MSGS`: a single run (for profilers such as callgrind).
+    // `--one OP SIZE MSGS [--one-lat]`: a single run (for profilers such as callgrind); `--one-lat`: depth 1.
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--one") {
         let op = match args.get(i + 1).map(String::as_str) {
@@ -233,7 +237,9 @@ fn main() {
         };
         let size = args.get(i + 2).and_then(|v| v.parse().ok()).unwrap_or(64);
         let msgs = args.get(i + 3).and_then(|v| v.parse().ok()).unwrap_or(100_000);
-        let (secs, frames) = run(op, size, msgs, false, CcAlgorithm::LineRate);
+        // `--one-lat`: one WR in flight (the engines' share of a ping-pong round trip).
+        let depth = if args.iter().any(|a| a == "--one-lat") { 1 } else { 256 };
+        let (secs, frames) = run_depth(op, size, msgs, false, CcAlgorithm::LineRate, depth);
         println!("{op:?} {size} B x {msgs}: {:.3} Mmsg/s, {frames} frames", msgs as f64 / secs / 1e6);
         return;
     }
