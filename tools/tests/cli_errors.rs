@@ -157,36 +157,31 @@ mod dpdk_tools {
     #[test]
     fn profiles_naming_hardware_this_machine_lacks_fail_before_dpdk() {
         let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
-        // No such PCI device (domain fffe: none on any machine this runs on), mlx5 and ice.
-        for driver in ["mlx5", "ice"] {
+        // No such PCI device (domain fffe: none on any machine this runs on), mlx5 and ice; the client checks its
+        // profile before connecting to a server (none listens here).
+        let lat = env!("CARGO_BIN_EXE_rdp_read_lat");
+        for (exe, tool, driver, extra) in [
+            (bw, "rdp_write_bw", "mlx5", &[][..]),
+            (bw, "rdp_write_bw", "ice", &[][..]),
+            (lat, "rdp_read_lat", "ice", &["-p", "1", "127.0.0.1"][..]),
+        ] {
             let p = profile(
-                &format!("{driver}.toml"),
+                &format!("{tool}-{driver}.toml"),
                 &format!(
                     "[port]\ndriver = \"{driver}\"\npci = \"fffe:ff:1f.7\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n"
                 ),
             );
+            let mut args = vec!["--port-conf", &p];
+            args.extend_from_slice(extra);
             one_line(
-                &run(bw, &["--port-conf", &p]),
+                &run(exe, &args),
                 &format!(
-                    "rdp_write_bw: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine (lspci -D lists them; \
+                    "{tool}: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine (lspci -D lists them; \
                      set port.pci to the NIC port's address)"
                 ),
             );
             let _ = std::fs::remove_file(&p);
         }
-        // The client checks its profile before connecting to a server (none listens here).
-        let p = profile(
-            "ice-client.toml",
-            "[port]\ndriver = \"ice\"\npci = \"fffe:ff:1f.7\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n",
-        );
-        one_line(
-            &run(env!("CARGO_BIN_EXE_rdp_read_lat"), &["--port-conf", &p, "-p", "1", "127.0.0.1"]),
-            &format!(
-                "rdp_read_lat: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine (lspci -D lists them; \
-                 set port.pci to the NIC port's address)"
-            ),
-        );
-        let _ = std::fs::remove_file(&p);
         // No such interface in this network namespace.
         let p = profile(
             "afp.toml",

@@ -341,21 +341,14 @@ impl<'p> Worker<'p> {
     /// one peer rx burst per hop instead of two. A response waits at most one application pass. Returns the
     /// frames moved.
     pub fn poll_tx_first(&mut self) -> usize {
-        self.stats.polls += 1;
-        let now = self.clock.now();
-        self.turn_now = now;
+        let now = self.start_turn();
         let mut moved = 0;
-        if !self.tx.is_empty() || self.engine.has_pending_tx() {
+        if self.tx_pending() {
             moved += self.poll_tx(now);
         }
         self.free_rx_done();
         moved += self.poll_rx(now);
-        if let Some(t) = self.engine.poll_timeout() {
-            if t <= now {
-                self.engine.handle_timeout(now);
-                self.stats.timer_runs += 1;
-            }
-        }
+        self.run_due_timers(now);
         moved
     }
 
@@ -363,7 +356,7 @@ impl<'p> Worker<'p> {
     /// final turn). Returns the frames sent.
     pub fn flush_tx(&mut self) -> usize {
         let mut sent = 0;
-        if !self.tx.is_empty() || self.engine.has_pending_tx() {
+        if self.tx_pending() {
             sent = self.poll_tx(self.clock.now());
         }
         self.free_rx_done();
@@ -373,20 +366,37 @@ impl<'p> Worker<'p> {
     /// [`Worker::poll`] without freeing the frames it received: [`Worker::run`] frees them at the end of its turn,
     /// after the frames the turn produced (an ACK, a request the application posted on a completion) left.
     fn poll_turn(&mut self) -> usize {
-        self.stats.polls += 1;
-        let now = self.clock.now();
-        self.turn_now = now;
+        let now = self.start_turn();
         let got = self.poll_rx(now);
-        if let Some(t) = self.engine.poll_timeout() {
-            if t <= now {
-                self.engine.handle_timeout(now);
-                self.stats.timer_runs += 1;
-            }
-        }
-        if got == 0 && self.tx.is_empty() && !self.engine.has_pending_tx() {
+        self.run_due_timers(now);
+        if got == 0 && !self.tx_pending() {
             return 0;
         }
         got + self.poll_tx(now)
+    }
+
+    /// Counts a turn and reads the clock once for it.
+    #[inline]
+    fn start_turn(&mut self) -> Instant {
+        self.stats.polls += 1;
+        let now = self.clock.now();
+        self.turn_now = now;
+        now
+    }
+
+    /// Runs the engine's timers if its earliest deadline has passed.
+    #[inline]
+    fn run_due_timers(&mut self, now: Instant) {
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+            self.stats.timer_runs += 1;
+        }
+    }
+
+    /// Frames left from the last tx burst, or frames the engine has to send.
+    #[inline]
+    fn tx_pending(&self) -> bool {
+        !self.tx.is_empty() || self.engine.has_pending_tx()
     }
 
     /// Frees the frames handled since the last call, in one bulk put back into the pool.
