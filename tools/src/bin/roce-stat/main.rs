@@ -224,6 +224,14 @@ fn run(cli: &Cli) -> Result<(), String> {
         if !(s.is_finite() && s > 0.0) {
             return Err(format!("--watch {s}: the interval must be a positive number of seconds"));
         }
+        // Before anything that can block (connecting, the first Stats request): a SIGINT or SIGTERM that arrives
+        // while the daemon is slow to answer must still stop the watch. Installed any later, such a signal took
+        // the inherited disposition: death by signal, or nothing at all where it is ignored (a background job of
+        // a non-interactive shell starts with SIGINT ignored), and the watch never stopped.
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: on_signal only stores to an atomic, which is async-signal-safe.
+            unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+        }
     }
     let dev = Device::open(&cli.socket).map_err(|e| e.to_string())?;
     let socket = cli.socket.display().to_string();
@@ -236,13 +244,12 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         return Ok(());
     };
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: on_signal only stores to an atomic, which is async-signal-safe.
-        unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
-    }
     if !cli.json {
         println!("roce-stat: roce-dpd pid {} on {socket}, every {secs} s (Ctrl-C stops)", dev.info().pid);
         print!("{}", print_snapshot(&prev, cli.all));
+    }
+    if STOP.load(Ordering::SeqCst) {
+        return Ok(());
     }
     let mut t_prev = Instant::now();
     let interval = Duration::from_secs_f64(secs);
