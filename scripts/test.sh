@@ -19,6 +19,17 @@ source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 selected=("$@")
+# Tier numbers only, checked before setup and build (a typo or --help used to run setup and the build, then no tier).
+ntiers=$(find "$ROOT/scripts/tiers" -maxdepth 1 -name '[0-9]*.sh' | wc -l)
+for a in "${selected[@]}"; do
+    case $a in
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    esac
+    if ! [[ $a =~ ^[1-9][0-9]*$ ]] || ((a < 1 || a > ntiers)); then
+        echo "test.sh: $a is not a tier number (1-$ntiers; see --help and the README's tier table)" >&2
+        exit 2
+    fi
+done
 LOG_DIR="$ROOT/target/test-logs/$(date -u +%Y%m%d-%H%M%S)"
 mkdir -p "$LOG_DIR"
 T0=$SECONDS

@@ -53,7 +53,15 @@ fn time_all(iters: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
     samples.iter_mut().map(|s| median(s)).collect()
 }
 
+const USAGE: &str = "\
+ICRC generation beside plain CRC-32 over the same bytes (64 B, 1 KiB, 4 KiB frames), and emit/parse of whole frames.
+
+Usage: icrc (no arguments)
+
+Reproduce: cargo run --release -p roce-dp-bench --bin icrc";
+
 fn main() {
+    roce_dp_bench::check_args("icrc", USAGE, &[]);
     let r = repr();
     let headers = roce_dp::wire::frame_len(&r, 0);
     println!("ICRC generate (icrc::fill: masked pseudo-header + rest, stored in the frame) over IP header .. pad,");

@@ -403,6 +403,16 @@ fn measure(runs: usize, f: impl Fn() -> f64) -> (f64, f64) {
     (median(&mut s), min)
 }
 
+const USAGE: &str = "\
+The shared-memory SPSC rings beside std::sync::mpsc and crossbeam-channel: round trips, post -> completion (one
+thread, two threads, two processes over sealed memfds) and batched streaming.
+
+Usage: ring [--quick]
+
+  --quick   fewer and shorter runs (median of 5 instead of 11)
+
+Reproduce: cargo run --release -p roce-dp-bench --bin ring [-- --quick]";
+
 fn main() {
     match std::env::var(ROLE).as_deref() {
         Ok("one-thread") => {
@@ -413,7 +423,7 @@ fn main() {
         Ok("client") => return child_client(),
         _ => {}
     }
-    let quick = std::env::args().any(|a| a == "--quick");
+    let quick = roce_dp_bench::check_args("ring", USAGE, &[("--quick", 0)]).iter().any(|a| a == "--quick");
     let (runs, rt_n, stream_n) = if quick { (5, 20_000, 1_000_000) } else { (11, 100_000, 5_000_000) };
     let cpus = thread::available_parallelism().map_or(0, |n| n.get());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
