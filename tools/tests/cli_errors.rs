@@ -148,7 +148,7 @@ mod dpdk_tools {
         one_line(
             &run(lat, &["-I", "64"]),
             "rdp_read_lat: perftest's -I/--inline_size is not supported by roce-dp: no inline sends in these tools \
-             (rdp-client --inline shows the daemon's inline path)",
+             (`rdp-client active --inline N` shows the daemon's inline path)",
         );
         // A typo is still clap's line.
         one_line(&run(bw, &["--sise", "8"]), "rdp_write_bw: unexpected argument '--sise' found (see --help)");

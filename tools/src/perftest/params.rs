@@ -281,7 +281,10 @@ const PERFTEST_ONLY: &[(&str, &str)] = &[
     ("-R/--rdma_cm", "the QPs connect through perftest's TCP exchange (the default without -R)"),
     ("-z/--comm_rdma_cm", "the exchange runs over TCP (perftest's default)"),
     ("-l/--post_list", "every WR is posted on its own"),
-    ("-I/--inline_size", "no inline sends in these tools (rdp-client --inline shows the daemon's inline path)"),
+    (
+        "-I/--inline_size",
+        "no inline sends in these tools (`rdp-client active --inline N` shows the daemon's inline path)",
+    ),
     ("-S/--sl", "RoCE has no service level; the engine sends DSCP 0 with ECT(0)"),
     ("--tclass", "the engine sends DSCP 0 with ECT(0)"),
     ("-w/--limit_bw", "no bandwidth limit or check"),
