@@ -177,6 +177,38 @@ fn a_blocked_waiter_wakes_on_a_completion_and_not_without_an_arm() {
     assert!(matches!(e, Error::NoChannel { .. }) && e.to_string().contains("create_cq_with_channel"), "{e}");
 }
 
+/// `get_cq_event` takes the channel's messages only after a wait (one per wake-up), yet never leaves one behind on
+/// an `Ok(None)`: an `epoll` user woken by a message that a look without waiting already answered is not woken
+/// again for nothing.
+#[test]
+fn an_event_found_without_waiting_leaves_no_stale_wakeup_after_none() {
+    use std::os::fd::AsFd;
+    let d = daemon("stale");
+    let mut p = pair(&d);
+    p.post_recv(0);
+    p.cq_b.req_notify(false).unwrap();
+    p.send(0, false);
+    p.reap_sends(1);
+    p.recv_one();
+    // The daemon's message is on the socket now (it stores `fired` first, then sends).
+    assert!(roce_dp::ctrl::shm::channel_wait(p.ch.as_fd(), Some(Duration::from_secs(2))).unwrap(), "no message");
+    // Found by the look, without a wait: the message is still there.
+    assert_eq!(p.ch.get_cq_event(Some(Duration::ZERO)).unwrap(), Some(p.cq_b.handle()));
+    assert!(roce_dp::ctrl::shm::channel_wait(p.ch.as_fd(), Some(Duration::ZERO)).unwrap());
+    // Nothing new fired: Ok(None), and the message was taken on the way.
+    assert_eq!(p.ch.get_cq_event(Some(Duration::ZERO)).unwrap(), None);
+    assert!(!roce_dp::ctrl::shm::channel_wait(p.ch.as_fd(), Some(Duration::ZERO)).unwrap(), "left readable");
+    p.cq_b.ack_events(1);
+    // The next arm still wakes a waiter.
+    p.post_recv(1);
+    p.cq_b.req_notify(false).unwrap();
+    p.send(1, false);
+    expect_event(&p.ch, &p.cq_b);
+    p.cq_b.ack_events(1);
+    p.reap_sends(1);
+    p.recv_one();
+}
+
 #[test]
 fn solicited_only_arms_wake_for_solicited_and_failed_completions_only() {
     let d = daemon("solicited");

@@ -271,11 +271,38 @@ fn through_daemon<T>(f: impl FnOnce(&mut LoopPair) -> T) -> T {
     r
 }
 
+/// `--serve PATH [SECS]`: a loopback daemon (worker busy-polling) on socket `PATH` for client processes (e.g.
+/// `rdp_write_bw --daemon PATH` as both server and client: the loopback engine plays both ends), for at most SECS
+/// seconds (default 60) or until a client session came and all sessions went; then its appliance counters, so a
+/// tool's wake-ups (`events_signalled`) can be counted per message without DPDK.
+fn serve(path: &str, secs: u64) {
+    let cfg = LoopbackConfig { mtu: MTU, idle_sleep_us: None, ..LoopbackConfig::new(path) };
+    let mut d = LoopbackDaemon::start(cfg).expect("loopback daemon");
+    println!("serving {path}");
+    let t = Instant::now();
+    let mut seen = false;
+    while t.elapsed().as_secs() < secs {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let n = d.sessions();
+        if seen && n == 0 {
+            break;
+        }
+        seen |= n > 0;
+    }
+    if let Some(a) = d.shutdown("serve done") {
+        println!("{:?}", a.stats);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let runs: usize =
         args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(5);
     let quick = args.iter().any(|a| a == "--quick");
+    if let Some(i) = args.iter().position(|a| a == "--serve") {
+        let secs = args.get(i + 2).and_then(|v| v.parse().ok()).unwrap_or(60);
+        return serve(args.get(i + 1).map_or("/tmp/roce-dp-bench-serve.sock", String::as_str), secs);
+    }
     // For profilers: one path's post -> completion loop only, or with `--bw SIZE` its WRITE bandwidth loop (64 MiB).
     let bw: Option<u32> =
         args.iter().position(|a| a == "--bw").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok());

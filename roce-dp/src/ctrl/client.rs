@@ -696,10 +696,15 @@ impl CompChannel {
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>, Error> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let ch = &self.inner;
+        let gone = |e: shm::ShmError| ch.dev.gone(e.to_string());
+        // Look at the CQs' `fired` words first and take messages off the socket only after a wait found it
+        // readable, one per wake-up: a wake-up costs the wait and one `recv`. No wake-up is lost: the daemon stores
+        // `fired` before it sends, so a message that arrives after a look leaves the socket readable and the wait
+        // returns at once; messages left behind by CQs found without waiting only make a later wait return early
+        // (its look finds nothing new and it waits again), and before `Ok(None)` every waiting message is taken,
+        // so an `epoll` user is not woken again for nothing.
+        let mut drained = false;
         loop {
-            // Drain first, then look at the CQs: a signal after the drain leaves the socket readable, so the wait
-            // below returns at once and the next look finds its CQ.
-            let (_, closed) = shm::channel_drain(ch.fd.as_fd()).map_err(|e| ch.dev.gone(e.to_string()))?;
             {
                 let mut st = ch.state();
                 let ChannelState { cqs, ready } = &mut *st;
@@ -717,15 +722,22 @@ impl CompChannel {
                     return Ok(Some(h));
                 }
             }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let closed = if left == Some(Duration::ZERO) {
+                if drained {
+                    return Ok(None);
+                }
+                drained = true;
+                shm::channel_drain(ch.fd.as_fd()).map_err(gone)?.1
+            } else if shm::channel_wait(ch.fd.as_fd(), left).map_err(gone)? {
+                shm::channel_take(ch.fd.as_fd(), 1).map_err(gone)?.1
+            } else {
+                false
+            };
             if closed {
                 ch.dev.check_alive()?;
                 return Err(ch.dev.gone("it closed the completion channel".into()));
             }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left == Some(Duration::ZERO) {
-                return Ok(None);
-            }
-            shm::channel_wait(ch.fd.as_fd(), left).map_err(|e| ch.dev.gone(e.to_string()))?;
         }
     }
 }

@@ -63,6 +63,22 @@ pub const RING_ALIGN: usize = align_of::<RingCtrl>();
 /// The largest capacity (indices must stay comparable in modulo-2^32 arithmetic).
 pub const MAX_CAPACITY: u32 = 1 << 30;
 
+/// The most bytes of new entries a consumer prefetches after reloading the producer's index.
+pub const PREFETCH_BYTES: usize = 1024;
+
+/// A cache-line prefetch hint (nothing on other architectures).
+#[inline(always)]
+fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is in every x86-64 CPU (SSE); it reads nothing architecturally and never faults, whatever
+    // the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// Types that may live in shared memory and be read back from a hostile peer.
 ///
 /// # Safety
@@ -602,8 +618,25 @@ impl<T: Pod> Consumer<T> {
             self.corrupt = Some(e);
             return Err(e);
         }
+        self.prefetch(self.cached_tail, tail);
         self.cached_tail = tail;
         Ok(())
+    }
+
+    /// Asks the CPU to fetch the slots of free-running indices `from .. to` (the entries a reload just found) into
+    /// this core's cache, at most [`PREFETCH_BYTES`] of them. The producer wrote them on its core, so each is a
+    /// cross-core transfer; requested together they overlap, instead of one stall per entry as they are popped.
+    /// Only a hint: the indices are masked like every slot access, and a prefetch never faults.
+    #[inline]
+    fn prefetch(&self, from: u32, to: u32) {
+        let lines = PREFETCH_BYTES / 64;
+        let per_line = (64 / size_of::<T>().max(1)).max(1) as u32;
+        let n = to.wrapping_sub(from).min(lines as u32 * per_line);
+        let mut i = 0;
+        while i < n {
+            prefetch_line(self.raw.slot(from.wrapping_add(i)).cast::<u8>());
+            i += per_line;
+        }
     }
 
     /// How many times this half loaded the producer's tail (only when its cache said "empty", or in `sync`).

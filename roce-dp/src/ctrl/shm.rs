@@ -781,8 +781,15 @@ pub fn channel_signal(fd: BorrowedFd<'_>) -> bool {
 /// Consumes every message waiting on a channel's client end without blocking: how many there were, and whether
 /// the daemon's end is closed (end of stream).
 pub fn channel_drain(fd: BorrowedFd<'_>) -> Result<(usize, bool), ShmError> {
+    channel_take(fd, usize::MAX)
+}
+
+/// Consumes at most `max` messages waiting on a channel's client end without blocking (after a wait that found
+/// it readable, one `recv` instead of a second that only answers "nothing more"): how many it took, and whether the
+/// daemon's end is closed.
+pub fn channel_take(fd: BorrowedFd<'_>, max: usize) -> Result<(usize, bool), ShmError> {
     let mut n = 0;
-    loop {
+    while n < max {
         let mut b = [0u8; 8];
         // SAFETY: b is a valid buffer of b.len() bytes for the call.
         let r = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
@@ -797,6 +804,7 @@ pub fn channel_drain(fd: BorrowedFd<'_>) -> Result<(usize, bool), ShmError> {
             },
         }
     }
+    Ok((n, false))
 }
 
 /// Waits until a channel's client end is readable or closed, at most `timeout` (`None`: no limit). Returns false
