@@ -271,7 +271,7 @@ fn through_daemon<T>(f: impl FnOnce(&mut LoopPair) -> T) -> T {
     r
 }
 
-/// `--serve PATH [SECS]`: a loopback daemon (worker busy-polling) on socket `PATH` for client processes (e.g.
+/// `--serve PATH [--serve-secs SECS]`: a loopback daemon (worker busy-polling) on socket `PATH` for client processes (e.g.
 /// `rdp_write_bw --daemon PATH` as both server and client: the loopback engine plays both ends), for at most SECS
 /// seconds (default 60) or until a client session came and all sessions went; then its appliance counters, so a
 /// tool's wake-ups (`events_signalled`) can be counted per message without DPDK.
@@ -294,20 +294,59 @@ fn serve(path: &str, secs: u64) {
     }
 }
 
+const USAGE: &str = "\
+usage: daemon [--runs N] [--quick]
+       daemon --only embedded|daemon|stepped [--bw SIZE]
+       daemon --serve PATH [--serve-secs SECS]
+WRITE through the appliance's rings (client library -> worker -> engine, loopback port, no DPDK) against the engine
+embedded in the application, same run: post -> completion ns (64 B, one in flight) and MiB/s at 4 KiB and 64 KiB;
+medians of --runs N (default 5) alternating rounds. Busy-polls two threads: run it under
+`flock /tmp/roce-dp-busy.lock`.
+  --only PATH     one path's post -> completion loop (for profilers); with --bw SIZE its bandwidth loop (64 MiB)
+  --serve PATH    a loopback daemon on socket PATH for client processes (rdp_write_bw --daemon PATH), for at most
+                  --serve-secs (default 60) or until its clients are gone; then its counters";
+
+/// The value after `flag`, parsed; `None` if the flag is absent. A value that does not parse is one line, exit 2.
+fn value<T: std::str::FromStr>(args: &[String], flag: &str) -> Option<T> {
+    let v = args.iter().position(|a| a == flag).map(|i| args[i + 1].as_str())?;
+    match v.parse() {
+        Ok(x) => Some(x),
+        Err(_) => {
+            eprintln!("daemon: {flag} {v}: not a valid value (see --help)");
+            std::process::exit(2);
+        }
+    }
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let runs: usize =
-        args.iter().position(|a| a == "--runs").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(5);
+    let args = roce_dp_bench::check_args(
+        "daemon",
+        USAGE,
+        &[("--runs", 1), ("--quick", 0), ("--only", 1), ("--bw", 1), ("--serve", 1), ("--serve-secs", 1)],
+    );
+    let runs: usize = value(&args, "--runs").unwrap_or(5);
     let quick = args.iter().any(|a| a == "--quick");
-    if let Some(i) = args.iter().position(|a| a == "--serve") {
-        let secs = args.get(i + 2).and_then(|v| v.parse().ok()).unwrap_or(60);
-        return serve(args.get(i + 1).map_or("/tmp/roce-dp-bench-serve.sock", String::as_str), secs);
+    if let Some(path) = value::<String>(&args, "--serve") {
+        return serve(&path, value(&args, "--serve-secs").unwrap_or(60));
     }
     // For profilers: one path's post -> completion loop only, or with `--bw SIZE` its WRITE bandwidth loop (64 MiB).
-    let bw: Option<u32> =
-        args.iter().position(|a| a == "--bw").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok());
-    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).map(String::as_str);
-    if let (Some(path), Some(size)) = (only, bw.filter(|&s| (1..=REGION as u32 / 2).contains(&s))) {
+    let bw: Option<u32> = value(&args, "--bw");
+    let only = args.iter().position(|a| a == "--only").map(|i| args[i + 1].as_str());
+    let refuse = |msg: String| {
+        eprintln!("daemon: {msg} (see --help)");
+        std::process::exit(2)
+    };
+    if let Some(p) = only.filter(|p| !["embedded", "daemon", "stepped"].contains(p)) {
+        refuse(format!("--only {p}: not one of embedded, daemon, stepped"));
+    }
+    match bw {
+        Some(_) if only.is_none() => refuse("--bw needs --only".into()),
+        Some(s) if !(1..=REGION as u32 / 2).contains(&s) => {
+            refuse(format!("--bw {s}: out of range 1..={}", REGION / 2))
+        }
+        _ => {}
+    }
+    if let (Some(path), Some(size)) = (only, bw) {
         let n = (64u64 << 20) / u64::from(size);
         return match path {
             "embedded" => println!("{:.0} MiB/s", bandwidth(&mut Embedded::new(), size, n)),
