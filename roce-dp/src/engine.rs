@@ -795,31 +795,35 @@ impl Engine {
             let pace_at = qp.rc.earliest_departure(now);
             let paced = pace_at > now;
             let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
-            let plan = match if qp.response_ready(paced) { qp.next_response(&mut ctx) } else { None } {
-                Some(p) => Some(p),
+            let response = if qp.response_ready(paced) { qp.next_response(&mut ctx) } else { None };
+            let plan = match response {
+                Some(p) => p,
                 None if paced => {
                     qp.timers.set(TimerKind::Pace, pace_at);
-                    None
+                    // Blocked: the QP leaves the ready queue until an input (a response, a post, a timer) wakes
+                    // it. Re-queueing it here would spin.
+                    self.sync_timers(i);
+                    continue;
                 }
                 None => match qp.next_request(&mut ctx) {
-                    ReqOutcome::Packet(p) => Some(p),
+                    ReqOutcome::Packet(p) => p,
                     ReqOutcome::LocalError(st) => {
                         // The WQE the requester was about to start failed local checks: it completes with the
                         // error, any earlier WQE still in flight is flushed, and the QP enters the error state (IB:
                         // a local protection error is fatal to the QP).
                         let bad = qp.req_cur;
                         qp.fail_local(&mut ctx, bad, st);
-                        None
+                        self.sync_timers(i);
+                        continue;
                     }
-                    ReqOutcome::Idle => None,
+                    // Blocked (window, max_rd_atomic, fence, RNR) or empty: as above.
+                    ReqOutcome::Idle => {
+                        self.sync_timers(i);
+                        continue;
+                    }
                 },
             };
-            let Some(plan) = &plan else {
-                // Blocked (window, max_rd_atomic, fence, RNR) or empty: the QP leaves the ready queue until an
-                // input (a response, a post, a timer) wakes it. Re-queueing it here would spin.
-                self.sync_timers(i);
-                continue;
-            };
+            let plan = &plan;
             self.ip_ident = self.ip_ident.wrapping_add(1);
             let ident = self.ip_ident;
             let mrs = &self.mrs;
