@@ -831,18 +831,18 @@ impl Engine {
             let len = plan.payload_len as usize;
             let ext = |info: &wire::OpInfo, tp: &mut [u8]| plan.ext.emit(info, tp);
             let mut bad = false;
-            let res = match plan.src {
-                PayloadSrc::None => q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| d.fill(0)),
-                PayloadSrc::Sq { idx, off } => {
-                    q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| bad = !q.gather(idx, off, d, mrs))
-                }
-                PayloadSrc::Mr { rkey, va } => q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| {
+            // One call with one payload closure (not one per source): the header code is inlined once, and the
+            // closures with it.
+            let res = q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| match plan.src {
+                PayloadSrc::None => d.fill(0),
+                PayloadSrc::Sq { idx, off } => bad = !q.gather(idx, off, d, mrs),
+                PayloadSrc::Mr { rkey, va } => {
                     if mrs.read(rkey, q.pd, va, d, AccessFlags::REMOTE_READ).is_err() {
                         d.fill(0);
                         bad = true;
                     }
-                }),
-            };
+                }
+            });
             if bad {
                 qp.cnt.tx_local_access_errors += 1;
             }
