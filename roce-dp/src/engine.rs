@@ -546,7 +546,11 @@ impl Engine {
 
     /// Posts a send work request with its scatter/gather list.
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr, sgl: &[Sge]) -> Result<(), VerbsError> {
-        let length: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+        // One SGE (the common case) without the vectorised sum's set-up.
+        let length: u64 = match sgl {
+            [s] => u64::from(s.len),
+            _ => sgl.iter().map(|s| u64::from(s.len)).sum(),
+        };
         let i = self.check_post_send(qpn, wr, sgl.len(), length)?;
         let qp = self.qps[i as usize].as_deref_mut().expect("checked");
         let idx = qp.sq.tail;
