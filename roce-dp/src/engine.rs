@@ -618,7 +618,7 @@ impl Engine {
 
     /// Appends the send WQE (its SGEs or inline bytes already in the slot) and wakes the requester. Inline, with
     /// the WR by reference: the WR is copied once, into the slot.
-    #[inline]
+    #[inline(always)]
     fn push_send(&mut self, i: u32, wr: &SendWr, num_sge: u32, length: u64) {
         let qp = self.qps[i as usize].as_deref_mut().expect("checked");
         let idx = qp.sq.tail;
