@@ -546,7 +546,11 @@ impl Engine {
 
     /// Posts a send work request with its scatter/gather list.
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr, sgl: &[Sge]) -> Result<(), VerbsError> {
-        let length: u64 = sgl.iter().map(|s| u64::from(s.len)).sum();
+        // One SGE (the common case) without the vectorised sum's set-up.
+        let length: u64 = match sgl {
+            [s] => u64::from(s.len),
+            _ => sgl.iter().map(|s| u64::from(s.len)).sum(),
+        };
         let i = self.check_post_send(qpn, wr, sgl.len(), length)?;
         let qp = self.qps[i as usize].as_deref_mut().expect("checked");
         let idx = qp.sq.tail;
@@ -614,7 +618,7 @@ impl Engine {
 
     /// Appends the send WQE (its SGEs or inline bytes already in the slot) and wakes the requester. Inline, with
     /// the WR by reference: the WR is copied once, into the slot.
-    #[inline]
+    #[inline(always)]
     fn push_send(&mut self, i: u32, wr: &SendWr, num_sge: u32, length: u64) {
         let qp = self.qps[i as usize].as_deref_mut().expect("checked");
         let idx = qp.sq.tail;
@@ -795,31 +799,35 @@ impl Engine {
             let pace_at = qp.rc.earliest_departure(now);
             let paced = pace_at > now;
             let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
-            let plan = match if qp.response_ready(paced) { qp.next_response(&mut ctx) } else { None } {
-                Some(p) => Some(p),
+            let response = if qp.response_ready(paced) { qp.next_response(&mut ctx) } else { None };
+            let plan = match response {
+                Some(p) => p,
                 None if paced => {
                     qp.timers.set(TimerKind::Pace, pace_at);
-                    None
+                    // Blocked: the QP leaves the ready queue until an input (a response, a post, a timer) wakes
+                    // it. Re-queueing it here would spin.
+                    self.sync_timers(i);
+                    continue;
                 }
                 None => match qp.next_request(&mut ctx) {
-                    ReqOutcome::Packet(p) => Some(p),
+                    ReqOutcome::Packet(p) => p,
                     ReqOutcome::LocalError(st) => {
                         // The WQE the requester was about to start failed local checks: it completes with the
                         // error, any earlier WQE still in flight is flushed, and the QP enters the error state (IB:
                         // a local protection error is fatal to the QP).
                         let bad = qp.req_cur;
                         qp.fail_local(&mut ctx, bad, st);
-                        None
+                        self.sync_timers(i);
+                        continue;
                     }
-                    ReqOutcome::Idle => None,
+                    // Blocked (window, max_rd_atomic, fence, RNR) or empty: as above.
+                    ReqOutcome::Idle => {
+                        self.sync_timers(i);
+                        continue;
+                    }
                 },
             };
-            let Some(plan) = &plan else {
-                // Blocked (window, max_rd_atomic, fence, RNR) or empty: the QP leaves the ready queue until an
-                // input (a response, a post, a timer) wakes it. Re-queueing it here would spin.
-                self.sync_timers(i);
-                continue;
-            };
+            let plan = &plan;
             self.ip_ident = self.ip_ident.wrapping_add(1);
             let ident = self.ip_ident;
             let mrs = &self.mrs;
@@ -827,18 +835,18 @@ impl Engine {
             let len = plan.payload_len as usize;
             let ext = |info: &wire::OpInfo, tp: &mut [u8]| plan.ext.emit(info, tp);
             let mut bad = false;
-            let res = match plan.src {
-                PayloadSrc::None => q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| d.fill(0)),
-                PayloadSrc::Sq { idx, off } => {
-                    q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| bad = !q.gather(idx, off, d, mrs))
-                }
-                PayloadSrc::Mr { rkey, va } => q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| {
+            // One call with one payload closure (not one per source): the header code is inlined once, and the
+            // closures with it.
+            let res = q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| match plan.src {
+                PayloadSrc::None => d.fill(0),
+                PayloadSrc::Sq { idx, off } => bad = !q.gather(idx, off, d, mrs),
+                PayloadSrc::Mr { rkey, va } => {
                     if mrs.read(rkey, q.pd, va, d, AccessFlags::REMOTE_READ).is_err() {
                         d.fill(0);
                         bad = true;
                     }
-                }),
-            };
+                }
+            });
             if bad {
                 qp.cnt.tx_local_access_errors += 1;
             }

@@ -23,6 +23,8 @@ pub struct HeaderTemplate {
     v4: bool,
     /// IPv4: one's-complement sum of the header words with total length, identification and checksum zeroed.
     csum_partial: u32,
+    /// The ICRC of the flow's ACKs by table (None if the template could not be built).
+    ack_icrc: Option<icrc::AckIcrc>,
 }
 
 impl HeaderTemplate {
@@ -53,7 +55,8 @@ impl HeaderTemplate {
                 csum_partial += u32::from(u16::from_be_bytes([w[0], w[1]]));
             }
         }
-        HeaderTemplate { bytes, eth_len: eth_len as u8, ip_len: ip_len as u8, v4, csum_partial }
+        let ack_icrc = scratch.get(eth_len..n.saturating_sub(hdr_len::ICRC)).and_then(icrc::AckIcrc::new);
+        HeaderTemplate { bytes, eth_len: eth_len as u8, ip_len: ip_len as u8, v4, csum_partial, ack_icrc }
     }
 
     /// Bytes of Ethernet + IP + UDP.
@@ -140,7 +143,14 @@ impl HeaderTemplate {
         fill(payload);
         // Pad and ICRC as one 4-byte store of zeros at the pad (the ICRC is written over it below).
         tail[..hdr_len::ICRC].fill(0);
-        icrc::fill(&mut buf[eth_len..])?;
+        let ip = &mut buf[eth_len..];
+        let at = ip.len() - hdr_len::ICRC;
+        let ack = self.ack_icrc.filter(|_| bth.opcode == Opcode::RC_ACKNOWLEDGE);
+        let v = match ack.and_then(|a| a.compute(&ip[..at])) {
+            Some(v) => v,
+            None => icrc::compute(&ip[..at])?,
+        };
+        ip[at..].copy_from_slice(&v.to_le_bytes());
         Ok(n)
     }
 }
@@ -206,7 +216,7 @@ mod tests {
                         let bth = BthRepr {
                             opcode: Opcode(op),
                             psn: Psn::new(0xfffff0 + len as u32),
-                            ack_req: len % 2 == 0,
+                            ack_req: (len + usize::from(ident)) % 2 == 0,
                             ..repr.bth
                         };
                         let e = ext.normalized(info);
