@@ -439,12 +439,19 @@ impl Qp {
         if !bth.ack_req || self.state == QpState::Err {
             return;
         }
+        let pol = &ctx.cfg.ack;
         let n = match self.pending_ack {
             Some((_, n)) => n + 1,
+            None if pol.max_pkts <= 1 || pol.max_delay.as_nanos() == 0 => {
+                // ACK at once with nothing held (the default policy): what holding and flushing it would do, without
+                // the round trip through `pending_ack` (no AckCoalesce timer is armed while nothing is held).
+                self.cnt.acks_sent += 1;
+                self.push_ack(RespOut::Ack { psn: bth.psn, syndrome: AethRepr::ACK_UNLIMITED, msn: self.msn });
+                return;
+            }
             None => 1,
         };
         self.pending_ack = Some((bth.psn, n));
-        let pol = &ctx.cfg.ack;
         if n >= pol.max_pkts.max(1) || pol.max_delay.as_nanos() == 0 {
             self.flush_pending_ack();
         } else if n == 1 {
