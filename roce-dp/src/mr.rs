@@ -300,7 +300,7 @@ impl MrTable {
     }
 
     /// Copies `src` into the region at `va`.
-    #[inline]
+    #[inline(always)]
     pub fn write(&mut self, key: u32, pd: Pd, va: u64, src: &[u8], need: AccessFlags) -> Result<(), AccessError> {
         let mr = self.lookup_mut(key)?;
         let off = check_mr(mr, pd, va, src.len() as u64, need)?;

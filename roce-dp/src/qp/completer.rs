@@ -87,19 +87,24 @@ impl Qp {
         let before = self.comp_psn;
         while self.sq.head != self.sq.tail {
             let w = self.sq.get(self.sq.head);
-            if w.state != WqeState::Started || w.wr.opcode.is_rd_atomic() || !w.last_psn.before(psn) {
+            if w.state != WqeState::Started || w.wr.opcode.is_rd_atomic() {
                 break;
+            }
+            if !w.last_psn.before(psn) {
+                // Within a partly acknowledged SEND/WRITE, everything before psn is acknowledged.
+                if psn.after(self.comp_psn) {
+                    self.comp_psn = psn;
+                }
+                break;
+            }
+            if !w.wr.signaled && !w.counted {
+                self.retire_unsignaled(psn);
+                continue;
             }
             self.comp_psn = w.last_psn.add(1);
             self.retire_head(ctx, WcStatus::Success);
             if self.state == QpState::Err {
                 return true;
-            }
-        }
-        // Within a partly acknowledged SEND/WRITE, everything before psn is acknowledged.
-        if let Some(w) = self.head_started() {
-            if !w.wr.opcode.is_rd_atomic() && psn.after(self.comp_psn) && !psn.after(w.last_psn) {
-                self.comp_psn = psn;
             }
         }
         let moved = self.comp_psn != before;
@@ -111,6 +116,32 @@ impl Qp {
             self.progress(ctx);
         }
         moved
+    }
+
+    /// The run of unsignaled SEND/WRITE WQEs at the head whose packets all precede `psn`: retired without a
+    /// completion, a few loads and compares each (a coalesced ACK covers many of them). Stops at anything else:
+    /// a signaled WQE (its completion), a READ/atomic, one counted against max_rd_atomic, one not wholly acked.
+    #[inline(always)]
+    fn retire_unsignaled(&mut self, psn: Psn) {
+        let mut head = self.sq.head;
+        let mut last = None;
+        while head != self.sq.tail {
+            let w = self.sq.get(head);
+            let plain = w.state == WqeState::Started && !w.wr.opcode.is_rd_atomic() && !w.wr.signaled && !w.counted;
+            if !plain || !w.last_psn.before(psn) {
+                break;
+            }
+            last = Some(w.last_psn);
+            head = head.wrapping_add(1);
+        }
+        if let Some(l) = last {
+            self.sq.head = head;
+            self.comp_psn = l.add(1);
+            // The requester never points behind the head.
+            if self.req_cur.wrapping_sub(head) > self.sq.tail.wrapping_sub(head) {
+                self.req_cur = head;
+            }
+        }
     }
 
     /// A positive ACK for `psn`: everything up to and including it is acknowledged.
@@ -298,7 +329,9 @@ impl Qp {
         self.retry(ctx, true);
     }
 
-    /// Removes the head WQE, generating its completion if signaled or failed.
+    /// Removes the head WQE, generating its completion if signaled or failed. Inline (a coalesced ACK retires
+    /// many WQEs in a row); the completion is out of line.
+    #[inline(always)]
     pub(crate) fn retire_head(&mut self, ctx: &mut Ctx<'_>, status: WcStatus) {
         let w = self.sq.get(self.sq.head);
         let (counted, signaled, opcode, length, wr_id) = (w.counted, w.wr.signaled, w.wr.opcode, w.length, w.wr.wr_id);
@@ -311,24 +344,37 @@ impl Qp {
             self.req_cur = self.sq.head;
         }
         if signaled || status != WcStatus::Success {
-            let byte_len = if opcode == crate::verbs::WrOpcode::RdmaRead { length as u32 } else { 0 };
-            let cqe = Cqe {
-                wr_id,
-                status,
-                opcode: opcode.wc_opcode(),
-                qpn: self.qpn,
-                byte_len,
-                imm: None,
-                invalidated_rkey: None,
-                solicited: false,
-            };
-            self.cnt.send_completions += 1;
-            let cq = self.send_cq;
-            if !ctx.push_cqe(cq, cqe) {
-                self.cnt.cq_overflows += 1;
-                if self.state != QpState::Err {
-                    self.enter_error(ctx);
-                }
+            self.send_completion(ctx, wr_id, opcode, length, status);
+        }
+    }
+
+    /// The completion of a retired send WQE.
+    #[inline(never)]
+    fn send_completion(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        wr_id: u64,
+        opcode: crate::verbs::WrOpcode,
+        length: u64,
+        status: WcStatus,
+    ) {
+        let byte_len = if opcode == crate::verbs::WrOpcode::RdmaRead { length as u32 } else { 0 };
+        let cqe = Cqe {
+            wr_id,
+            status,
+            opcode: opcode.wc_opcode(),
+            qpn: self.qpn,
+            byte_len,
+            imm: None,
+            invalidated_rkey: None,
+            solicited: false,
+        };
+        self.cnt.send_completions += 1;
+        let cq = self.send_cq;
+        if !ctx.push_cqe(cq, cqe) {
+            self.cnt.cq_overflows += 1;
+            if self.state != QpState::Err {
+                self.enter_error(ctx);
             }
         }
     }

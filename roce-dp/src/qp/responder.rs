@@ -31,7 +31,10 @@ impl Qp {
         &self.rq_sges[base..base + n as usize]
     }
 
-    /// Handles a request packet addressed to this QP.
+    /// Handles a request packet addressed to this QP. Inline into the engine's receive path together with the
+    /// checks and WRITE placement (one stack frame from the frame to the copy); SEND (its SGE scatter), READ,
+    /// atomics and duplicates are calls of their own.
+    #[inline(always)]
     pub(crate) fn handle_request(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
         if !self.responder_active() {
             self.cnt.dropped_requests += 1;
@@ -101,6 +104,7 @@ impl Qp {
     }
 
     /// check_op_seq -> check_op_valid -> check_resource -> check_length -> check_rkey -> execute.
+    #[inline(always)]
     fn check_and_execute(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
         let bth = f.bth;
         let flags = bth.opcode.flags();
@@ -169,6 +173,7 @@ impl Qp {
         self.execute_atomic(ctx, f)
     }
 
+    #[inline(never)]
     fn execute_send(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
         let bth = f.bth;
         let flags = bth.opcode.flags();
@@ -216,6 +221,7 @@ impl Qp {
         Ok(())
     }
 
+    #[inline(always)]
     fn execute_write(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
         let bth = f.bth;
         let flags = bth.opcode.flags();
@@ -278,6 +284,7 @@ impl Qp {
         Ok(())
     }
 
+    #[inline(never)]
     fn execute_read(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
         let bth = f.bth;
         let Some(reth) = f.reth() else { return Err(RespError::InvalidRequest) };
@@ -303,6 +310,7 @@ impl Qp {
         Ok(())
     }
 
+    #[inline(never)]
     fn execute_atomic(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
         let bth = f.bth;
         let Some(a) = f.atomic_eth() else { return Err(RespError::InvalidRequest) };
@@ -363,6 +371,7 @@ impl Qp {
     }
 
     /// Duplicate requests (PSN behind the expected one).
+    #[inline(never)]
     fn duplicate_request(&mut self, _ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
         let bth = f.bth;
         let flags = bth.opcode.flags();
@@ -439,12 +448,19 @@ impl Qp {
         if !bth.ack_req || self.state == QpState::Err {
             return;
         }
+        let pol = &ctx.cfg.ack;
         let n = match self.pending_ack {
             Some((_, n)) => n + 1,
+            None if pol.max_pkts <= 1 || pol.max_delay.as_nanos() == 0 => {
+                // ACK at once with nothing held (the default policy): what holding and flushing it would do, without
+                // the round trip through `pending_ack` (no AckCoalesce timer is armed while nothing is held).
+                self.cnt.acks_sent += 1;
+                self.push_ack(RespOut::Ack { psn: bth.psn, syndrome: AethRepr::ACK_UNLIMITED, msn: self.msn });
+                return;
+            }
             None => 1,
         };
         self.pending_ack = Some((bth.psn, n));
-        let pol = &ctx.cfg.ack;
         if n >= pol.max_pkts.max(1) || pol.max_delay.as_nanos() == 0 {
             self.flush_pending_ack();
         } else if n == 1 {
