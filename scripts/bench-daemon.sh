@@ -9,17 +9,19 @@
 # never two busy-pollers on one: with the daemons, their two workers own the cores, so the tools must not spin. The
 # server tool only waits for the client's report (it sleeps), and the client tool runs with --poll-sleep (a pass over
 # its CQ rings that found nothing and could post nothing is followed by a sleep; -t 128 WRs in flight cover many
-# times the sleep) pinned to lcore 1 (--tool-cpu N), the receiving daemon's core (the README gives a run with lcore
-# 0, the sending daemon's): its work and wake-ups are taken from that worker, so the figure counts the
-# application's share of a core against the daemon (a deployment with a core for the application would not pay
-# it). Its CPU time is printed. Post -> completion: the loopback bench
+# times the sleep) pinned to lcore 0 (--tool-cpu N), the sending daemon's core: the application sits on the core
+# of the engine it feeds in both modes (the embedded client tool is its engine, on lcore 0). Its work and wake-ups
+# are taken from that worker, so the figure counts the application's share of a core against the daemon (a
+# deployment with a core for the application would not pay it). Its CPU time is printed. (Until session 7 the
+# default was lcore 1, the receiving daemon's core: there the tool took ~3x the CPU, 0.9-1.06 s against 0.27-0.36 s
+# per 4 KiB run, and the daemon path ran ~15% slower; figures in the README.) Post -> completion: the loopback bench
 # (roce-dp-bench --bin daemon --only embedded|daemon: 64 B WRITE, one in flight, no DPDK; client and worker on the
 # two cores), alternated the same way. Prints a markdown table of medians and ends with:
 #   bench-daemon: write_4k_vs_tool=R write_64k_vs_tool=R post_to_cqe_ns=N
 #
 #   scripts/bench-daemon.sh              3 rounds
 #   scripts/bench-daemon.sh --rounds 5   (--poll-sleep US: the client tool's sleep, default 20; --tool-cpu N: its
-#                                         core, default 1; --events: the client tool runs with -e instead of
+#                                         core, default 0; --events: the client tool runs with -e instead of
 #                                         --poll-sleep, sleeping on its completion channel when a pass moved nothing;
 #                                         --bin DIR: run the binaries in DIR instead of building them, for A/B runs
 #                                         of two builds: rdp_write_bw, roce-dpd and daemon)
@@ -31,7 +33,7 @@ cd "$ROOT"
 
 rounds=3
 nap=20
-tool_cpu=1
+tool_cpu=0
 events=0
 bin_dir=
 while [[ $# -gt 0 ]]; do
