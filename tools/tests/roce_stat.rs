@@ -198,20 +198,9 @@ fn watch_prints_deltas_until_sigint() {
         std::thread::sleep(Duration::from_millis(500));
         drop(other);
         std::thread::sleep(Duration::from_millis(500));
-        let st = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
-        assert!(st.success());
-        let until = Instant::now() + Duration::from_secs(5);
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() >= until {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("roce-stat --watch did not stop on SIGINT");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = interrupt(&mut child, 5, "roce-stat --watch did not stop on SIGINT", || {
+            std::thread::sleep(Duration::from_millis(20))
+        });
         out.extend(lines.iter().map(|l| l + "\n"));
         let mut err = String::new();
         child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
@@ -299,21 +288,10 @@ fn watch_stops_on_a_sigint_that_comes_while_the_daemon_is_slow() {
         std::thread::sleep(Duration::from_millis(5));
     }
     std::thread::sleep(Duration::from_millis(100));
-    let st_kill = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
-    assert!(st_kill.success());
-    let until = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() >= until {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("roce-stat --watch did not stop on a SIGINT sent while it waited");
-        }
+    let status = interrupt(&mut child, 10, "roce-stat --watch did not stop on a SIGINT sent while it waited", || {
         st.step();
         std::thread::yield_now();
-    };
+    });
     let o = child.wait_with_output().unwrap();
     assert_eq!(status.code(), Some(0), "exit 0 on SIGINT ({status}); stderr {}", text(&o.stderr));
     assert!(text(&o.stdout).starts_with("roce-stat: roce-dpd pid "), "{}", text(&o.stdout));
@@ -415,4 +393,28 @@ fn libc_uid() -> u32 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     let l = s.lines().find(|l| l.starts_with("Uid:")).unwrap();
     l.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Sends SIGINT to `child` and waits up to `secs` for it to exit, calling `tick` between looks; kills it and fails
+/// with `what` if it does not stop.
+fn interrupt(
+    child: &mut std::process::Child,
+    secs: u64,
+    what: &str,
+    mut tick: impl FnMut(),
+) -> std::process::ExitStatus {
+    let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let until = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if Instant::now() >= until {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}");
+        }
+        tick();
+    }
 }
