@@ -629,9 +629,9 @@ impl<T: Pod> Consumer<T> {
     /// Only a hint: the indices are masked like every slot access, and a prefetch never faults.
     #[inline]
     fn prefetch(&self, from: u32, to: u32) {
-        let lines = PREFETCH_BYTES / 64;
-        let per_line = (64 / size_of::<T>().max(1)).max(1) as u32;
-        let n = to.wrapping_sub(from).min(lines as u32 * per_line);
+        let size = size_of::<T>().max(1);
+        let per_line = (64 / size).max(1) as u32;
+        let n = to.wrapping_sub(from).min((PREFETCH_BYTES / size).max(1) as u32);
         let mut i = 0;
         while i < n {
             prefetch_line(self.raw.slot(from.wrapping_add(i)).cast::<u8>());
