@@ -137,10 +137,15 @@ impl Qp {
         if let Some(l) = last {
             self.sq.head = head;
             self.comp_psn = l.add(1);
-            // The requester never points behind the head.
-            if self.req_cur.wrapping_sub(head) > self.sq.tail.wrapping_sub(head) {
-                self.req_cur = head;
-            }
+            self.keep_req_cur_at_head();
+        }
+    }
+
+    /// The requester never points behind the head: after the head moved, `req_cur` moves up to it if it was passed.
+    #[inline(always)]
+    fn keep_req_cur_at_head(&mut self) {
+        if self.req_cur.wrapping_sub(self.sq.head) > self.sq.tail.wrapping_sub(self.sq.head) {
+            self.req_cur = self.sq.head;
         }
     }
 
@@ -339,10 +344,7 @@ impl Qp {
         if counted {
             self.outstanding_rd_atomic = self.outstanding_rd_atomic.saturating_sub(1);
         }
-        // The requester never points behind the head.
-        if self.req_cur.wrapping_sub(self.sq.head) > self.sq.tail.wrapping_sub(self.sq.head) {
-            self.req_cur = self.sq.head;
-        }
+        self.keep_req_cur_at_head();
         if signaled || status != WcStatus::Success {
             self.send_completion(ctx, wr_id, opcode, length, status);
         }
