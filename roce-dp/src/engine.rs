@@ -685,7 +685,9 @@ impl Engine {
                 return;
             }
         };
-        let for_us = match f.ip.addrs {
+        let ip = f.ip();
+        let bth = f.bth();
+        let for_us = match ip.addrs {
             wire::IpAddrs::V4 { dst, .. } => self.cfg.local_ip.v4 == Some(dst),
             wire::IpAddrs::V6 { dst, .. } => self.cfg.local_ip.v6 == Some(dst),
         };
@@ -693,7 +695,7 @@ impl Engine {
             self.stats.rx_drop_not_for_us += 1;
             return;
         }
-        let flags = f.bth.opcode.flags();
+        let flags = bth.opcode.flags();
         if flags & op::CNP != 0 {
             self.stats.rx_cnp += 1;
             self.handle_cnp(now, f);
@@ -703,7 +705,7 @@ impl Engine {
             self.stats.rx_drop_wrong_transport += 1;
             return;
         }
-        let Some(i) = self.qp_index(f.bth.dest_qp) else {
+        let Some(i) = self.qp_index(bth.dest_qp) else {
             self.stats.rx_drop_unknown_qp += 1;
             return;
         };
@@ -712,11 +714,11 @@ impl Engine {
             self.stats.rx_drop_bad_state += 1;
             return;
         }
-        if !from_peer(qp.peer, f.ip.addrs) {
+        if !from_peer(qp.peer, ip.addrs) {
             self.stats.rx_drop_wrong_peer += 1;
             return;
         }
-        if f.ip.ecn == Ecn::Ce {
+        if ip.ecn == Ecn::Ce {
             // DCQCN notification point: a CE-marked frame asks for a CNP to the peer QP, at most one per interval.
             qp.cnt.ecn_ce_rcvd += 1;
             let iv = Duration::from_micros(u64::from(self.cfg.cc.dcqcn.np_min_time_between_cnps));
@@ -736,12 +738,12 @@ impl Engine {
 
     /// A CNP: its destination QP is ours, the QP whose frames were marked. The reaction point acts on it.
     fn handle_cnp(&mut self, now: Instant, f: &RxFrame<'_>) {
-        let Some(i) = self.qp_index(f.bth.dest_qp) else {
+        let Some(i) = self.qp_index(f.bth().dest_qp) else {
             self.stats.rx_cnp_ignored += 1;
             return;
         };
         let qp = self.qps[i as usize].as_deref_mut().expect("checked");
-        if matches!(qp.state, QpState::Reset | QpState::Init) || !from_peer(qp.peer, f.ip.addrs) {
+        if matches!(qp.state, QpState::Reset | QpState::Init) || !from_peer(qp.peer, f.ip().addrs) {
             self.stats.rx_cnp_ignored += 1;
             return;
         }

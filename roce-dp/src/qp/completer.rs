@@ -17,8 +17,8 @@ impl Qp {
             self.cnt.bad_responses += 1;
             return;
         }
-        let psn = f.bth.psn;
-        let opcode = f.bth.opcode;
+        let psn = f.bth().psn;
+        let opcode = f.bth().opcode;
         // A response for a PSN we never sent is bogus; one before comp_psn is stale (already handled).
         if !psn.before(self.req_max_psn) {
             self.cnt.bad_responses += 1;
@@ -195,8 +195,8 @@ impl Qp {
     }
 
     fn on_read_response(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
-        let psn = f.bth.psn;
-        let flags = f.bth.opcode.flags();
+        let psn = f.bth().psn;
+        let flags = f.bth().opcode.flags();
         if let Some(aeth) = f.aeth() {
             if !matches!(aeth.kind(), AethKind::Ack { .. }) {
                 self.cnt.bad_responses += 1;
@@ -242,7 +242,7 @@ impl Qp {
     }
 
     fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
-        let psn = f.bth.psn;
+        let psn = f.bth().psn;
         let (Some(aeth), Some(orig)) = (f.aeth(), f.atomic_ack()) else {
             self.cnt.bad_responses += 1;
             return;

@@ -40,7 +40,7 @@ impl Qp {
             self.cnt.dropped_requests += 1;
             return;
         }
-        let bth = &f.bth;
+        let bth = f.bth();
         let flags = bth.opcode.flags();
         if flags & op::RC == 0 {
             // UC/UD opcodes on an RC QP: wrong transport, silently dropped.
@@ -106,7 +106,7 @@ impl Qp {
     /// check_op_seq -> check_op_valid -> check_resource -> check_length -> check_rkey -> execute.
     #[inline(always)]
     fn check_and_execute(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
-        let bth = f.bth;
+        let bth = f.bth();
         let flags = bth.opcode.flags();
         let len = f.payload.len() as u64;
         let mtu = u64::from(self.mtu);
@@ -175,7 +175,7 @@ impl Qp {
 
     #[inline(never)]
     fn execute_send(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
-        let bth = f.bth;
+        let bth = f.bth();
         let flags = bth.opcode.flags();
         let off = match self.resp_msg {
             RespMsg::Send { off } => off,
@@ -223,7 +223,7 @@ impl Qp {
 
     #[inline(always)]
     fn execute_write(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
-        let bth = f.bth;
+        let bth = f.bth();
         let flags = bth.opcode.flags();
         let len = f.payload.len() as u64;
         let mut placed = false;
@@ -286,7 +286,7 @@ impl Qp {
 
     #[inline(never)]
     fn execute_read(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
-        let bth = f.bth;
+        let bth = f.bth();
         let Some(reth) = f.reth() else { return Err(RespError::InvalidRequest) };
         let len = u64::from(reth.len);
         if len > MAX_MSG_LEN {
@@ -312,7 +312,7 @@ impl Qp {
 
     #[inline(never)]
     fn execute_atomic(&mut self, ctx: &mut Ctx<'_>, f: &RxFrame<'_>) -> Result<(), RespError> {
-        let bth = f.bth;
+        let bth = f.bth();
         let Some(a) = f.atomic_eth() else { return Err(RespError::InvalidRequest) };
         if a.va & 7 != 0 {
             return Err(RespError::InvalidRequest);
@@ -373,7 +373,7 @@ impl Qp {
     /// Duplicate requests (PSN behind the expected one).
     #[inline(never)]
     fn duplicate_request(&mut self, _ctx: &mut Ctx<'_>, f: &RxFrame<'_>) {
-        let bth = f.bth;
+        let bth = f.bth();
         let flags = bth.opcode.flags();
         if flags & (op::SEND | op::WRITE) != 0 {
             // C9-105: acknowledge again, with the PSN of the last request accepted.

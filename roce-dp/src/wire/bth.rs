@@ -186,9 +186,16 @@ impl BthRepr {
         if opcode.info().is_none() {
             return Err(Error::UnknownOpcode(opcode.0));
         }
+        Ok(Self::decode(b))
+    }
+
+    /// The fields of 12 BTH bytes that [`from_bytes`](Self::from_bytes) accepted (no check of its own: TVer is
+    /// taken as 0).
+    #[inline(always)]
+    pub(crate) fn decode(b: &[u8; HEADER_LEN]) -> BthRepr {
         let flags = b[field::FLAGS];
-        Ok(BthRepr {
-            opcode,
+        BthRepr {
+            opcode: Opcode(b[field::OPCODE]),
             solicited: flags & SE != 0,
             mig_req: flags & MIG != 0,
             pad: (flags >> 4) & 3,
@@ -199,7 +206,7 @@ impl BthRepr {
             dest_qp: u32::from_be_bytes([0, b[5], b[6], b[7]]),
             ack_req: b[field::ACK_REQ] & ACK_REQ != 0,
             psn: Psn::new(u32::from_be_bytes([0, b[9], b[10], b[11]])),
-        })
+        }
     }
 
     /// Header length (12).

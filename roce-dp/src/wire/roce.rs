@@ -51,30 +51,21 @@ fn parse_core_ipv4(frame: &[u8]) -> Option<Core<'_>> {
     if u16::from_be_bytes([h[L4 + 2], h[L4 + 3]]) != ROCE_UDP_PORT || udp_len != total - ipv4::HEADER_LEN {
         return None;
     }
-    let bth = BthRepr::from_bytes(h[TP..].try_into().ok()?).ok()?;
-    let info = bth.opcode.info()?;
+    let bth: &[u8; hdr_len::BTH] = h[TP..].try_into().ok()?;
+    let b = BthRepr::from_bytes(bth).ok()?;
+    let info = b.opcode.info()?;
     let hdr = usize::from(info.hdr_len);
     let ip_pkt = &frame[L3..L3 + total];
     let tp = &ip_pkt[TP - L3..];
     let body = tp.len().checked_sub(hdr + hdr_len::ICRC)?;
-    let pad = usize::from(bth.pad);
+    let pad = usize::from(b.pad);
     let shape_ok = if info.any(f::PAYLOAD) { pad <= body } else { pad == 0 && body == 0 };
     if !shape_ok {
         return None;
     }
     let (hdrs, rest) = tp.split_at(hdr);
-    let tos = ip[1];
-    let ip = IpRepr {
-        addrs: IpAddrs::V4 { src: [ip[12], ip[13], ip[14], ip[15]], dst: [ip[16], ip[17], ip[18], ip[19]] },
-        dscp: tos >> 2,
-        ecn: super::Ecn::from_bits(tos),
-        ttl: ip[8],
-        ident: u16::from_be_bytes([ip[4], ip[5]]),
-        dont_frag: flg & 0x4000 != 0,
-        flow_label: 0,
-    };
     let udp_src = u16::from_be_bytes([h[L4], h[L4 + 1]]);
-    Some(Core { rx: RxFrame { bth, ip, info, hdrs, payload: &rest[..body - pad] }, ip_pkt, udp_src })
+    Some(Core { rx: RxFrame { bth, ip: RxIp::V4(ip), info, hdrs, payload: &rest[..body - pad] }, ip_pkt, udp_src })
 }
 
 /// The checks of [`parse_frame`] up to (not including) the ICRC.
@@ -98,15 +89,8 @@ fn parse_core_general(frame: &[u8]) -> Result<Core<'_>, Error> {
             if r.protocol != ipv4::PROTO_UDP {
                 return Err(Error::NotUdp);
             }
-            let ip = IpRepr {
-                addrs: IpAddrs::V4 { src: r.src, dst: r.dst },
-                dscp: r.dscp,
-                ecn: r.ecn,
-                ttl: r.ttl,
-                ident: r.ident,
-                dont_frag: r.dont_frag,
-                flow_label: 0,
-            };
+            // The parse checked the header's length: its fixed part is there.
+            let ip = RxIp::V4(l3.first_chunk().ok_or(Error::Truncated)?);
             (ip, &l3[..usize::from(p.total_len())], p.payload())
         }
         ethertype::IPV6 => {
@@ -115,15 +99,7 @@ fn parse_core_general(frame: &[u8]) -> Result<Core<'_>, Error> {
             if r.next_header != ipv4::PROTO_UDP {
                 return Err(Error::NotUdp);
             }
-            let ip = IpRepr {
-                addrs: IpAddrs::V6 { src: r.src, dst: r.dst },
-                dscp: r.dscp,
-                ecn: r.ecn,
-                ttl: r.hop_limit,
-                ident: 0,
-                dont_frag: false,
-                flow_label: r.flow_label,
-            };
+            let ip = RxIp::V6(l3.first_chunk().ok_or(Error::Truncated)?);
             (ip, &l3[..ipv6::HEADER_LEN + r.payload_len], p.payload())
         }
         _ => return Err(Error::NotIp),
@@ -140,11 +116,13 @@ fn parse_core_general(frame: &[u8]) -> Result<Core<'_>, Error> {
         return Err(Error::LengthMismatch);
     }
     let tp = &l4[udp::HEADER_LEN..];
-    let bth = BthRepr::parse(&BthPacket::new_unchecked(tp))?;
-    let info = bth.opcode.info().ok_or(Error::UnknownOpcode(bth.opcode.0))?;
+    let b = BthRepr::parse(&BthPacket::new_unchecked(tp))?;
+    let info = b.opcode.info().ok_or(Error::UnknownOpcode(b.opcode.0))?;
+    // The parse checked that the 12 bytes are there.
+    let bth = tp.first_chunk().ok_or(Error::Truncated)?;
     let hdr = usize::from(info.hdr_len);
     let body = tp.len().checked_sub(hdr + hdr_len::ICRC).ok_or(Error::Truncated)?;
-    let pad = usize::from(bth.pad);
+    let pad = usize::from(b.pad);
     if !info.any(f::PAYLOAD) {
         if pad != 0 {
             return Err(Error::BadPadCount);
@@ -173,7 +151,8 @@ pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, Error> {
     let eth_repr = EthRepr::parse(&EthernetFrame::new_unchecked(frame))?;
     let ext = ExtRepr::parse(c.rx.info, c.rx.hdrs)?;
     let icrc_ok = icrc::verify(c.ip_pkt)?;
-    let repr = RoceRepr { eth: eth_repr, ip: c.rx.ip, udp_src: c.udp_src, udp_dst: ROCE_UDP_PORT, bth: c.rx.bth, ext };
+    let repr =
+        RoceRepr { eth: eth_repr, ip: c.rx.ip(), udp_src: c.udp_src, udp_dst: ROCE_UDP_PORT, bth: c.rx.bth(), ext };
     Ok(RoceFrame { repr, payload: c.rx.payload, icrc_ok })
 }
 
@@ -189,14 +168,25 @@ pub fn parse_rx(frame: &[u8]) -> Result<RxFrame<'_>, Error> {
     Ok(c.rx)
 }
 
-/// A received frame as the engine's receive path sees it ([`parse_rx`]): the BTH, the IP part, the opcode's table
-/// entry, the BTH and extension headers as bytes (each header decoded by its accessor), and the payload.
+/// The IP header of a received frame: its fixed part as bytes, read by [`RxFrame::ip`].
+#[derive(Clone, Copy, Debug)]
+enum RxIp<'a> {
+    /// IPv4 (the 20 bytes before any options).
+    V4(&'a [u8; ipv4::HEADER_LEN]),
+    /// IPv6.
+    V6(&'a [u8; ipv6::HEADER_LEN]),
+}
+
+/// A received frame as the engine's receive path sees it ([`parse_rx`]): a view of the checked frame, whose header
+/// fields are read from its bytes when asked (the BTH by [`bth`](Self::bth), the IP part by [`ip`](Self::ip), each
+/// extension header by its accessor; inlined, only the fields a caller uses are read), the opcode's table entry
+/// and the payload.
 #[derive(Clone, Copy, Debug)]
 pub struct RxFrame<'a> {
-    /// BTH.
-    pub bth: BthRepr,
-    /// IP addresses, ECN and the other IP fields.
-    pub ip: IpRepr,
+    /// BTH bytes (checked: TVer 0, opcode in the table).
+    bth: &'a [u8; hdr_len::BTH],
+    /// IP header bytes (checked: version, length, checksum, no fragment).
+    ip: RxIp<'a>,
     /// The opcode's table entry.
     pub info: &'static OpInfo,
     /// BTH + extension headers (`info.hdr_len` bytes).
@@ -206,6 +196,41 @@ pub struct RxFrame<'a> {
 }
 
 impl RxFrame<'_> {
+    /// The BTH.
+    #[inline(always)]
+    pub fn bth(&self) -> BthRepr {
+        BthRepr::decode(self.bth)
+    }
+    /// IP addresses, ECN and the other IP fields.
+    #[inline(always)]
+    pub fn ip(&self) -> IpRepr {
+        match self.ip {
+            RxIp::V4(h) => {
+                let tos = h[1];
+                IpRepr {
+                    addrs: IpAddrs::V4 { src: [h[12], h[13], h[14], h[15]], dst: [h[16], h[17], h[18], h[19]] },
+                    dscp: tos >> 2,
+                    ecn: super::Ecn::from_bits(tos),
+                    ttl: h[8],
+                    ident: u16::from_be_bytes([h[4], h[5]]),
+                    dont_frag: h[6] & 0x40 != 0,
+                    flow_label: 0,
+                }
+            }
+            RxIp::V6(h) => {
+                let p = Ipv6Packet::new_unchecked(&h[..]);
+                IpRepr {
+                    addrs: IpAddrs::V6 { src: p.src_addr(), dst: p.dst_addr() },
+                    dscp: p.dscp(),
+                    ecn: p.ecn(),
+                    ttl: p.hop_limit(),
+                    ident: 0,
+                    dont_frag: false,
+                    flow_label: p.flow_label(),
+                }
+            }
+        }
+    }
     /// The header at `off` (from the BTH start) if the opcode carries `flag`.
     #[inline]
     fn ext(&self, flag: u32, off: u8) -> Option<&[u8]> {
@@ -624,7 +649,7 @@ mod tests {
             let (a, r) = (parse_frame_checked(b), parse_rx(b));
             match (&a, &r) {
                 (Ok(a), Ok(r)) => {
-                    assert_eq!((a.repr.bth, a.repr.ip, a.payload), (r.bth, r.ip, r.payload), "{what}");
+                    assert_eq!((a.repr.bth, a.repr.ip, a.payload), (r.bth(), r.ip(), r.payload), "{what}");
                     let e = a.repr.ext;
                     assert_eq!(r.ext_repr(), e, "{what}");
                     assert_eq!((r.reth(), r.aeth(), r.atomic_eth()), (e.reth, e.aeth, e.atomic_eth), "{what}");
@@ -657,7 +682,7 @@ mod tests {
         let same = |b: &[u8], what: &str| {
             let Some(c) = parse_core_ipv4(b) else { return false };
             let g = parse_core_general(b).unwrap_or_else(|e| panic!("{what}: fast path took a frame rejected: {e}"));
-            assert_eq!((c.rx.bth, c.rx.ip, c.rx.info.name), (g.rx.bth, g.rx.ip, g.rx.info.name), "{what}");
+            assert_eq!((c.rx.bth(), c.rx.ip(), c.rx.info.name), (g.rx.bth(), g.rx.ip(), g.rx.info.name), "{what}");
             assert_eq!((c.rx.hdrs, c.rx.payload, c.ip_pkt, c.udp_src), (g.rx.hdrs, g.rx.payload, g.ip_pkt, g.udp_src));
             true
         };
