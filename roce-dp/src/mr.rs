@@ -286,9 +286,14 @@ impl MrTable {
     #[inline]
     pub fn read(&self, key: u32, pd: Pd, va: u64, dst: &mut [u8], need: AccessFlags) -> Result<(), AccessError> {
         let mr = self.lookup(key)?;
-        let off = check_mr(mr, pd, va, dst.len() as u64, need)?;
+        let off = check_start(mr, pd, va, need)?;
+        // The end of the range is checked by the access itself, once: the slice `get`s (owned) or `ShmBytes::read`
+        // (shared) refuse `off + len` past the region's length, which is check_mr's `va + len <= mr.va + len`.
         match &mr.mem {
-            Mem::Owned(b) => crate::copy::copy_bytes(dst, &b[off..off + dst.len()]),
+            Mem::Owned(b) => {
+                let src = b.get(off..).and_then(|r| r.get(..dst.len())).ok_or(AccessError::OutOfBounds)?;
+                crate::copy::copy_bytes(dst, src)
+            }
             #[cfg(target_os = "linux")]
             Mem::Shared(s) => {
                 if !s.read(off, dst) {
@@ -303,9 +308,13 @@ impl MrTable {
     #[inline(always)]
     pub fn write(&mut self, key: u32, pd: Pd, va: u64, src: &[u8], need: AccessFlags) -> Result<(), AccessError> {
         let mr = self.lookup_mut(key)?;
-        let off = check_mr(mr, pd, va, src.len() as u64, need)?;
+        let off = check_start(mr, pd, va, need)?;
+        // The end of the range: checked once, by the access (as in `read`).
         match &mut mr.mem {
-            Mem::Owned(b) => crate::copy::copy_bytes(&mut b[off..off + src.len()], src),
+            Mem::Owned(b) => {
+                let dst = b.get_mut(off..).and_then(|r| r.get_mut(..src.len())).ok_or(AccessError::OutOfBounds)?;
+                crate::copy::copy_bytes(dst, src)
+            }
             #[cfg(target_os = "linux")]
             Mem::Shared(s) => {
                 if !s.write(off, src) {
@@ -366,6 +375,21 @@ impl MrTable {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The checks of [`check_mr`] but the end of the range: the PD, the rights, `va` not below the region; returns the
+/// offset of `va` inside the region. For an access whose own bounds check is the end check (`MrTable::read` and
+/// `write`).
+#[inline(always)]
+fn check_start(mr: &Mr, pd: Pd, va: u64, need: AccessFlags) -> Result<usize, AccessError> {
+    if mr.pd != pd {
+        return Err(AccessError::WrongPd);
+    }
+    if !mr.access.contains(need) {
+        return Err(AccessError::NotPermitted);
+    }
+    let off = va.checked_sub(mr.va).ok_or(AccessError::OutOfBounds)?;
+    usize::try_from(off).map_err(|_| AccessError::OutOfBounds)
 }
 
 #[inline]
@@ -441,6 +465,23 @@ mod tests {
         assert_eq!(t.read(k, Pd(1), 0x1040, &mut buf, AccessFlags::REMOTE_READ), Err(AccessError::OutOfBounds));
         t.invalidate(k, Pd(1)).unwrap();
         assert_eq!(t.check(k, Pd(1), 0x1000, 1, AccessFlags::REMOTE_READ), Err(AccessError::BadKey));
+    }
+
+    /// `read` and `write` (whose end check is the access's own) refuse exactly what `check` refuses, with the
+    /// same error, for ranges around both edges of the region and ones whose end overflows.
+    #[test]
+    fn read_and_write_bounds_equal_check() {
+        let mut t = MrTable::new(1);
+        let k = t.register(Pd(1), 0x1000, 64, AccessFlags::ALL).unwrap().rkey;
+        let vas = [0, 0x0fff, 0x1000, 0x1001, 0x1020, 0x103f, 0x1040, 0x1041, u64::MAX - 8, u64::MAX];
+        for va in vas {
+            for len in [0usize, 1, 2, 31, 63, 64, 65] {
+                let want = t.check(k, Pd(1), va, len as u64, AccessFlags::REMOTE_WRITE).map(|_| ());
+                let mut buf = vec![0u8; len];
+                assert_eq!(t.read(k, Pd(1), va, &mut buf, AccessFlags::REMOTE_READ), want, "read {va:#x}+{len}");
+                assert_eq!(t.write(k, Pd(1), va, &buf, AccessFlags::REMOTE_WRITE), want, "write {va:#x}+{len}");
+            }
+        }
     }
 
     #[test]
