@@ -276,6 +276,50 @@ fn msn_counts_messages_only_not_duplicates_rnr_or_packets() {
     p.expect_ack(R + 7, ACK, 5);
 }
 
+#[test]
+fn coalesced_ack_before_a_read_carries_the_msn_of_its_own_psn() {
+    // A held ACK for a SEND at R leaves when the READ at R+1 is executed, ahead of the READ's responses. The MSN
+    // of an ACK counts the messages completed up to its PSN (ROCE-NOTES §1.5: rxe sends it at R with msn 1); the
+    // READ, counted at its execution, is message 2 and its responses say so.
+    let ack = AckPolicy { max_pkts: 8, max_delay: Duration::from_micros(100) };
+    let mut p = Peer::with(PeerCfg { ack, ..PeerCfg::default() });
+    let k = p.data.rkey;
+    p.post_recv(1, 0, 64);
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY, R).ack_req().fill(0, 8));
+    p.tx_nothing();
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA, k, 16));
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_ACKNOWLEDGE, R), (Opcode::RC_RDMA_READ_RESPONSE_ONLY, R + 1)], "{}", show(&v));
+    assert_eq!(v[0].aeth(), AethRepr::ack(1), "ACK of R: one message completed by R");
+    assert_eq!(v[1].aeth(), AethRepr::ack(2));
+    // The same for an atomic.
+    p.post_recv(2, 0, 64);
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY, R + 2).ack_req().fill(0, 8));
+    p.tx_nothing();
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 3).ack_req().atomic(DATA_VA + 64, k, 1, 0));
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_ACKNOWLEDGE, R + 2), (Opcode::RC_ATOMIC_ACKNOWLEDGE, R + 3)], "{}", show(&v));
+    assert_eq!(v[0].aeth(), AethRepr::ack(3));
+    assert_eq!(v[1].aeth(), AethRepr::ack(4));
+}
+
+#[test]
+fn coalesced_ack_msn_matches_its_psn_when_a_later_message_had_no_ack_request() {
+    // AckReq is the requester's choice; a SEND_ONLY without it completes a message that no ACK is due for. The
+    // held ACK of R, sent at its deadline, still names R: its MSN must be R's (1), not one counting R+1.
+    let ack = AckPolicy { max_pkts: 8, max_delay: Duration::from_micros(10) };
+    let mut p = Peer::with(PeerCfg { ack, ..PeerCfg::default() });
+    p.post_recv(1, 0, 64);
+    p.post_recv(2, 0, 64);
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY, R).ack_req().fill(0, 8));
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY, R + 1).fill(0, 8));
+    p.tx_nothing();
+    p.advance(Duration::from_micros(10));
+    let o = p.tx_one();
+    assert_eq!(o.op(), Opcode::RC_ACKNOWLEDGE);
+    assert_eq!((o.psn(), o.aeth().msn), (R, 1), "got {o}");
+}
+
 // ============================================================================ responder: the atomic / READ ring
 
 #[test]
