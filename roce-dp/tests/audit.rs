@@ -674,3 +674,240 @@ fn rnr_at_the_last_packet_of_a_write_with_immediate_resumes_there() {
     let want: Vec<u8> = (0..1100).map(pattern).collect();
     assert_eq!(&p.data()[..1100], &want[..]);
 }
+
+// ============================================================================ ACK coalescing: deadline vs AckReq
+
+#[test]
+fn coalescing_deadline_runs_from_the_first_held_ack_and_only_ack_requests_arm_it() {
+    // Packets without AckReq owe no ACK and arm nothing; the first AckReq'd packet starts the delay, later ones do
+    // not extend it, and the ACK that leaves at the deadline names the newest AckReq'd PSN.
+    let ack = AckPolicy { max_pkts: 10, max_delay: Duration::from_micros(50) };
+    let mut p = Peer::with(PeerCfg { ack, ..PeerCfg::default() });
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_FIRST, R).reth(DATA_VA, k, 3000).fill(0, 1024));
+    assert_eq!(p.deadline(), None, "no AckReq: no ACK due, no timer");
+    p.advance(Duration::from_micros(5));
+    let t0 = p.now;
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_MIDDLE, R + 1).ack_req().fill(1024, 1024));
+    assert_eq!(p.deadline(), Some(t0 + Duration::from_micros(50)));
+    p.advance(Duration::from_micros(30));
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_LAST, R + 2).ack_req().fill(2048, 952));
+    assert_eq!(p.deadline(), Some(t0 + Duration::from_micros(50)), "a later AckReq does not push the deadline");
+    p.advance_to(t0 + Duration::from_nanos(49_999));
+    p.tx_nothing();
+    p.advance_to(t0 + Duration::from_micros(50));
+    p.expect_ack(R + 2, ACK, 1);
+    assert_eq!(p.deadline(), None);
+    // A duplicate makes the responder answer at once, and a held ACK leaves ahead of it.
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R + 3).ack_req().reth(DATA_VA, k, 4).fill(0, 4));
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R + 1).ack_req().reth(DATA_VA, k, 4).fill(0, 4));
+    let v = p.tx();
+    let got: Vec<(u32, u8, u32)> = v.iter().map(|o| (o.psn(), o.aeth().syndrome, o.aeth().msn)).collect();
+    assert_eq!(got.last(), Some(&(R + 3, ACK, 2)), "{}", show(&v));
+    assert_eq!(p.deadline(), None, "the held ACK's timer stops when it leaves");
+}
+
+#[test]
+fn a_fatal_error_sends_the_held_ack_then_the_nak() {
+    let ack = AckPolicy { max_pkts: 10, max_delay: Duration::from_micros(50) };
+    let mut p = Peer::with(PeerCfg { ack, ..PeerCfg::default() });
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R).ack_req().reth(DATA_VA, k, 4).fill(0, 4));
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R + 1).ack_req().reth(DATA_VA, 0xbad0, 4).fill(0, 4));
+    let v = p.tx();
+    let got: Vec<(u32, u8)> = v.iter().map(|o| (o.psn(), o.aeth().syndrome)).collect();
+    assert_eq!(got, vec![(R, ACK), (R + 1, AethRepr::nak(NakCode::RemoteAccessErr, 0).syndrome)], "{}", show(&v));
+    assert_eq!(v[0].aeth().msn, 1);
+    assert_eq!(p.state(), QpState::Err);
+    assert_eq!(p.deadline(), None);
+}
+
+// ============================================================================ requester in SQD
+
+#[test]
+fn sqd_retransmits_a_started_wr_on_timeout_but_starts_no_new_one() {
+    let mut p = Peer::new();
+    p.post_send(1, 0, 10);
+    assert_eq!(p.tx().len(), 1);
+    p.eng.modify_qp(p.qpn, &QpAttr { state: Some(QpState::Sqd), ..QpAttr::default() }).unwrap();
+    p.post_send(2, 0, 10);
+    p.tx_nothing();
+    p.fire();
+    assert_eq!(ops(&p.tx()), vec![(Opcode::RC_SEND_ONLY, S)]);
+    p.rx(ack(S, 1));
+    p.expect_cqes(&[(1, WcStatus::Success)]);
+    p.tx_nothing();
+    assert_eq!(p.deadline(), None);
+}
+
+// ============================================================================ completer: READ responses
+
+#[test]
+fn read_response_for_a_psn_of_another_wqe_is_ignored() {
+    // SEND at S, READ at S+1..S+2. A READ response naming S (the SEND's PSN) is no response to the READ: the
+    // READ still completes from its own responses.
+    let mut p = Peer::new();
+    p.post_send(1, 0, 10);
+    p.post_read(2, 0x1000, 2048, RVA, RKEY);
+    assert_eq!(p.tx().len(), 2);
+    p.rx(ack(S, 1));
+    p.expect_cqes(&[(1, WcStatus::Success)]);
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S).aeth(ACK, 1).fill(0, 10));
+    p.no_cqes();
+    assert_eq!(p.state(), QpState::Rts);
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_FIRST, S + 1).aeth(ACK, 2).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_LAST, S + 2).aeth(ACK, 2).fill(1024, 1024));
+    let c = p.expect_cqes(&[(2, WcStatus::Success)]);
+    assert_eq!(c[0].byte_len, 2048);
+}
+
+#[test]
+fn a_lost_middle_read_response_restarts_the_read_from_there_with_the_remaining_length() {
+    let mut p = Peer::new();
+    p.post_read(1, 0x1000, 3000, RVA, RKEY);
+    p.tx_one();
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_FIRST, S).aeth(ACK, 1).fill(0, 1024));
+    // S+1 lost; S+2 arrives: go back to S+1, asking for the rest (ROCE-NOTES §1.4: a READ resumes at
+    // (length - resid) / mtu packets into the read).
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_LAST, S + 2).aeth(ACK, 1).fill(2048, 952));
+    let o = p.tx_one();
+    assert_eq!((o.op(), o.psn()), (Opcode::RC_RDMA_READ_REQUEST, S + 1));
+    assert_eq!(o.reth(), roce_dp::wire::RethRepr { va: RVA + 1024, rkey: RKEY, len: 3000 - 1024 });
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_FIRST, S + 1).aeth(ACK, 1).fill(1024, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_LAST, S + 2).aeth(ACK, 1).fill(2048, 952));
+    p.expect_cqes(&[(1, WcStatus::Success)]);
+    let want: Vec<u8> = (0..3000).map(pattern).collect();
+    assert_eq!(&p.data()[0x1000..0x1000 + 3000], &want[..]);
+}
+
+#[test]
+fn an_atomic_ack_beyond_what_was_sent_is_ignored() {
+    let mut p = Peer::new();
+    p.post_fetch_add(1, 0x100, RVA, RKEY, 1);
+    p.tx_one();
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, S + 1).aeth(ACK, 1).atomic_ack(77));
+    p.no_cqes();
+    assert_eq!(p.state(), QpState::Rts);
+    p.rx(Pkt::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, S).aeth(ACK, 1).atomic_ack(5));
+    p.expect_cqes(&[(1, WcStatus::Success)]);
+    assert_eq!(u64_at(&p, 0x100), 5);
+}
+
+// ============================================================================ two QPs: invalidation mid-WRITE
+
+#[test]
+fn a_write_in_progress_on_one_qp_stops_at_an_rkey_another_qp_invalidated() {
+    // QP A is inside a 3-packet WRITE to region T when QP B receives a SEND_WITH_INVALIDATE of T's rkey: A's next
+    // packet is refused (remote access NAK).
+    let mut p = Peer::new();
+    let t = p.eng.reg_mr(p.pd, 0x90_0000, 4096, AccessFlags::ALL).unwrap();
+    let b = p.eng.create_qp(p.pd, p.scq, p.rcq, roce_dp::QpCaps::default()).unwrap();
+    let a = p.qpn;
+    p.qpn = b;
+    p.bring_up();
+    p.post_recv(1, 0, 64);
+    p.qpn = a;
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_FIRST, R).reth(0x90_0000, t.rkey, 2100).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, R).dest_qp(b).ack_req().ieth(t.rkey).fill(0, 8));
+    p.expect_ack(R, ACK, 1);
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_MIDDLE, R + 1).fill(1024, 1024));
+    p.expect_nak(R + 1, NakCode::RemoteAccessErr);
+    assert_eq!(p.state(), QpState::Err);
+    assert!(p.eng.mr_bytes(t.lkey).is_none(), "T stays invalidated");
+}
+
+// ============================================================================ ACK ICRC by table (icrc::AckIcrc)
+
+#[test]
+fn every_ack_has_a_valid_icrc_across_psn_msn_syndrome_and_ip_ident_wraps() {
+    // 70 000 ACKs (the IPv4 identification wraps at 65 536) starting 100 PSNs before the PSN wrap, every MSN from
+    // 1 on, with sequence NAKs and RNR NAKs in between: Peer::tx checks the ICRC of every frame against the
+    // reference CRC (icrc::compute via parse_frame).
+    let mut p = Peer::with(PeerCfg { rq_psn: M - 100, ..PeerCfg::default() });
+    let k = p.data.rkey;
+    let mut psn = M - 100;
+    let mut buf = vec![0u8; BUF_LEN];
+    for i in 0..70_000u32 {
+        p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, psn).ack_req().reth(DATA_VA, k, 0));
+        if i % 1000 == 7 {
+            // A gap (sequence NAK) and a SEND without a receive WQE (RNR NAK).
+            p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, (psn + 3) & M).ack_req().reth(DATA_VA, k, 0));
+            p.rx(Pkt::new(Opcode::RC_SEND_ONLY, (psn + 1) & M).ack_req());
+            let v = p.tx();
+            let got: Vec<(u32, u8, u32)> = v.iter().map(|o| (o.psn(), o.aeth().syndrome, o.aeth().msn)).collect();
+            let next = (psn + 1) & M;
+            let want = vec![(psn, ACK, i + 1), (next, seq_nak(), i + 1), (next, 0x20 | p.cfg.min_rnr_timer, i + 1)];
+            assert_eq!(got, want, "{}", show(&v));
+        } else {
+            let n = p.eng.poll_transmit(p.now, &mut buf).expect("an ACK");
+            let f = roce_dp::wire::parse_frame(&buf[..n]).unwrap();
+            assert!(f.icrc_ok, "bad ICRC on the ACK of PSN {psn:#x}");
+            let a = f.repr.ext.aeth.unwrap();
+            assert_eq!((f.repr.bth.psn.value(), a.syndrome, a.msn), (psn, ACK, i + 1));
+        }
+        psn = (psn + 1) & M;
+    }
+}
+
+#[test]
+fn partial_ack_across_the_wrap_resends_only_the_rest_at_the_right_offset() {
+    // A 3-packet SEND at 0xfffffe (0xfffffe, 0xffffff, 0); the ACK of 0xffffff acknowledges two packets; on the
+    // timeout only the LAST at 0 leaves again, carrying bytes 2048.. of the message.
+    let mut p = Peer::with(PeerCfg { sq_psn: M - 1, ..PeerCfg::default() });
+    p.fill_data();
+    p.post_send(1, 0x100, 2100);
+    let first = p.tx();
+    assert_eq!(
+        ops(&first),
+        vec![(Opcode::RC_SEND_FIRST, M - 1), (Opcode::RC_SEND_MIDDLE, M), (Opcode::RC_SEND_LAST, 0)]
+    );
+    p.rx(ack(M, 0));
+    p.no_cqes();
+    p.fire();
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_SEND_LAST, 0)], "{}", show(&v));
+    assert_eq!(&v[0].payload[..], &p.data()[0x100 + 2048..0x100 + 2100]);
+    p.rx(ack(0, 1));
+    p.expect_cqes(&[(1, WcStatus::Success)]);
+    assert_eq!(p.deadline(), None);
+}
+
+#[test]
+fn read_response_with_an_opcode_that_does_not_fit_its_place_is_a_bad_response() {
+    // IBV_WC_BAD_RESP_ERR: an unexpected transport opcode from the responder. A READ_RESPONSE_ONLY (it ends the
+    // message) at the first of a 2-packet READ's PSNs, and a READ_RESPONSE_FIRST (it does not) as the only
+    // response of a 1-packet READ.
+    let mut p = Peer::new();
+    p.post_read(1, 0x1000, 2048, RVA, RKEY);
+    p.tx_one();
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S).aeth(ACK, 1).fill(0, 1024));
+    p.expect_cqes(&[(1, WcStatus::BadRespErr)]);
+    assert_eq!(p.state(), QpState::Err);
+    let mut p = Peer::new();
+    p.post_read(1, 0x1000, 100, RVA, RKEY);
+    p.post_send(2, 0, 10);
+    assert_eq!(p.tx().len(), 2);
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_FIRST, S).aeth(ACK, 1).fill(0, 100));
+    p.expect_cqes(&[(1, WcStatus::BadRespErr), (2, WcStatus::WrFlushErr)]);
+}
+
+#[test]
+fn rnr_nak_waits_exactly_the_table_time_of_its_code() {
+    // ROCE-NOTES §4.4 (IBTA table 45), including code 0 = 655.36 ms and code 25 = 61 440 µs (rxe's table has the
+    // typo 61 410).
+    let table: [(u8, u64); 8] =
+        [(0, 655_360), (1, 10), (2, 20), (5, 60), (12, 640), (19, 7_680), (25, 61_440), (31, 491_520)];
+    for (code, us) in table {
+        let mut p = Peer::with(PeerCfg { rnr_retry: 7, ..PeerCfg::default() });
+        p.post_send(1, 0, 10);
+        p.tx_one();
+        p.advance(Duration::from_micros(3));
+        let t0 = p.now;
+        p.rx(rnr_nak(S, code, 0));
+        let due = t0 + Duration::from_micros(us);
+        p.advance_to(roce_dp::Instant(due.0 - 1));
+        p.tx_nothing();
+        p.advance_to(due);
+        assert_eq!(ops(&p.tx()), vec![(Opcode::RC_SEND_ONLY, S)], "code {code}");
+    }
+}
