@@ -911,3 +911,31 @@ fn rnr_nak_waits_exactly_the_table_time_of_its_code() {
         assert_eq!(ops(&p.tx()), vec![(Opcode::RC_SEND_ONLY, S)], "code {code}");
     }
 }
+
+#[test]
+fn a_responder_with_max_dest_rd_atomic_zero_refuses_reads_and_atomics() {
+    // max_dest_rd_atomic = 0: no responder resources, so READ and atomic requests are refused with NAK invalid
+    // request (ROCE-NOTES §1.6, "too many RDMA READ/atomic" class); SEND and WRITE still work.
+    for pkt in [
+        Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA, 0, 8),
+        Pkt::new(Opcode::RC_FETCH_ADD, R + 1).ack_req().atomic(DATA_VA, 0, 1, 0),
+        Pkt::new(Opcode::RC_COMPARE_SWAP, R + 1).ack_req().atomic(DATA_VA, 0, 1, 0),
+    ] {
+        let mut p = Peer::with(PeerCfg { max_dest_rd_atomic: 0, ..PeerCfg::default() });
+        let k = p.data.rkey;
+        p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R).ack_req().reth(DATA_VA, k, 8).fill(0, 8));
+        p.expect_ack(R, ACK, 1);
+        let mut pkt = pkt;
+        if let Some(r) = pkt.ext.reth.as_mut() {
+            r.rkey = k;
+        }
+        if let Some(a) = pkt.ext.atomic_eth.as_mut() {
+            a.rkey = k;
+        }
+        let before = p.data().to_vec();
+        p.rx(pkt);
+        p.expect_nak(R + 1, NakCode::InvalidRequest);
+        assert_eq!(p.state(), QpState::Err);
+        assert!(p.data() == &before[..]);
+    }
+}

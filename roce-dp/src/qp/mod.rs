@@ -586,7 +586,8 @@ impl Qp {
             self.resp_psn = Psn::new(v);
         }
         if let Some(v) = a.max_dest_rd_atomic {
-            self.max_dest_rd_atomic = v.max(1);
+            // 0 is a real value: no responder resources, READ and atomic requests refused (rxe check_resource).
+            self.max_dest_rd_atomic = v;
         }
         if let Some(v) = a.min_rnr_timer {
             self.min_rnr_timer = v;
