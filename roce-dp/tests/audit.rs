@@ -939,3 +939,44 @@ fn a_responder_with_max_dest_rd_atomic_zero_refuses_reads_and_atomics() {
         assert!(p.data() == &before[..]);
     }
 }
+
+#[test]
+fn rnr_nak_beyond_an_outstanding_read_means_its_responses_were_lost_and_goes_back_at_once() {
+    // READ at S..S+1, SEND at S+2. An RNR NAK naming S+2 says the responder executed the READ: its responses were
+    // lost. ROCE-NOTES §1.4: a response beyond a pending READ/atomic makes the requester go back (rxe check_psn ->
+    // COMPST_ERROR_RETRY) to the READ, at once; the RNR NAK is not the READ's, so with rnr_retry = 0 the READ must
+    // not fail with RNR_RETRY_EXC_ERR.
+    let mut p = Peer::with(PeerCfg { rnr_retry: 0, ..PeerCfg::default() });
+    p.post_read(1, 0x1000, 2048, RVA, RKEY);
+    p.post_send(2, 0, 10);
+    assert_eq!(ops(&p.tx()), vec![(Opcode::RC_RDMA_READ_REQUEST, S), (Opcode::RC_SEND_ONLY, S + 2)]);
+    p.rx(rnr_nak(S + 2, 1, 1));
+    p.no_cqes();
+    assert_eq!(p.state(), QpState::Rts);
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_RDMA_READ_REQUEST, S), (Opcode::RC_SEND_ONLY, S + 2)], "{}", show(&v));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_FIRST, S).aeth(ACK, 1).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_LAST, S + 1).aeth(ACK, 1).fill(1024, 1024));
+    p.expect_cqes(&[(1, WcStatus::Success)]);
+    p.rx(ack(S + 2, 2));
+    p.expect_cqes(&[(2, WcStatus::Success)]);
+}
+
+#[test]
+fn read_response_beyond_an_outstanding_read_goes_back_at_once() {
+    // READ 1 at S..S+1, READ 2 at S+2: READ 2's response arriving first says READ 1's were lost (ROCE-NOTES §1.4,
+    // a response beyond a pending READ): both READs are asked for again at once, not after the local ACK timeout.
+    let mut p = Peer::new();
+    p.post_read(1, 0x1000, 2048, RVA, RKEY);
+    p.post_read(2, 0x2000, 16, RVA, RKEY);
+    assert_eq!(p.tx().len(), 2);
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S + 2).aeth(ACK, 2).fill(0, 16));
+    p.no_cqes();
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_RDMA_READ_REQUEST, S), (Opcode::RC_RDMA_READ_REQUEST, S + 2)], "{}", show(&v));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_FIRST, S).aeth(ACK, 1).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_LAST, S + 1).aeth(ACK, 1).fill(1024, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, S + 2).aeth(ACK, 2).fill(0, 16));
+    p.expect_cqes(&[(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(p.state(), QpState::Rts);
+}
