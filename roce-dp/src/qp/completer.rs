@@ -149,6 +149,13 @@ impl Qp {
         }
     }
 
+    /// True if the head is a started READ/atomic whose PSNs all precede `psn`: a response for `psn` means the
+    /// responder executed it and its own responses were lost (ROCE-NOTES §1.4).
+    #[inline]
+    fn beyond_pending_rd_atomic(&self, psn: Psn) -> bool {
+        self.head_started().is_some_and(|w| w.wr.opcode.is_rd_atomic() && psn.after(w.last_psn))
+    }
+
     /// A positive ACK for `psn`: everything up to and including it is acknowledged.
     fn on_ack(&mut self, ctx: &mut Ctx<'_>, psn: Psn) {
         let next = psn.add(1);
@@ -178,6 +185,12 @@ impl Qp {
         if self.state == QpState::Err {
             return;
         }
+        if self.beyond_pending_rd_atomic(psn) {
+            // Not this WQE's RNR: the READ/atomic before it was executed and its responses lost. Go back to it at
+            // once (rxe check_psn -> retry); its RNR retries are not spent on, or failed for, another WQE.
+            self.retry(ctx, false);
+            return;
+        }
         if self.rnr_left == 0 {
             self.fail_head(ctx, WcStatus::RnrRetryExcErr);
             return;
@@ -205,6 +218,11 @@ impl Qp {
         }
         self.ack_before(ctx, psn);
         if self.state == QpState::Err {
+            return;
+        }
+        if self.beyond_pending_rd_atomic(psn) {
+            // A response to a later READ: the pending READ/atomic's own responses were lost (rxe check_psn).
+            self.retry(ctx, false);
             return;
         }
         let Some(w) = self.head_started() else {

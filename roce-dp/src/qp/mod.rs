@@ -358,8 +358,9 @@ pub(crate) struct Qp {
     pub(crate) res_next: usize,
     pub(crate) out: VecDeque<RespOut>,
     pub(crate) out_cap: usize,
-    /// Coalesced ACK not yet queued: PSN and packets covered.
-    pub(crate) pending_ack: Option<(Psn, u32)>,
+    /// Coalesced ACK not yet queued: PSN, packets covered, and the MSN at that PSN (later messages, a READ or an
+    /// atomic executed before the ACK leaves, must not be counted in it).
+    pub(crate) pending_ack: Option<(Psn, u32, u32)>,
 
     pub(crate) timers: TimerTable,
     /// Reaction point and pacer (congestion control of what this QP sends).
@@ -585,7 +586,8 @@ impl Qp {
             self.resp_psn = Psn::new(v);
         }
         if let Some(v) = a.max_dest_rd_atomic {
-            self.max_dest_rd_atomic = v.max(1);
+            // 0 is a real value: no responder resources, READ and atomic requests refused (rxe check_resource).
+            self.max_dest_rd_atomic = v;
         }
         if let Some(v) = a.min_rnr_timer {
             self.min_rnr_timer = v;

@@ -450,7 +450,7 @@ impl Qp {
         }
         let pol = &ctx.cfg.ack;
         let n = match self.pending_ack {
-            Some((_, n)) => n + 1,
+            Some((_, n, _)) => n + 1,
             None if pol.max_pkts <= 1 || pol.max_delay.as_nanos() == 0 => {
                 // ACK at once with nothing held (the default policy): what holding and flushing it would do, without
                 // the round trip through `pending_ack` (no AckCoalesce timer is armed while nothing is held).
@@ -460,7 +460,7 @@ impl Qp {
             }
             None => 1,
         };
-        self.pending_ack = Some((bth.psn, n));
+        self.pending_ack = Some((bth.psn, n, self.msn));
         if n >= pol.max_pkts.max(1) || pol.max_delay.as_nanos() == 0 {
             self.flush_pending_ack();
         } else if n == 1 {
@@ -468,12 +468,13 @@ impl Qp {
         }
     }
 
-    /// Moves a held ACK into the outbound queue.
+    /// Moves a held ACK into the outbound queue, with the MSN of its PSN (C9-148: a READ or atomic executed since
+    /// counts from its own PSN on, not in an ACK of an earlier one).
     pub(crate) fn flush_pending_ack(&mut self) {
-        if let Some((psn, _)) = self.pending_ack.take() {
+        if let Some((psn, _, msn)) = self.pending_ack.take() {
             self.timers.stop(TimerKind::AckCoalesce);
             self.cnt.acks_sent += 1;
-            self.push_ack(RespOut::Ack { psn, syndrome: AethRepr::ACK_UNLIMITED, msn: self.msn });
+            self.push_ack(RespOut::Ack { psn, syndrome: AethRepr::ACK_UNLIMITED, msn });
         }
     }
 
