@@ -281,6 +281,14 @@ pub(crate) enum Resource {
     Atomic { psn: Psn, orig: u64, msn: u32 },
 }
 
+/// The newest resource in the ring `slots` (next write at `next`) for which `f` gives a value, searched from the
+/// most recently saved slot back: after the PSN space wraps, an old request at the same PSN may still hold a slot,
+/// and a duplicate must be answered from the latest request with its PSN (ROCE-NOTES §1.6: replay the saved result).
+pub(crate) fn newest_resource<T>(slots: &[Resource], next: usize, f: impl FnMut(&Resource) -> Option<T>) -> Option<T> {
+    let (older, newer) = slots.split_at(next.min(slots.len()));
+    newer.iter().chain(older).rev().find_map(f)
+}
+
 /// Receive-side message in progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RespMsg {
@@ -749,4 +757,40 @@ pub struct LocalIp {
     pub v4: Option<[u8; 4]>,
     /// IPv6 address, if the port has one.
     pub v6: Option<[u8; 16]>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{newest_resource, Psn, Resource};
+
+    fn atomic(psn: u32, orig: u64) -> Resource {
+        Resource::Atomic { psn: Psn::new(psn), orig, msn: 0 }
+    }
+
+    fn orig_at(slots: &[Resource], next: usize, psn: u32) -> Option<u64> {
+        newest_resource(slots, next, |r| match *r {
+            Resource::Atomic { psn: p, orig, .. } if p == Psn::new(psn) => Some(orig),
+            _ => None,
+        })
+    }
+
+    /// Two atomics at PSN 5, 2^24 PSNs apart, in a ring of four: wherever the ring's write index stands, a
+    /// duplicate gets the result of the one saved last, whether it sits above or below the older one's slot.
+    #[test]
+    fn a_duplicate_is_answered_from_the_newest_request_with_its_psn() {
+        // Saved in this order: (5, 100) then (9, 1), (7, 2), (5, 200); `next` is where the following save goes.
+        let saves = [atomic(5, 100), atomic(9, 1), atomic(7, 2), atomic(5, 200)];
+        for start in 0..4 {
+            let mut slots = [Resource::Free; 4];
+            let mut next = start;
+            for r in saves {
+                slots[next] = r;
+                next = (next + 1) % 4;
+            }
+            assert_eq!(orig_at(&slots, next, 5), Some(200), "ring started at slot {start}");
+            assert_eq!(orig_at(&slots, next, 9), Some(1));
+            assert_eq!(orig_at(&slots, next, 6), None);
+        }
+        assert_eq!(orig_at(&[], 0, 5), None);
+    }
 }

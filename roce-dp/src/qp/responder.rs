@@ -390,7 +390,7 @@ impl Qp {
                 return;
             };
             let mtu = u64::from(self.mtu);
-            let found = self.resources.iter().find_map(|r| match *r {
+            let found = super::newest_resource(&self.resources, self.res_next, |r| match *r {
                 Resource::Read { rkey, va, len, first, last, msn }
                     if rkey == reth.rkey && !bth.psn.before(first) && !bth.psn.after(last) =>
                 {
@@ -412,7 +412,7 @@ impl Qp {
             return;
         }
         if flags & op::ATOMIC != 0 {
-            let found = self.resources.iter().find_map(|r| match *r {
+            let found = super::newest_resource(&self.resources, self.res_next, |r| match *r {
                 Resource::Atomic { psn, orig, msn } if psn == bth.psn => Some((orig, msn)),
                 _ => None,
             });
