@@ -473,6 +473,28 @@ fn a_qp_in_err_answers_no_request_and_completes_nothing() {
 }
 
 #[test]
+fn a_qp_that_enters_err_sends_no_more_read_response_data() {
+    // A 4-packet READ (MTU 256) and an atomic are queued and nothing has left yet. Moved to ERR by the application:
+    // the atomic's result (an executed operation) still leaves, the READ's data does not (rxe's responder stops
+    // serving reads in ERR).
+    let mut p = Peer::with(PeerCfg { mtu: 256, ..PeerCfg::default() });
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 1000));
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 4).ack_req().atomic(DATA_VA + 0x100, k, 1, 0));
+    p.eng.modify_qp(p.qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() }).unwrap();
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_ATOMIC_ACKNOWLEDGE, R + 4)], "{}", show(&v));
+    // A fatal request error behind a queued READ: the NAK that explains it leaves, the READ's data does not.
+    let mut p = Peer::with(PeerCfg { mtu: 256, ..PeerCfg::default() });
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 1000));
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R + 4).ack_req().reth(DATA_VA, k ^ 0x100, 8).fill(0, 8));
+    p.expect_nak(R + 4, NakCode::RemoteAccessErr);
+    assert_eq!(p.state(), QpState::Err);
+    p.tx_nothing();
+}
+
+#[test]
 fn a_qp_in_sqd_still_runs_its_responder() {
     let mut p = Peer::new();
     let k = p.data.rkey;

@@ -4,7 +4,7 @@
 //! implicitly acknowledges every earlier SEND/WRITE packet, but never an outstanding READ or atomic: their data
 //! must arrive in their own responses, so an ACK past one means responses were lost and the requester goes back.
 
-use super::{Qp, QpState, TimerKind, WqeState, RNR_TIMER_US};
+use super::{Qp, QpState, RespOut, TimerKind, WqeState, RNR_TIMER_US};
 use crate::engine::Ctx;
 use crate::time::Duration;
 use crate::verbs::{Cqe, WcStatus};
@@ -410,10 +410,12 @@ impl Qp {
     }
 
     /// Moves to the error state: every outstanding send and receive WQE completes with WR_FLUSH_ERR, timers stop.
-    /// Queued responses (a NAK that explains the error) still leave.
+    /// Queued acknowledgements (a NAK that explains the error, atomic results) still leave; READ response data does
+    /// not (a QP in ERR sends no more data, as rxe's responder stops serving reads there).
     pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
         self.state = QpState::Err;
         self.flush_pending_ack();
+        self.out.retain(|o| !matches!(o, RespOut::Read { .. }));
         self.timers.stop(TimerKind::Retransmit);
         self.timers.stop(TimerKind::Rnr);
         self.timers.stop(TimerKind::AckCoalesce);
