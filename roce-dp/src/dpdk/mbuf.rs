@@ -332,7 +332,9 @@ impl Burst {
     /// `take` must take ownership of exactly the returned number of mbufs, from the front, and leave the rest alone.
     pub(crate) unsafe fn take_with(&mut self, take: impl FnOnce(*mut *mut dpdk_sys::rte_mbuf, u16) -> u16) -> usize {
         let sent = usize::from(take(self.pkts.as_mut_ptr(), self.len as u16)).min(self.len);
-        self.pkts.copy_within(sent..self.len, 0);
+        if sent < self.len {
+            self.pkts.copy_within(sent..self.len, 0);
+        }
         self.len -= sent;
         sent
     }

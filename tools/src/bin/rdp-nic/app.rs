@@ -222,6 +222,8 @@ pub(crate) struct Requester {
     qps: Vec<ReqQp>,
     pub(crate) verified_bytes: u64,
     pub(crate) failure: Option<String>,
+    /// Completions checked, over every QP.
+    done: u64,
     cqes: [Cqe; 32],
     /// Ping-pong runs (one QP, depth 1): each WR's time from post to completion, in nanoseconds.
     pub(crate) rtts: Vec<u64>,
@@ -238,83 +240,106 @@ impl Requester {
             .collect();
         let pingpong = p.qps == 1 && p.depth == 1;
         let rtts = Vec::with_capacity(if pingpong { p.iters.min(1 << 24) as usize } else { 0 });
-        Self { p, qps, verified_bytes: 0, failure: None, cqes: [NO_CQE; 32], rtts, pingpong, posted_at: None }
+        Self { p, qps, verified_bytes: 0, failure: None, done: 0, cqes: [NO_CQE; 32], rtts, pingpong, posted_at: None }
     }
 
     pub(crate) fn completed(&self) -> u64 {
-        self.qps.iter().map(|q| q.done).sum()
+        self.done
     }
 
     pub(crate) fn finished(&self) -> bool {
-        self.failure.is_some() || self.qps.iter().all(|q| q.done == self.p.iters)
+        self.failure.is_some() || self.done == self.p.iters * self.qps.len() as u64
     }
 
-    /// Post what the window allows and check completions; true if anything happened.
+    /// Post what the window allows and check completions; true if anything happened. A pass that finds no
+    /// completion and a full window (every pass of a ping-pong while its WR is in flight) is one CQ poll and one
+    /// compare per QP: the completion handling and the posting are out of line.
     pub(crate) fn step(&mut self, e: &mut Engine) -> bool {
         let mut busy = false;
-        let size = self.p.msg_size();
-        let slots = self.p.slots();
-        for (qi, q) in self.qps.iter_mut().enumerate() {
-            let qi = qi as u32;
-            // Completions first: the window they free is refilled in the same step.
+        let depth = u64::from(self.p.depth);
+        for qi in 0..self.qps.len() {
+            let cq = self.qps[qi].l.cq;
             loop {
-                let n = e.poll_cq(q.l.cq, &mut self.cqes);
+                let n = e.poll_cq(cq, &mut self.cqes);
                 if n == 0 {
                     break;
                 }
                 busy = true;
-                if let Some(t) = self.posted_at.take() {
-                    self.rtts.push(t.elapsed().as_nanos() as u64);
-                }
-                for c in &self.cqes[..n] {
-                    if let Err(err) = check(&self.p, e, qi, q, c, &mut self.verified_bytes) {
-                        self.failure.get_or_insert(err);
-                    }
-                }
+                self.completions(e, qi, n);
             }
-            while q.posted < self.p.iters && q.posted - q.done < u64::from(self.p.depth) && self.failure.is_none() {
-                let k = q.posted;
-                let slot = k % slots;
-                let local = q.l.va + slot * size;
-                let (opcode, remote) = match self.p.op {
-                    Op::Send => (WrOpcode::Send, 0),
-                    Op::Write => (WrOpcode::RdmaWriteWithImm, q.r.va + slot * size),
-                    Op::Read => (WrOpcode::RdmaRead, q.r.va + slot * size),
-                    Op::Atomic => {
-                        (if k.is_multiple_of(2) { WrOpcode::AtomicFetchAdd } else { WrOpcode::AtomicCmpSwp }, q.r.va)
-                    }
-                };
-                if matches!(self.p.op, Op::Send | Op::Write) && self.p.verify {
-                    let mem = e.mr_bytes_mut(q.l.mr.lkey).expect("own MR");
-                    let base = (slot * size) as usize;
-                    fill(qi, k, &mut mem[base..base + size as usize]);
-                }
-                let mut wr = SendWr::new(k, opcode).remote(remote, q.r.rkey);
-                wr.imm = k as u32;
-                if self.p.op == Op::Atomic {
-                    // FETCH_ADD adds k + 1 to the value v before it; CMP_SWP swaps v for v + 1000. WRs execute in
-                    // order, so v is known when posting.
-                    if opcode == WrOpcode::AtomicFetchAdd {
-                        wr.compare_add = k + 1;
-                    } else {
-                        wr.compare_add = q.post_counter;
-                        wr.swap = q.post_counter + 1000;
-                    }
-                    q.post_counter = next_counter(q.post_counter, k);
-                }
-                let sge = Sge { addr: local, len: size as u32, lkey: q.l.mr.lkey };
-                if self.pingpong {
-                    self.posted_at = Some(std::time::Instant::now());
-                }
-                if let Err(err) = e.post_send(q.l.qpn, &wr, &[sge]) {
-                    self.failure = Some(format!("post_send QP {:#x} WR {k}: {err}", q.l.qpn));
-                    break;
-                }
-                q.posted += 1;
+            let q = &self.qps[qi];
+            if q.posted < self.p.iters && q.posted - q.done < depth && self.failure.is_none() {
+                self.post_window(e, qi);
                 busy = true;
             }
         }
         busy
+    }
+
+    /// Checks the `n` completions in `self.cqes` of QP `qi`.
+    #[inline(never)]
+    fn completions(&mut self, e: &Engine, qi: usize, n: usize) {
+        if let Some(t) = self.posted_at.take() {
+            self.rtts.push(t.elapsed().as_nanos() as u64);
+        }
+        let q = &mut self.qps[qi];
+        for c in &self.cqes[..n] {
+            match check(&self.p, e, qi as u32, q, c, &mut self.verified_bytes) {
+                Ok(()) => self.done += 1,
+                Err(err) => {
+                    self.failure.get_or_insert(err);
+                }
+            }
+        }
+    }
+
+    /// Posts WRs on QP `qi` until its window is full (or a post fails).
+    #[inline(never)]
+    fn post_window(&mut self, e: &mut Engine, qi: usize) {
+        let size = self.p.msg_size();
+        let slots = self.p.slots();
+        let q = &mut self.qps[qi];
+        let qi = qi as u32;
+        while q.posted < self.p.iters && q.posted - q.done < u64::from(self.p.depth) && self.failure.is_none() {
+            let k = q.posted;
+            let slot = k % slots;
+            let local = q.l.va + slot * size;
+            let (opcode, remote) = match self.p.op {
+                Op::Send => (WrOpcode::Send, 0),
+                Op::Write => (WrOpcode::RdmaWriteWithImm, q.r.va + slot * size),
+                Op::Read => (WrOpcode::RdmaRead, q.r.va + slot * size),
+                Op::Atomic => {
+                    (if k.is_multiple_of(2) { WrOpcode::AtomicFetchAdd } else { WrOpcode::AtomicCmpSwp }, q.r.va)
+                }
+            };
+            if matches!(self.p.op, Op::Send | Op::Write) && self.p.verify {
+                let mem = e.mr_bytes_mut(q.l.mr.lkey).expect("own MR");
+                let base = (slot * size) as usize;
+                fill(qi, k, &mut mem[base..base + size as usize]);
+            }
+            let mut wr = SendWr::new(k, opcode).remote(remote, q.r.rkey);
+            wr.imm = k as u32;
+            if self.p.op == Op::Atomic {
+                // FETCH_ADD adds k + 1 to the value v before it; CMP_SWP swaps v for v + 1000. WRs execute in
+                // order, so v is known when posting.
+                if opcode == WrOpcode::AtomicFetchAdd {
+                    wr.compare_add = k + 1;
+                } else {
+                    wr.compare_add = q.post_counter;
+                    wr.swap = q.post_counter + 1000;
+                }
+                q.post_counter = next_counter(q.post_counter, k);
+            }
+            let sge = Sge { addr: local, len: size as u32, lkey: q.l.mr.lkey };
+            if self.pingpong {
+                self.posted_at = Some(std::time::Instant::now());
+            }
+            if let Err(err) = e.post_send(q.l.qpn, &wr, &[sge]) {
+                self.failure = Some(format!("post_send QP {:#x} WR {k}: {err}", q.l.qpn));
+                break;
+            }
+            q.posted += 1;
+        }
     }
 }
 
