@@ -24,7 +24,12 @@
 #                                         core, default 0; --events: the client tool runs with -e instead of
 #                                         --poll-sleep, sleeping on its completion channel when a pass moved nothing;
 #                                         --bin DIR: run the binaries in DIR instead of building them, for A/B runs
-#                                         of two builds: rdp_write_bw, roce-dpd and daemon)
+#                                         of two builds: rdp_write_bw, roce-dpd and daemon; --tx-depth N:
+#                                         perftest's -t for BOTH modes, default 128 as perftest's; the WRs a QP
+#                                         keeps in flight, of which only N - 100 are left when a signaled completion
+#                                         (every 100th WR, -Q 100) wakes the client tool; --event-moderation
+#                                         N:US: with --events, the daemon-mode client tool's CQ events wait for N
+#                                         completions or US microseconds, ibv_modify_cq's moderation)
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -36,6 +41,8 @@ nap=20
 tool_cpu=0
 events=0
 bin_dir=
+tx_depth=128
+moderation=
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --rounds) rounds="${2:?}"; shift 2 ;;
@@ -43,7 +50,9 @@ while [[ $# -gt 0 ]]; do
         --tool-cpu) tool_cpu="${2:?}"; shift 2 ;;
         --events) events=1; shift ;;
         --bin) bin_dir="${2:?}"; shift 2 ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        --tx-depth) tx_depth="${2:?}"; shift 2 ;;
+        --event-moderation) moderation="${2:?}"; shift 2 ;;
+        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
         *) echo "bench-daemon.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -68,11 +77,16 @@ else
 fi
 WAIT_FLAGS=(--poll-sleep "$nap") WAIT_DESC="--poll-sleep $nap" WAIT_ARG="--poll-sleep $nap"
 ((events)) && WAIT_FLAGS=(-e) WAIT_DESC="-e (sleeping on completion events)" WAIT_ARG="--events"
+if [[ -n $moderation ]]; then
+    ((events)) || { echo "bench-daemon.sh: --event-moderation N:US needs --events" >&2; exit 2; }
+    WAIT_FLAGS+=(--event-moderation "$moderation") WAIT_DESC+=" --event-moderation $moderation"
+    WAIT_ARG+=" --event-moderation $moderation"
+fi
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 
 SIZES=(4096 65536)
 declare -A ITERS=([4096]=1000000 [65536]=60000)
-FLAGS=(-q 2 -m 4096)
+FLAGS=(-q 2 -m 4096 -t "$tx_depth")
 n=0
 # bw_of LOG SIZE: perftest's BW average (MiB/s) from the client's result row.
 bw_of() { awk -v s="$2" '$1 == s && NF >= 5 { print $4 }' "$1" | tail -n 1; }
@@ -102,6 +116,7 @@ tool_run() {
 # daemons_start: the two roce-dpd on a memif pair of this run; DSOCK / CSOCK their sockets.
 daemons_start() {
     n=$((n + 1))
+    DN=$n
     local memif="/run/roce-dpd-${RUN_ID}-m$n.sock" side i
     DSOCK="/run/roce-dpd-${RUN_ID}-s$n.sock" CSOCK="/run/roce-dpd-${RUN_ID}-c$n.sock"
     for side in server client; do
@@ -137,6 +152,8 @@ daemons_stop() {
     kill -TERM "$DS_PID"
     wait_pid "$DS_PID" 15 >/dev/null 2>&1 || r2=$?
     [[ $r1 -eq 0 && $r2 -eq 0 ]] || echo "bench-daemon.sh: roce-dpd exits $r1 (client side) $r2 (server side)" >&2
+    # The sending daemon's completion events (both sizes' runs), from its last line.
+    EVENTS+="$(grep -o 'events_signalled=[0-9]*' "$LOG_DIR/daemon-client-$DN.log" | head -n 1 | cut -d= -f2) "
     cleanup_all
 }
 
@@ -163,6 +180,7 @@ daemon_run() {
 
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 declare -A R
+EVENTS=
 for r in $(seq "$rounds"); do
     # Alternate which mode goes first, so a drift in the machine's load hits both alike.
     for mode in $( ((r % 2)) && echo tool daemon || echo daemon tool); do
@@ -207,5 +225,6 @@ echo "| post -> completion, 64 B WRITE, one in flight (loopback engine) | $latE 
 echo
 echo "tool runs: ${R[tool4096]}| ${R[tool65536]}; daemon runs: ${R[daemon4096]}| ${R[daemon65536]}"
 echo "client tool CPU s / run s with the daemons: ${R[cpu4096]}| ${R[cpu65536]}; logs: $LOG_DIR"
-echo "reproduce: flock /tmp/roce-dp-busy.lock scripts/bench-daemon.sh --rounds $rounds $WAIT_ARG --tool-cpu $tool_cpu${bin_dir:+ --bin $bin_dir}"
+echo "completion events the sending roce-dpd signalled per round (4 KiB + 64 KiB runs): ${EVENTS:-?}"
+echo "reproduce: flock /tmp/roce-dp-busy.lock scripts/bench-daemon.sh --rounds $rounds $WAIT_ARG --tool-cpu $tool_cpu --tx-depth $tx_depth${bin_dir:+ --bin $bin_dir}"
 echo "bench-daemon: write_4k_vs_tool=$(ratio "$(med daemon4096)" "$(med tool4096)") write_64k_vs_tool=$(ratio "$(med daemon65536)" "$(med tool65536)") post_to_cqe_ns=$latD"

@@ -7,7 +7,10 @@
 //!   receiver sleeps between them, not one wait runs into its timeout;
 //! - a session that scribbles random arm words into its CQ's notification block only makes its own channel fire;
 //!   the worker carries on and another session's transfer completes byte for byte;
-//! - a session that ends (its socket closed) has its channel closed by the daemon: its end reads end-of-stream.
+//! - a session that ends (its socket closed) has its channel closed by the daemon: its end reads end-of-stream;
+//! - event moderation (`Cq::set_event_moderation`): an armed CQ's event is held until its count of completions,
+//!   or fires when its period ends with fewer; `(0, 0)` turns it off; a count without a period, a period without
+//!   a count, or a CQ without a channel get one-line errors.
 //!
 //! Run: `cargo test -p roce-dp --test events`.
 
@@ -175,6 +178,56 @@ fn a_blocked_waiter_wakes_on_a_completion_and_not_without_an_arm() {
     // A CQ without a channel cannot be armed: one line naming it.
     let e = p.cq_a.req_notify(false).unwrap_err();
     assert!(matches!(e, Error::NoChannel { .. }) && e.to_string().contains("create_cq_with_channel"), "{e}");
+}
+
+#[test]
+fn event_moderation_holds_the_event_until_its_count_or_its_period() {
+    let d = daemon("moderation");
+    let mut p = pair(&d);
+    // Bad values and a CQ without a channel: one line each, naming what to give.
+    for (c, us) in [(4, 0), (0, 100)] {
+        let e = p.cq_b.set_event_moderation(c, us).unwrap_err();
+        assert!(matches!(e, Error::BadModeration { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "CQ event moderation count {c} with period {us} us: give both a count (>= 1) and a period (1-65535 \
+                 us; a count alone could hold an event forever), or 0 and 0 to turn it off"
+            )
+        );
+    }
+    let e = p.cq_a.set_event_moderation(4, 100).unwrap_err();
+    assert!(matches!(e, Error::NoChannel { .. }), "{e:?}");
+    // Count 3, the longest period (65.5 ms): two completions are held, the third fires at once.
+    p.cq_b.set_event_moderation(3, u16::MAX).unwrap();
+    p.cq_b.req_notify(false).unwrap();
+    for i in 0..2 {
+        p.post_recv(i);
+        p.send(i, false);
+        p.reap_sends(1);
+        p.recv_one();
+    }
+    assert_eq!(p.ch.get_cq_event(Some(Duration::ZERO)).unwrap(), None, "fired before its count");
+    // Armed, message `i` goes through; the event must come (and is acknowledged).
+    let arm_and_expect = |p: &mut Pair, i: u64| {
+        p.cq_b.req_notify(false).unwrap();
+        p.post_recv(i);
+        p.send(i, false);
+        p.reap_sends(1);
+        expect_event(&p.ch, &p.cq_b);
+        p.cq_b.ack_events(1);
+        assert_eq!(p.recv_one().wr_id, i);
+    };
+    // Re-arming (as a sleeping loop does after each look) keeps counting from the first held completion.
+    arm_and_expect(&mut p, 2);
+    // Count 1000 with a 1 us period: one completion fires when the period ends.
+    p.cq_b.set_event_moderation(1000, 1).unwrap();
+    arm_and_expect(&mut p, 3);
+    // Off again: the first completion fires.
+    p.cq_b.set_event_moderation(0, 0).unwrap();
+    arm_and_expect(&mut p, 4);
+    let recs = p.dev.stats().unwrap();
+    assert_eq!(stat(&recs, "daemon", "events_signalled"), 3, "{recs:?}");
 }
 
 /// `get_cq_event` takes the channel's messages only after a wait (one per wake-up), yet never leaves one behind on

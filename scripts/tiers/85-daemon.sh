@@ -150,12 +150,12 @@ tier85_daemon() {
     err="$LOG_DIR/tier9-abi.err" rc=0
     timeout 10 "$client" open --daemon "$sock" --abi-version 99 >/dev/null 2>"$err" || rc=$?
     check "ABI mismatch: exit 2 (got $rc), one line naming both versions" test "$rc" -eq 2 -a -n \
-        "$(one_line "$err" '^rdp-client: shared-memory ABI mismatch: roce-dpd speaks v2, .* library v99' && echo y)"
+        "$(one_line "$err" '^rdp-client: shared-memory ABI mismatch: roce-dpd speaks v3, .* library v99' && echo y)"
     check "ABI mismatch: the daemon logs one line too" \
         test "$(grep -c 'refused: shared-memory ABI mismatch.*v99' "$dlog")" -eq 1
     rc=0
     timeout 10 "$client" open --daemon "$sock" >"$LOG_DIR/tier9-open.out" 2>&1 || rc=$?
-    check "open: exit 0 (got $rc), ABI and GID shown" grep -q 'ABI v2 mtu 4096 .* gid ::ffff:10.0.0.1' \
+    check "open: exit 0 (got $rc), ABI and GID shown" grep -q 'ABI v3 mtu 4096 .* gid ::ffff:10.0.0.1' \
         "$LOG_DIR/tier9-open.out"
     err="$LOG_DIR/tier9-inuse.err" rc=0
     track_prefix "${prefix}2"

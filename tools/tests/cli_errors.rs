@@ -155,6 +155,24 @@ mod dpdk_tools {
     }
 
     #[test]
+    fn event_moderation_takes_count_and_period_and_goes_with_daemon_and_events() {
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        for v in ["4", "0:100", "4:0", "70000:10", "4:x", ":"] {
+            one_line(
+                &run(bw, &["--daemon", "/nonexistent.sock", "-e", "--event-moderation", v, "127.0.0.1"]),
+                &format!(
+                    "rdp_write_bw: --event-moderation {v:?}: give COUNT:US, a completion count and a period in \
+                     microseconds, both 1-65535 (see --help)"
+                ),
+            );
+        }
+        let want = "rdp_write_bw: --event-moderation COUNT:US goes with --daemon SOCKET and -e/--events (it moderates \
+                    the completion events the tool sleeps on)";
+        one_line(&run(bw, &["--daemon", "/nonexistent.sock", "--event-moderation", "4:100", "127.0.0.1"]), want);
+        one_line(&run(bw, &["--port-conf", "x.toml", "--event-moderation=4:100", "127.0.0.1"]), want);
+    }
+
+    #[test]
     fn profiles_naming_hardware_this_machine_lacks_fail_before_dpdk() {
         let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
         // No such PCI device (domain fffe: none on any machine this runs on), mlx5 and ice; the client checks its

@@ -36,13 +36,15 @@
 //! bits WITH_IMM 2, WITH_INV 8), `reserved: u8`, `qpn: u32`, `byte_len: u32`, `imm_inv: u32`, `vendor_err: u32`
 //! (the daemon's reason code when it failed a WQE: [`WqeError::code`]), `reserved2: u32`.
 //!
-//! # CQ notification block (256 bytes, after the completion ring; `RegionHeader::notify` gives its offset)
+//! # CQ notification block (384 bytes, after the completion ring; `RegionHeader::notify` gives its offset)
 //! | offset | field | written by |
 //! |---|---|---|
 //! | 0 | `arm: u32` ([`arm_word`]: sequence << 1, bit 0 solicited-only), on its own 128 bytes | the client (`req_notify`) |
 //! | 128 | `fired: u32`: the last arm sequence the daemon answered, on its own 128 bytes | the daemon |
+//! | 256 | `moderation: u32` ([`moderation_word`]: `cq_count` in bits 0-15, `cq_period` in microseconds in bits 16-31; 0: off), on its own 128 bytes | the client (`set_event_moderation`) |
 //!
-//! The daemon reads `arm` (hostile: any value only makes the client's own channel fire) and keeps its own copy of
+//! The daemon reads `arm` and `moderation` (hostile: any value only makes the client's own channel fire, or fire
+//! later, by at most 65535 us after a completion) and keeps its own copy of
 //! what it answered; the client reads `fired` to learn which CQs of a channel fired
 //! ([`ctrl::client`](super::client) has the whole protocol and its ordering argument).
 
@@ -53,8 +55,8 @@ use super::ring::{self, RingCtrl};
 use crate::verbs::{self, SendWr, WcOpcode, WcStatus, WrOpcode};
 
 /// Bumped on any change to a layout or to the meaning of a field (2: every CQ region has a [`CqNotify`] block,
-/// `RegionHeader::notify`).
-pub const ABI_VERSION: u32 = 2;
+/// `RegionHeader::notify`; 3: the block's `moderation` word, 384 bytes).
+pub const ABI_VERSION: u32 = 3;
 
 /// First 8 bytes of every region ("RoCEdpSH", little-endian).
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"RoCEdpSH");
@@ -809,9 +811,10 @@ const _: () = {
     assert!(offset_of!(RegionHeader, sq_inline) == 88);
     assert!(offset_of!(RegionHeader, notify) == 104);
     assert!(offset_of!(RegionHeader, reserved) == 112);
-    assert!(size_of::<CqNotify>() == 256);
+    assert!(size_of::<CqNotify>() == 384);
     assert!(offset_of!(CqNotify, arm) == 0);
     assert!(offset_of!(CqNotify, fired) == 128);
+    assert!(offset_of!(CqNotify, moderation) == 256);
 };
 
 /// A CQ's notification block in shared memory (see the module table): the client's arm word and the daemon's
@@ -822,6 +825,21 @@ pub struct CqNotify {
     pub arm: crossbeam_utils::CachePadded<core::sync::atomic::AtomicU32>,
     /// The arm sequence the daemon answered last (it signalled the channel for it).
     pub fired: crossbeam_utils::CachePadded<core::sync::atomic::AtomicU32>,
+    /// [`moderation_word`] of the client's event moderation (`ibv_modify_cq`'s `cq_count` / `cq_period`; 0: an
+    /// armed CQ fires on its first completion).
+    pub moderation: crossbeam_utils::CachePadded<core::sync::atomic::AtomicU32>,
+}
+
+/// The moderation word: an armed CQ's event waits until `count` completions were written since the arm was
+/// answered last, or `period_us` microseconds after the first of them, whichever comes first. `count <= 1` or
+/// `period_us == 0` means no moderation (the client library refuses the combinations that would mean "never").
+pub const fn moderation_word(count: u16, period_us: u16) -> u32 {
+    (count as u32) | ((period_us as u32) << 16)
+}
+
+/// A moderation word's `(count, period_us)`.
+pub const fn moderation_parts(word: u32) -> (u16, u16) {
+    (word as u16, (word >> 16) as u16)
 }
 
 /// Bit 0 of the arm word: only a solicited completion (or an error) answers this arm (`ibv_req_notify_cq(cq, 1)`).

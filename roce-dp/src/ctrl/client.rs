@@ -141,10 +141,17 @@ pub enum Error {
     BadRequest(WqError),
     /// The daemon answered something this library cannot use.
     Protocol(String),
-    /// [`Cq::req_notify`] on a CQ made without a completion channel.
+    /// [`Cq::req_notify`] or [`Cq::set_event_moderation`] on a CQ made without a completion channel.
     NoChannel {
         /// The CQ's handle.
         cq: u32,
+    },
+    /// [`Cq::set_event_moderation`] with a count but no period, or a period but no count.
+    BadModeration {
+        /// The count asked for.
+        count: u16,
+        /// The period asked for, in microseconds.
+        period_us: u16,
     },
 }
 
@@ -183,6 +190,11 @@ impl fmt::Display for Error {
             Error::NoChannel { cq } => {
                 write!(f, "CQ {cq} has no completion channel to notify: create it with Device::create_cq_with_channel")
             }
+            Error::BadModeration { count, period_us } => write!(
+                f,
+                "CQ event moderation count {count} with period {period_us} us: give both a count (>= 1) and a \
+                 period (1-65535 us; a count alone could hold an event forever), or 0 and 0 to turn it off"
+            ),
         }
     }
 }
@@ -599,6 +611,24 @@ impl Cq {
         self.region.notify.set_arm(super::abi::arm_word(self.arm_seq, solicited_only));
         // Pairs with the worker's fence after it publishes CQEs (no lost wake-up).
         std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Event moderation (`ibv_modify_cq` with `cq_count` and `cq_period`): after an arm, the daemon holds the
+    /// event until `count` completions were written into this CQ, counted from the first held one, or until
+    /// `period_us` microseconds after it, whichever comes first; a solicited-only arm is not moderated. `(0, 0)`
+    /// turns it off (the event comes with the arm's first completion, the default). Fewer events cost fewer
+    /// wake-ups when completions come in runs; the caller's queues must then hold enough work that a held event
+    /// does not starve them. [`Error::BadModeration`] for a count without a period or a period without a count;
+    /// [`Error::NoChannel`] on a CQ without a completion channel.
+    pub fn set_event_moderation(&mut self, count: u16, period_us: u16) -> Result<(), Error> {
+        if self.channel.is_none() {
+            return Err(Error::NoChannel { cq: self.cq });
+        }
+        if (count == 0) != (period_us == 0) {
+            return Err(Error::BadModeration { count, period_us });
+        }
+        self.region.notify.set_moderation(super::abi::moderation_word(count, period_us));
         Ok(())
     }
 

@@ -36,7 +36,10 @@
 //! routes; the client's end goes back with the reply); a CQ created with the channel carries the daemon's end to
 //! the worker it is bound to, which signals it after publishing CQEs into the CQ when the client armed it
 //! ([`super::client`] documents the protocol). The arm word is read from shared memory like any other hostile
-//! input; the send never blocks. The daemon's end closes when the session ends (routes and workers drop it).
+//! input; the send never blocks. Event moderation (`ibv_modify_cq`'s `cq_count` / `cq_period`, the block's
+//! `moderation` word, as hostile): an armed CQ's event is held until `count` completions were written since the
+//! first of them, or until `period` microseconds after it, as the worker's turn clock ([`Appliance::set_now`])
+//! sees it; a worker holding events looks at their periods once per [`Appliance::poll`]. The daemon's end closes when the session ends (routes and workers drop it).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -236,6 +239,8 @@ struct CqEvent {
     /// The arm sequence this worker answered last (its own copy: the region's `fired` word is the client's to
     /// scribble on).
     answered: u32,
+    /// An event held by the CQ's moderation: completions written since it was first held, and when (ns).
+    held: Option<(u32, u64)>,
 }
 
 impl CqEvent {
@@ -244,13 +249,58 @@ impl CqEvent {
     /// completion; a plain arm takes any). The SeqCst fence pairs with the client's between its arm store and its
     /// re-poll: either the worker sees the arm here or the client's re-poll sees the CQEs. The arm word is hostile:
     /// any value only makes this session's own channel fire, at most once per batch.
-    fn after_publish(&mut self, notify: &super::ring::NotifyView, qualifies: bool, stats: &mut ApplianceStats) {
+    ///
+    /// Moderation: a plain arm on a CQ whose `moderation` word asks for it holds the event while fewer than
+    /// `count` completions (`pushed` per batch, counted across re-arms) were written since the first held one and
+    /// less than its period passed (`now`, ns); [`check_held`](Self::check_held) fires it when the period ends.
+    fn after_publish(
+        &mut self,
+        notify: &super::ring::NotifyView,
+        pushed: u32,
+        qualifies: bool,
+        now: u64,
+        stats: &mut ApplianceStats,
+    ) {
         std::sync::atomic::fence(Ordering::SeqCst);
         let word = notify.arm();
         let seq = word >> 1;
         if seq == 0 || seq == self.answered || (word & abi::ARM_SOLICITED != 0 && !qualifies) {
             return;
         }
+        if word & abi::ARM_SOLICITED == 0 {
+            let (count, period) = abi::moderation_parts(notify.moderation());
+            if count > 1 && period > 0 {
+                let (n, since) = self.held.get_or_insert((0, now));
+                *n = n.saturating_add(pushed);
+                if *n < u32::from(count) && now.saturating_sub(*since) < u64::from(period) * 1000 {
+                    return;
+                }
+            }
+        }
+        self.fire(notify, seq, stats);
+    }
+
+    /// A held event whose period ran out (by the current `moderation` word) fires for the current arm; a held
+    /// event whose arm was answered or turned solicited-only is dropped. Returns whether one is still held.
+    fn check_held(&mut self, notify: &super::ring::NotifyView, now: u64, stats: &mut ApplianceStats) -> bool {
+        let Some((_, since)) = self.held else { return false };
+        let (_, period) = abi::moderation_parts(notify.moderation());
+        if now.saturating_sub(since) < u64::from(period) * 1000 {
+            return true;
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let word = notify.arm();
+        let seq = word >> 1;
+        if seq == 0 || seq == self.answered || word & abi::ARM_SOLICITED != 0 {
+            self.held = None;
+        } else {
+            self.fire(notify, seq, stats);
+        }
+        false
+    }
+
+    fn fire(&mut self, notify: &super::ring::NotifyView, seq: u32, stats: &mut ApplianceStats) {
+        self.held = None;
         self.answered = seq;
         notify.set_fired(seq);
         stats.events_signalled += 1;
@@ -294,6 +344,10 @@ pub struct Appliance {
     sges: SgeList,
     /// Inline payload copied out of a send-queue slot ([`abi::MAX_INLINE_DATA`] bytes, allocated once).
     inline: Vec<u8>,
+    /// The worker's turn clock (ns), for event moderation ([`set_now`](Self::set_now)).
+    now: u64,
+    /// Nonzero when a CQ may hold a moderated event (an upper bound: [`poll`](Self::poll) recounts when it looks).
+    holding: u32,
     /// Counters.
     pub stats: ApplianceStats,
 }
@@ -393,6 +447,8 @@ impl Appliance {
             req: SendRequest::default(),
             sges: SgeList::default(),
             inline: vec![0; abi::MAX_INLINE_DATA as usize],
+            now: 0,
+            holding: 0,
             stats: ApplianceStats::default(),
         }
     }
@@ -509,7 +565,7 @@ impl Appliance {
                 if self.cqs.len() <= i {
                     self.cqs.resize_with(i + 1, || None);
                 }
-                let event = event.map(|fd| CqEvent { fd, answered: 0 });
+                let event = event.map(|fd| CqEvent { fd, answered: 0, held: None });
                 self.cqs[i] = Some(CqSlot { client, handle, region: *region, broken: false, event });
                 self.cq_ids.insert(handle, cq);
                 Response::Cq { cq: handle }
@@ -688,7 +744,32 @@ impl Appliance {
         for i in 0..self.qps.len() {
             busy |= self.poll_qp(e, i);
         }
+        if self.holding > 0 {
+            self.check_held();
+        }
         busy | self.deliver(e)
+    }
+
+    /// The worker's clock (its turn's time), on which event moderation's periods count: call it every turn
+    /// (periods count from the last time it was called).
+    pub fn set_now(&mut self, now: crate::time::Instant) {
+        self.now = now.0;
+    }
+
+    /// Whether an event may be held by moderation (for a worker that reads its clock only when it needs it).
+    pub fn holds_events(&self) -> bool {
+        self.holding > 0
+    }
+
+    /// Fires held events whose period ended; recounts the CQs still holding one.
+    fn check_held(&mut self) {
+        let mut holding = 0;
+        for s in self.cqs.iter_mut().flatten() {
+            if let Some(ev) = s.event.as_mut() {
+                holding += u32::from(ev.check_held(&s.region.notify, self.now, &mut self.stats));
+            }
+        }
+        self.holding = holding;
     }
 
     fn poll_qp(&mut self, e: &mut Engine, i: usize) -> bool {
@@ -774,7 +855,8 @@ impl Appliance {
                 } else {
                     self.stats.cqes_delivered += 1;
                     if let Some(ev) = slot.event.as_mut() {
-                        ev.after_publish(&slot.region.notify, true, &mut self.stats);
+                        ev.after_publish(&slot.region.notify, 1, true, self.now, &mut self.stats);
+                        self.holding |= u32::from(ev.held.is_some());
                     }
                 }
             }
@@ -794,7 +876,7 @@ impl Appliance {
             if e.cq_len(id) == 0 {
                 continue;
             }
-            let mut pushed = false;
+            let mut pushed = 0u32;
             let mut qualifies = false;
             loop {
                 if !s.broken {
@@ -811,14 +893,15 @@ impl Appliance {
                     continue;
                 }
                 let _ = s.region.cq.push(abi::Cqe::from(&c));
-                pushed = true;
+                pushed += 1;
                 qualifies |= answers_solicited(&c);
                 self.stats.cqes_delivered += 1;
             }
-            if pushed {
+            if pushed > 0 {
                 s.region.cq.publish();
                 if let Some(ev) = s.event.as_mut() {
-                    ev.after_publish(&s.region.notify, qualifies, &mut self.stats);
+                    ev.after_publish(&s.region.notify, pushed, qualifies, self.now, &mut self.stats);
+                    self.holding |= u32::from(ev.held.is_some());
                 }
             }
         }

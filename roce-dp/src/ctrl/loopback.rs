@@ -311,17 +311,21 @@ impl LoopWorker {
             self.app.serve(&mut self.e, &self.neigh, job, &extra);
             busy = true;
         }
-        busy |= self.app.poll(&mut self.e);
         // The clock is read only when the engine has a frame to send or a timer armed (or frames may come from
-        // another worker): an idle turn costs no clock read.
-        let idle = self.wire.is_none() && !self.e.has_pending_tx() && self.e.poll_timeout().is_none();
+        // another worker), or a CQ holds a moderated event: an idle turn costs no clock read.
         let now = || Instant(self.t0.elapsed().as_nanos() as u64);
+        if self.app.holds_events() {
+            self.app.set_now(now());
+        }
+        busy |= self.app.poll(&mut self.e);
+        let idle = self.wire.is_none() && !self.e.has_pending_tx() && self.e.poll_timeout().is_none();
         let moved = match &self.wire {
             _ if idle => false,
             None => pump(&mut self.e, now(), &mut self.buf, &mut self.port),
             Some(wire) => pump_wire(&mut self.e, now(), &mut self.buf, &mut self.port, self.w, wire),
         };
         if moved {
+            self.app.set_now(now());
             // Completions the frames just made go into the CQ rings in this iteration, not the next (only the CQs:
             // the QPs' rings were looked at above, and WQEs posted since wait for the next turn's look).
             self.app.deliver(&mut self.e);

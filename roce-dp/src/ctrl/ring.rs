@@ -247,7 +247,7 @@ pub struct NotifyView {
     _owner: Owner,
 }
 
-// SAFETY: the view holds a pointer to two atomics in a mapping its owner keeps alive; atomics may be shared and
+// SAFETY: the view holds a pointer to three atomics in a mapping its owner keeps alive; atomics may be shared and
 // accessed from any thread.
 unsafe impl Send for NotifyView {}
 // SAFETY: as above (every access is an atomic load or store).
@@ -304,6 +304,18 @@ impl NotifyView {
     #[inline]
     pub fn set_fired(&self, seq: u32) {
         self.block().fired.store(seq, Ordering::Release);
+    }
+
+    /// The moderation word (daemon side: hostile, any value).
+    #[inline]
+    pub fn moderation(&self) -> u32 {
+        self.block().moderation.load(Ordering::Relaxed)
+    }
+
+    /// Stores the moderation word (client side).
+    #[inline]
+    pub fn set_moderation(&self, word: u32) {
+        self.block().moderation.store(word, Ordering::Relaxed);
     }
 }
 

@@ -392,6 +392,12 @@ impl<'p> Worker<'p> {
         got + self.poll_tx(now)
     }
 
+    /// The time the current turn started at (read once per turn).
+    #[inline]
+    pub fn turn_now(&self) -> Instant {
+        self.turn_now
+    }
+
     /// Counts a turn and reads the clock once for it.
     #[inline]
     fn start_turn(&mut self) -> Instant {

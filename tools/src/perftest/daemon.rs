@@ -45,6 +45,8 @@ struct Daemon {
     nap: Duration,
     /// `-e`: the channel every CQ signals.
     channel: Option<CompChannel>,
+    /// `--event-moderation COUNT:US` for every CQ.
+    moderation: Option<(u16, u16)>,
     last_alive: Instant,
     /// Changes of a QP's expected PSN seen so far, when the QPs were last looked at, and the next to look at.
     activity: u64,
@@ -71,7 +73,15 @@ fn gone(e: roce_dp::client::Error) -> Fail {
 /// The whole run of one tool through roce-dpd on `sock`.
 /// `nap`: `--poll-sleep`, the sleep after a turn of a traffic loop that moved nothing (zero: spin, yielding the CPU
 /// after [`YIELD_AFTER`] such turns).
-pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration, nap: Duration) -> Result<(), Fail> {
+/// `moderation`: `--event-moderation` (with `-e`), set on every CQ.
+pub(super) fn run(
+    test: TestKind,
+    p: &Params,
+    sock: &Path,
+    timeout: Duration,
+    nap: Duration,
+    moderation: Option<(u16, u16)>,
+) -> Result<(), Fail> {
     let dev = Device::open(sock).map_err(gone)?;
     let stream = if let Some(host) = &p.host {
         exchange::connect(host, p.port, timeout.min(Duration::from_secs(5)), timeout).map_err(err)?
@@ -89,6 +99,7 @@ pub(super) fn run(test: TestKind, p: &Params, sock: &Path, timeout: Duration, na
         dev: dev.clone(),
         nap,
         channel,
+        moderation,
         last_alive: now,
         activity: 0,
         last_sample: now,
@@ -143,6 +154,10 @@ impl Nic for Daemon {
             None => self.dev.create_cq(depth * 2 + 16),
         }
         .map_err(err)?;
+        let mut cq = cq;
+        if let Some((count, us)) = self.moderation {
+            cq.set_event_moderation(count, us).map_err(|e| err(format!("--event-moderation {count}:{us}: {e}")))?;
+        }
         let mr = pd.reg_mr(region_len, AccessFlags::ALL).map_err(err)?;
         let init = QpInit { sq_depth: p.tx_depth.max(1), rq_depth: p.rx_depth.max(1), ..QpInit::default() };
         let qp = self.dev.create_qp(&pd, &cq, &cq, init).map_err(err)?;

@@ -51,6 +51,8 @@ pub(super) struct Ours {
     file_prefix: Option<String>,
     timeout: Option<u64>,
     poll_sleep: Option<u64>,
+    /// `--event-moderation COUNT:US`.
+    moderation: Option<(u16, u16)>,
 }
 
 fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
@@ -64,7 +66,14 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
         };
         if !matches!(
             name.as_str(),
-            "--port-conf" | "--daemon" | "--lcore" | "--file-prefix" | "--socket" | "--timeout" | "--poll-sleep"
+            "--port-conf"
+                | "--daemon"
+                | "--lcore"
+                | "--file-prefix"
+                | "--socket"
+                | "--timeout"
+                | "--poll-sleep"
+                | "--event-moderation"
         ) {
             rest.push(a);
             continue;
@@ -83,10 +92,26 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
                 let us = v.parse().map_err(|_| format!("--poll-sleep {v:?}: not a number of microseconds"))?;
                 ours.poll_sleep = Some(us);
             }
+            "--event-moderation" => ours.moderation = Some(parse_moderation(&v)?),
             _ => ours.timeout = Some(v.parse().map_err(|_| format!("--timeout {v:?}: not a number of seconds"))?),
         }
     }
     Ok((ours, rest))
+}
+
+/// `COUNT:US` of `--event-moderation`, both 1-65535.
+fn parse_moderation(v: &str) -> Result<(u16, u16), String> {
+    let bad = || {
+        format!(
+            "--event-moderation {v:?}: give COUNT:US, a completion count and a period in microseconds, both 1-65535"
+        )
+    };
+    let (c, us) = v.split_once(':').ok_or_else(bad)?;
+    let (c, us) = (c.parse::<u16>().map_err(|_| bad())?, us.parse::<u16>().map_err(|_| bad())?);
+    if c == 0 || us == 0 {
+        return Err(bad());
+    }
+    Ok((c, us))
 }
 
 /// The main of one tool: never returns.
@@ -125,12 +150,16 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
             "-e/--events needs --daemon SOCKET: with --port-conf the engine runs in this tool's own loop, which \
              must poll its port (nothing else would wake it)",
         )),
+        _ if ours.moderation.is_some() && !(ours.daemon.is_some() && p.use_event) => Err(bad(
+            "--event-moderation COUNT:US goes with --daemon SOCKET and -e/--events (it moderates the completion \
+             events the tool sleeps on)",
+        )),
         (None, Some(_)) if p.use_event && ours.poll_sleep.is_some() => {
             Err(bad("-e/--events and --poll-sleep US exclude each other: sleep on completion events or nap, not both"))
         }
         (None, Some(sock)) => {
             let nap = Duration::from_micros(ours.poll_sleep.unwrap_or(0));
-            super::daemon::run(test, p, sock, timeout, nap)
+            super::daemon::run(test, p, sock, timeout, nap, ours.moderation)
         }
         (None, None) => Err(bad("--port-conf FILE.toml or --daemon SOCKET is required (see --help)")),
         (Some(_), None) => super::embedded::run(test, p, ours, prefix, timeout),

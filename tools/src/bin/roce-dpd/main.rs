@@ -324,7 +324,22 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         let (q, c, m, p) = app.counts();
         (qps, cqs, mrs, pds) = (qps + q, cqs + c, mrs.max(m), pds.max(p));
     }
-    let lines: Vec<String> = apps.iter().enumerate().map(|(w, (_, st))| format!("worker {w}: {}", st.line())).collect();
+    // Each worker's loop and port counters, then its appliance's (the completion events it signalled).
+    let lines: Vec<String> = apps
+        .iter()
+        .enumerate()
+        .map(|(w, (app, st))| {
+            let a = &app.stats;
+            format!(
+                "worker {w}: {} wqes_posted={} cqes_delivered={} events_signalled={} events_unsent={}",
+                st.line(),
+                a.wqes_posted,
+                a.cqes_delivered,
+                a.events_signalled,
+                a.events_unsent
+            )
+        })
+        .collect();
     println!(
         "roce-dpd: stopped; {} sessions reclaimed, {qps} QPs {cqs} CQs {mrs} MRs {pds} PDs left; {}",
         apps[0].0.stats.sessions_reclaimed,
@@ -392,6 +407,7 @@ fn serve_worker(
         for ip in solicit {
             wk.solicit(ip);
         }
+        app.set_now(wk.turn_now());
         busy |= app.poll(&mut wk.engine);
         if let Some(s) = server.take_if(|_| STOP.load(Ordering::Relaxed)) {
             let sig = SIGNAL.load(Ordering::SeqCst);
