@@ -149,12 +149,11 @@ impl Nic for Daemon {
     fn add_qp(&mut self, p: &Params, region_len: usize) -> Result<NewQp, Fail> {
         let pd = self.dev.alloc_pd().map_err(err)?;
         let depth = p.tx_depth.max(p.rx_depth).max(1);
-        let cq = match &self.channel {
+        let mut cq = match &self.channel {
             Some(ch) => self.dev.create_cq_with_channel(depth * 2 + 16, ch),
             None => self.dev.create_cq(depth * 2 + 16),
         }
         .map_err(err)?;
-        let mut cq = cq;
         if let Some((count, us)) = self.moderation {
             cq.set_event_moderation(count, us).map_err(|e| err(format!("--event-moderation {count}:{us}: {e}")))?;
         }
