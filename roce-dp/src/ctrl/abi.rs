@@ -901,6 +901,14 @@ impl fmt::Display for AbiError {
 
 impl std::error::Error for AbiError {}
 
+const PAST_END: &str = "a ring or table extends past region_len";
+
+/// The byte span `[offset, offset + bytes)` of a ring, table or block; one whose end is past 2^64 cannot fit any
+/// region (the header is the peer's: its offsets are any value).
+fn span(offset: u64, bytes: u64) -> Result<(u64, u64), AbiError> {
+    offset.checked_add(bytes).map(|end| (offset, end)).ok_or(AbiError::Geometry(PAST_END))
+}
+
 const fn round_up(n: u64, to: u64) -> u64 {
     n.div_ceil(to) * to
 }
@@ -1023,13 +1031,14 @@ impl RegionHeader {
             if r.offset % ring::RING_ALIGN as u64 != 0 {
                 return Err(AbiError::Geometry("ring alignment"));
             }
-            spans.push((r.offset, r.offset + size_of::<RingCtrl>() as u64 + u64::from(r.capacity) * *size as u64));
+            let bytes = u64::from(r.capacity) * *size as u64 + size_of::<RingCtrl>() as u64; // <= 2^30 * 64 + 256
+            spans.push(span(r.offset, bytes)?);
         }
         if self.kind == region_kind::CQ {
             if self.notify == 0 || !self.notify.is_multiple_of(ring::RING_ALIGN as u64) {
                 return Err(AbiError::Geometry("notification block offset"));
             }
-            spans.push((self.notify, self.notify + size_of::<CqNotify>() as u64));
+            spans.push(span(self.notify, size_of::<CqNotify>() as u64)?);
         } else if self.notify != 0 {
             return Err(AbiError::Geometry("notification block in a QP region"));
         }
@@ -1045,7 +1054,8 @@ impl RegionHeader {
                 if t.elem_size as usize != size || t.offset % 8 != 0 {
                     return Err(AbiError::Geometry("side table element size or alignment"));
                 }
-                spans.push((t.offset, t.offset + u64::from(cap) * u64::from(t.per_slot) * size as u64));
+                let bytes = (u64::from(cap) * u64::from(t.per_slot)).checked_mul(size as u64); // cap <= 2^30
+                spans.push(span(t.offset, bytes.ok_or(AbiError::Geometry(PAST_END))?)?);
             }
         }
         spans.sort_unstable();
@@ -1055,7 +1065,7 @@ impl RegionHeader {
             }
         }
         if spans.last().is_some_and(|s| s.1 > self.region_len) {
-            return Err(AbiError::Geometry("a ring or table extends past region_len"));
+            return Err(AbiError::Geometry(PAST_END));
         }
         Ok(())
     }
