@@ -932,8 +932,8 @@ struct RouteChannel {
 /// Which worker owns what (only the control threads touch this).
 #[derive(Default)]
 struct Routes {
-    /// Live QPs: QPN -> (session, worker).
-    qps: HashMap<u32, (u32, usize)>,
+    /// Live QPs: QPN -> (session, worker, PD).
+    qps: HashMap<u32, (u32, usize, u32)>,
     /// CQs by handle.
     cqs: HashMap<u32, RouteCq>,
     next_cq: u32,
@@ -989,8 +989,14 @@ impl Router {
         r
     }
 
+    /// Refused while a QP of the session uses the PD (on whichever worker: the routes know every QP's PD), as
+    /// `ibv_dealloc_pd` fails with EBUSY; worker 0 refuses it while an MR does (MRs live on every worker).
     fn dealloc_pd(&self, client: u32, pd: u32) -> Response {
-        let _one_at_a_time = self.routes();
+        let rt = self.routes();
+        let users = rt.qps.values().filter(|&&(c, _, p)| c == client && p == pd).count();
+        if users > 0 {
+            return err(ErrorCode::Busy, format!("protection domain {pd} is still used by {users} QP(s)"));
+        }
         let r = self.ask(0, client, Cmd::DeallocPd(pd));
         if matches!(r, Response::Ok) {
             for w in 1..self.workers.len() {
@@ -1113,7 +1119,7 @@ impl Router {
             (Some(a), _) | (None, Some(a)) => a,
             (None, None) => {
                 let mut load = vec![0usize; self.workers.len()];
-                for &(_, w) in rt.qps.values() {
+                for &(_, w, _) in rt.qps.values() {
                     load[w] += 1;
                 }
                 (0..load.len()).min_by_key(|&w| (load[w], w)).unwrap_or(0)
@@ -1135,7 +1141,7 @@ impl Router {
         }
         let r = self.ask(w, client, Cmd::CreateQp { pd, send_cq, recv_cq, region });
         if let Response::Qp { qpn } = r {
-            rt.qps.insert(qpn, (client, w));
+            rt.qps.insert(qpn, (client, w, pd));
         }
         r
     }
@@ -1143,7 +1149,7 @@ impl Router {
     /// The worker of the session's QP `qpn`.
     fn qp_worker(&self, client: u32, qpn: u32) -> Result<usize, Response> {
         match self.routes().qps.get(&qpn) {
-            Some(&(c, w)) if c == client => Ok(w),
+            Some(&(c, w, _)) if c == client => Ok(w),
             _ => Err(not_found_qp(qpn)),
         }
     }
@@ -1195,7 +1201,7 @@ impl Router {
     fn destroy_qp(&self, client: u32, qpn: u32) -> Response {
         let mut rt = self.routes();
         let w = match rt.qps.get(&qpn) {
-            Some(&(c, w)) if c == client => w,
+            Some(&(c, w, _)) if c == client => w,
             _ => return not_found_qp(qpn),
         };
         let r = self.ask(w, client, Cmd::DestroyQp(qpn));
@@ -1250,7 +1256,7 @@ impl Router {
                 r = x;
             }
         }
-        rt.qps.retain(|_, &mut (c, _)| c != client);
+        rt.qps.retain(|_, &mut (c, _, _)| c != client);
         rt.cqs.retain(|_, c| c.client != client);
         // The daemon's ends of the session's channels close here (the workers dropped their CQs' copies).
         rt.channels.retain(|_, c| c.client != client);

@@ -1,0 +1,544 @@
+//! Session 9's audit of the appliance's hostile-input surfaces outside the engine (README "Threat model"): the
+//! control socket (descriptors of the wrong kind, size or seals, descriptors on requests that take none, stalled
+//! and truncated frames, objects destroyed while in use, one session's thousands of objects) and the client
+//! library against a hostile or broken daemon (region headers whose offsets overflow, regions that are not sealed,
+//! garbage in the completion ring, answers without their descriptor, a daemon that dies in the middle of a call).
+//!
+//! Expected values come from the protocol's documentation (`ctrl::proto`, `ctrl::abi`), the verbs semantics the
+//! daemon mirrors (`ibv_dealloc_pd` / `ibv_destroy_cq` refuse with EBUSY while something uses the object) and the
+//! rule that bad input gets one line and leaves the session and the daemon working. The daemon is
+//! `ctrl::loopback` in this process; the hostile daemon is a thread speaking `ctrl::proto` on its own socket.
+
+#![cfg(target_os = "linux")]
+
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use roce_dp::client::{Device, Error, QpInit};
+use roce_dp::ctrl::abi::{self, region_kind, RegionHeader, ABI_VERSION};
+use roce_dp::ctrl::loopback::{LoopbackConfig, LoopbackDaemon};
+use roce_dp::ctrl::proto::{Conn, DeviceInfo, ErrorCode, ModifyQp, Request, Response, PROTO_VERSION};
+use roce_dp::ctrl::shm::{open_memfds, Backing, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmRegion};
+use roce_dp::{AccessFlags, QpAttr, QpState};
+
+fn sock(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("roce-dp-audit-ctrl-{}-{tag}.sock", std::process::id()))
+}
+
+fn daemon(tag: &str) -> LoopbackDaemon {
+    LoopbackDaemon::start(LoopbackConfig::new(sock(tag))).expect("loopback daemon")
+}
+
+/// A session spoken request by request.
+struct Raw {
+    conn: Conn,
+    seq: u32,
+}
+
+impl Raw {
+    fn open(d: &LoopbackDaemon) -> Raw {
+        let mut r = Raw { conn: Conn::new(UnixStream::connect(d.path()).unwrap()), seq: 0 };
+        assert!(matches!(r.call(&Request::Hello { abi: ABI_VERSION }), Response::Hello(_)));
+        r
+    }
+
+    fn call_fds(&mut self, q: &Request, fds: &[std::os::fd::BorrowedFd<'_>]) -> (Response, Vec<OwnedFd>) {
+        self.seq += 1;
+        self.conn.send_request(self.seq, q, fds).expect("send");
+        let f = self.conn.recv_response().expect("the daemon answers");
+        assert_eq!(f.seq, self.seq, "{q:?}");
+        (f.msg, f.fds)
+    }
+
+    fn call(&mut self, q: &Request) -> Response {
+        self.call_fds(q, &[]).0
+    }
+
+    fn pd(&mut self) -> u32 {
+        match self.call(&Request::AllocPd) {
+            Response::Pd { pd } => pd,
+            r => panic!("AllocPd: {r:?}"),
+        }
+    }
+
+    fn cq(&mut self, channel: Option<u32>) -> u32 {
+        match self.call(&Request::CreateCq { depth: 8, channel }) {
+            Response::Cq { cq } => cq,
+            r => panic!("CreateCq: {r:?}"),
+        }
+    }
+
+    fn qp(&mut self, pd: u32, cq: u32) -> Result<u32, Response> {
+        let q = Request::CreateQp {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            sq_depth: 1,
+            rq_depth: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: 0,
+        };
+        match self.call(&q) {
+            Response::Qp { qpn } => Ok(qpn),
+            r => Err(r),
+        }
+    }
+
+    fn stat(&mut self, name: &str) -> u64 {
+        match self.call(&Request::Stats) {
+            Response::Stats(v) => v.iter().find(|s| s.scope == "daemon" && s.name == name).map_or(0, |s| s.value),
+            r => panic!("Stats: {r:?}"),
+        }
+    }
+}
+
+/// `code` and a message of one line.
+#[track_caller]
+fn refused(r: &Response, code: ErrorCode) -> String {
+    match r {
+        Response::Error { code: c, msg } if *c == code => {
+            assert!(!msg.is_empty() && !msg.contains('\n'), "one line: {msg:?}");
+            msg.clone()
+        }
+        r => panic!("expected {code:?}, got {r:?}"),
+    }
+}
+
+fn memfd(name: &str, len: i64, seals: libc::c_int) -> OwnedFd {
+    let c = std::ffi::CString::new(name).unwrap();
+    // SAFETY: c is NUL-terminated; the descriptor is fresh and owned by nobody else.
+    let fd = unsafe {
+        let raw = libc::memfd_create(c.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+        assert!(raw >= 0, "memfd_create");
+        OwnedFd::from_raw_fd(raw)
+    };
+    // SAFETY: plain system calls on our descriptor.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len), 0);
+        if seals != 0 {
+            assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals), 0);
+        }
+    }
+    fd
+}
+
+const SHRINK_GROW: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+/// Waits up to 2 s for `f` to hold.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(2);
+    while !f() {
+        assert!(Instant::now() < until, "{what}: not within 2 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// ------------------------------------------------------------------------------------------------ the daemon
+
+/// `DeallocPd` documents "it must have no MRs or QPs", as `ibv_dealloc_pd` fails with EBUSY while a QP or MR is
+/// associated with the PD: a PD whose QP still exists is Busy, and freeing it works once the QP is gone.
+#[test]
+fn a_pd_with_a_qp_cannot_be_deallocated() {
+    let d = daemon("pdbusy");
+    let mut s = Raw::open(&d);
+    let pd = s.pd();
+    let cq = s.cq(None);
+    let qpn = s.qp(pd, cq).expect("QP");
+    let msg = refused(&s.call(&Request::DeallocPd { pd }), ErrorCode::Busy);
+    assert!(msg.contains(&pd.to_string()), "{msg}");
+    // The QP still works on its PD.
+    let init = QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() };
+    assert_eq!(s.call(&Request::ModifyQp { qpn, m: ModifyQp { attr: init, ..ModifyQp::default() } }), Response::Ok);
+    assert_eq!(s.stat("pds"), 1);
+    assert_eq!(s.call(&Request::DestroyQp { qpn }), Response::Ok);
+    assert_eq!(s.call(&Request::DeallocPd { pd }), Response::Ok);
+    assert_eq!(s.stat("pds"), 0);
+}
+
+/// The same with two workers: the QP lives on a worker other than worker 0, which allocated the PD.
+#[test]
+fn a_pd_with_a_qp_on_another_worker_cannot_be_deallocated() {
+    let d = LoopbackDaemon::start(LoopbackConfig { workers: 2, ..LoopbackConfig::new(sock("pdbusy2w")) }).unwrap();
+    let mut s = Raw::open(&d);
+    let pd = s.pd();
+    let (c0, c1) = (s.cq(None), s.cq(None));
+    // The first QP goes to worker 0 (fewest QPs, lowest index), the second to worker 1.
+    let q0 = s.qp(pd, c0).unwrap();
+    let q1 = s.qp(pd, c1).unwrap();
+    assert_ne!(q0 >> 16, q1 >> 16, "QPs {q0:#x} and {q1:#x} on two workers");
+    assert_eq!(s.call(&Request::DestroyQp { qpn: q0 }), Response::Ok);
+    refused(&s.call(&Request::DeallocPd { pd }), ErrorCode::Busy);
+    assert_eq!(s.call(&Request::DestroyQp { qpn: q1 }), Response::Ok);
+    assert_eq!(s.call(&Request::DeallocPd { pd }), Response::Ok);
+}
+
+/// Objects in use are not destroyed (`ibv_destroy_cq` / `ibv_destroy_comp_channel` / `ibv_dealloc_pd` with an MR:
+/// EBUSY); each refusal is one line and the session carries on.
+#[test]
+fn objects_in_use_are_busy_and_the_session_carries_on() {
+    let d = daemon("inuse");
+    let mut s = Raw::open(&d);
+    let (Response::Channel { channel }, _end) = s.call_fds(&Request::CreateCompChannel, &[]) else { panic!("channel") };
+    let pd = s.pd();
+    let cq = s.cq(Some(channel));
+    let qpn = s.qp(pd, cq).unwrap();
+    refused(&s.call(&Request::DestroyCq { cq }), ErrorCode::Busy);
+    refused(&s.call(&Request::DestroyCompChannel { channel }), ErrorCode::Busy);
+    let fd = memfd("audit-inuse", 4096, SHRINK_GROW);
+    let q = Request::RegMr { pd, va: 0x1000, len: 4096, offset: 0, access: AccessFlags::ALL.0 };
+    let Response::Mr { lkey, .. } = s.call_fds(&q, &[fd.as_fd()]).0 else { panic!("RegMr") };
+    assert_eq!(s.call(&Request::DestroyQp { qpn }), Response::Ok);
+    refused(&s.call(&Request::DeallocPd { pd }), ErrorCode::Busy);
+    assert_eq!(s.call(&Request::DeregMr { lkey }), Response::Ok);
+    assert_eq!(s.call(&Request::DeallocPd { pd }), Response::Ok);
+    assert_eq!(s.call(&Request::DestroyCq { cq }), Response::Ok);
+    assert_eq!(s.call(&Request::DestroyCompChannel { channel }), Response::Ok);
+    // Requests out of order: to RTS from RESET, a QP of nobody, Hello again.
+    let (pd, cq) = (s.pd(), s.cq(None));
+    let qpn = s.qp(pd, cq).unwrap();
+    let rts = QpAttr { state: Some(QpState::Rts), sq_psn: Some(1), ..QpAttr::default() };
+    refused(&s.call(&Request::ModifyQp { qpn, m: ModifyQp { attr: rts, ..ModifyQp::default() } }), ErrorCode::Invalid);
+    refused(&s.call(&Request::QueryQp { qpn: qpn + 1 }), ErrorCode::NotFound);
+    refused(&s.call(&Request::Hello { abi: ABI_VERSION }), ErrorCode::Protocol);
+    assert!(matches!(s.call(&Request::QueryQp { qpn }), Response::QpInfo(_)));
+}
+
+/// `RegMr` takes exactly one memfd sealed against shrinking and growing (a shrink would SIGBUS the daemon) whose
+/// size holds the window. Anything else is refused with one line naming the problem, the descriptor is closed
+/// (no copy stays open in the daemon) and the session goes on.
+#[test]
+fn reg_mr_refuses_descriptors_of_the_wrong_kind_size_or_seals() {
+    let d = daemon("regmr");
+    let mut s = Raw::open(&d);
+    let pd = s.pd();
+    let reg = |len: u64, offset: u64| Request::RegMr { pd, va: 0x10000, len, offset, access: AccessFlags::ALL.0 };
+    let n = |i: usize| format!("audit-regmr-{}-{i}", std::process::id());
+
+    // No descriptor, and two of them.
+    refused(&s.call(&reg(4096, 0)), ErrorCode::Protocol);
+    let (a, b) = (memfd(&n(0), 4096, SHRINK_GROW), memfd(&n(1), 4096, SHRINK_GROW));
+    refused(&s.call_fds(&reg(4096, 0), &[a.as_fd(), b.as_fd()]).0, ErrorCode::Protocol);
+    drop((a, b));
+
+    let (p0, p1) = UnixStream::pair().unwrap();
+    let cases: Vec<(&str, OwnedFd, u64, u64)> = vec![
+        ("unsealed memfd", memfd(&n(2), 4096, 0), 4096, 0),
+        ("memfd sealed against shrinking only", memfd(&n(3), 4096, libc::F_SEAL_SHRINK), 4096, 0),
+        ("write-sealed memfd", memfd(&n(4), 4096, SHRINK_GROW | libc::F_SEAL_WRITE), 4096, 0),
+        ("future-write-sealed memfd", memfd(&n(5), 4096, SHRINK_GROW | libc::F_SEAL_FUTURE_WRITE), 4096, 0),
+        ("empty sealed memfd", memfd(&n(6), 0, SHRINK_GROW), 1, 0),
+        ("window past the end", memfd(&n(7), 4096, SHRINK_GROW), 4097, 0),
+        ("offset past the end", memfd(&n(8), 4096, SHRINK_GROW), 1, 4096),
+        ("offset + len overflowing", memfd(&n(9), 4096, SHRINK_GROW), 2, u64::MAX),
+        ("len of 2^64 - 1", memfd(&n(10), 4096, SHRINK_GROW), u64::MAX, 0),
+        ("a socket", OwnedFd::from(p0), 4096, 0),
+        ("a regular file", OwnedFd::from(std::fs::File::open("/proc/self/exe").unwrap()), 4096, 0),
+        ("a directory", OwnedFd::from(std::fs::File::open("/").unwrap()), 4096, 0),
+    ];
+    for (what, fd, len, offset) in cases {
+        let r = s.call_fds(&reg(len, offset), &[fd.as_fd()]).0;
+        let msg = refused(&r, ErrorCode::Invalid);
+        assert!(msg.contains("memory registration"), "{what}: {msg}");
+    }
+    drop(p1);
+    eventually("every refused memfd closed in the daemon", || (2..=10).all(|i| open_memfds(&n(i)) == 0));
+    assert_eq!(s.stat("mrs"), 0);
+    // The session still registers a good region.
+    let good = memfd(&n(11), 8192, SHRINK_GROW);
+    assert!(matches!(s.call_fds(&reg(4096, 4096), &[good.as_fd()]).0, Response::Mr { .. }));
+    assert_eq!(s.stat("mrs"), 1);
+}
+
+/// A descriptor sent with a request that takes none is closed, not kept: nothing of it stays open in the daemon.
+#[test]
+fn descriptors_on_requests_that_take_none_are_closed() {
+    let d = daemon("strayfd");
+    let mut s = Raw::open(&d);
+    let name = format!("audit-stray-{}", std::process::id());
+    let fd = memfd(&name, 4096, SHRINK_GROW);
+    for q in
+        [Request::AllocPd, Request::Stats, Request::CreateCq { depth: 4, channel: None }, Request::QueryQp { qpn: 1 }]
+    {
+        let _ = s.call_fds(&q, &[fd.as_fd()]);
+    }
+    drop(fd);
+    eventually("the stray descriptors closed", || open_memfds(&name) == 0);
+    assert!(matches!(s.call(&Request::AllocPd), Response::Pd { .. }));
+}
+
+/// One session per thread: a client that sends half a frame and stalls delays nobody else; one that sends a
+/// truncated frame and closes is reclaimed like any session that ends.
+#[test]
+fn a_stalled_or_truncated_frame_holds_up_no_other_session() {
+    let d = daemon("stall");
+    let mut staller = UnixStream::connect(d.path()).unwrap();
+    staller.write_all(&[16, 0, 0, 0, PROTO_VERSION as u8, 0]).unwrap();
+    let mut other = Raw::open(&d);
+    let pd = other.pd();
+    let cq = other.cq(None);
+    other.qp(pd, cq).unwrap();
+
+    // A session with objects that dies in the middle of a frame.
+    let mut dying = Raw::open(&d);
+    let pd = dying.pd();
+    let cq = dying.cq(None);
+    dying.qp(pd, cq).unwrap();
+    assert_eq!(other.stat("qps"), 2);
+    let mut raw = dying.conn.socket().try_clone().unwrap();
+    raw.write_all(&[40, 0, 0, 0, PROTO_VERSION as u8, 0, 9, 0, 1, 2]).unwrap();
+    drop(raw);
+    drop(dying);
+    eventually("the dead session's QP reclaimed", || other.stat("qps") == 1);
+    assert_eq!(other.stat("pds"), 1);
+    drop(staller);
+    eventually("the staller's session gone", || d.sessions() == 1);
+}
+
+/// One session may take what the daemon has (there are no per-session quotas: see the audit's report), but running
+/// out is one line (`Exhausted`), never a panic, and when the session ends everything it held is freed: the other
+/// sessions get their QPs, and no ring region of it stays open in the daemon.
+#[test]
+fn thousands_of_objects_from_one_session_are_refused_cleanly_and_all_reclaimed() {
+    let d = daemon("hog");
+    let mut hog = Raw::open(&d);
+    let pd = hog.pd();
+    let cq = hog.cq(None);
+    let mut qps = 0;
+    let msg = loop {
+        match hog.qp(pd, cq) {
+            Ok(_) => qps += 1,
+            Err(r) => break refused(&r, ErrorCode::Exhausted),
+        }
+        assert!(qps <= 100_000, "no limit on QPs");
+    };
+    assert!(msg.contains("queue pairs"), "{msg}");
+    assert_eq!(hog.stat("qps"), qps);
+    // Unbound CQs: each is a ring region in the daemon. (Other tests' daemons run in this process too: their few
+    // regions are the slack below.)
+    let regions = || {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| t.to_str().is_some_and(|t| t.starts_with("/memfd:roce-dpd-cq-s")))
+            .count()
+    };
+    let base = regions();
+    for _ in 0..2000 {
+        hog.cq(None);
+    }
+    assert_eq!(hog.stat("cqs"), 2001);
+    let mut other = Raw::open(&d);
+    let opd = other.pd();
+    let ocq = other.cq(None);
+    refused(&other.qp(opd, ocq).unwrap_err(), ErrorCode::Exhausted);
+    drop(hog);
+    eventually("the hog's objects reclaimed", || other.stat("qps") == 0);
+    eventually("the hog's ring regions closed", || regions() <= base + 50);
+    other.qp(opd, ocq).expect("a QP once the hog is gone");
+}
+
+// ------------------------------------------------------------------------------------------------ a hostile daemon
+
+/// A daemon on `path` that answers `Hello` and then every request with what `answer` says (None: it closes the
+/// connection without answering).
+fn fake_daemon(
+    tag: &str,
+    mut answer: impl FnMut(&Request) -> Option<(Response, Vec<OwnedFd>)> + Send + 'static,
+) -> (PathBuf, std::thread::JoinHandle<()>) {
+    let path = sock(tag);
+    let _ = std::fs::remove_file(&path);
+    let l = UnixListener::bind(&path).unwrap();
+    let h = std::thread::spawn(move || {
+        let Ok((s, _)) = l.accept() else { return };
+        let mut c = Conn::new(s);
+        while let Ok(f) = c.recv_request() {
+            let (r, fds) = match f.msg {
+                Request::Hello { abi } => (
+                    Response::Hello(DeviceInfo {
+                        abi,
+                        pid: 1,
+                        mac: [2, 0, 0, 0, 0, 9],
+                        ipv4: Some([10, 0, 0, 9]),
+                        ipv6: None,
+                        mtu: 1024,
+                        hugetlb: false,
+                    }),
+                    Vec::new(),
+                ),
+                ref q => match answer(q) {
+                    Some(x) => x,
+                    None => return,
+                },
+            };
+            let b: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+            if c.send_response(f.seq, &r, &b).is_err() {
+                return;
+            }
+        }
+    });
+    (path, h)
+}
+
+/// A CQ region as an honest daemon makes it, with `edit` applied to its header.
+fn cq_region(edit: impl FnOnce(&mut RegionHeader)) -> OwnedFd {
+    let r = DaemonCqRegion::create("audit-fake-cq", 8, Backing::Pages).unwrap();
+    let mut m = ShmRegion::map(r.fd().try_clone_to_owned().unwrap()).unwrap();
+    let mut h = r.header;
+    edit(&mut h);
+    m.write(0, h).unwrap();
+    r.fd().try_clone_to_owned().unwrap()
+}
+
+/// Region headers whose offsets and sizes overflow 64 bits are inconsistent headers (`AbiError::Geometry`), as
+/// any other layout that does not fit the mapping: the check must not overflow (a panic in a debug build, and a
+/// wrapped sum that passes for a layout inside the region in a release build).
+#[test]
+fn region_headers_with_overflowing_offsets_are_refused() {
+    let cq = RegionHeader::cq(8).unwrap();
+    let qp = RegionHeader::qp(8, 8, 4, 4, 64).unwrap();
+    let len = cq.region_len.max(qp.region_len) as usize;
+    let top = u64::MAX - 127; // 128-byte aligned, as a ring must be
+    let mut bad: Vec<(&str, RegionHeader, u32)> = Vec::new();
+    let mut h = cq;
+    h.sq.offset = top;
+    bad.push(("CQ ring at 2^64 - 128", h, region_kind::CQ));
+    let mut h = cq;
+    h.notify = top;
+    bad.push(("notification block at 2^64 - 128", h, region_kind::CQ));
+    let mut h = qp;
+    h.rq.offset = top;
+    bad.push(("receive ring at 2^64 - 128", h, region_kind::QP));
+    let mut h = qp;
+    h.sq_sges.offset = u64::MAX - 7;
+    bad.push(("SGE table at 2^64 - 8", h, region_kind::QP));
+    let mut h = qp;
+    h.sq_inline.per_slot = u32::MAX;
+    h.sq.capacity = 1 << 30;
+    bad.push(("inline area of 2^30 x (2^32 - 1) bytes", h, region_kind::QP));
+    let mut h = qp;
+    h.rq_sges.per_slot = u32::MAX;
+    h.rq.capacity = 1 << 30;
+    bad.push(("SGE table of 2^30 x (2^32 - 1) SGEs", h, region_kind::QP));
+    for (what, h, kind) in bad {
+        let r = std::panic::catch_unwind(|| h.check(kind, len));
+        assert!(matches!(r, Ok(Err(abi::AbiError::Geometry(_)))), "{what}: {:?}", r.map_err(|_| "the check panicked"));
+    }
+}
+
+/// The client library against a daemon that sends a CQ region with an overflowing header, an unsealed region,
+/// an answer without its region: an error naming the problem, never a panic; the library then destroys the CQ it
+/// could not use.
+#[test]
+fn the_client_refuses_bad_regions_from_a_hostile_daemon() {
+    let bad_header = cq_region(|h| h.sq.offset = u64::MAX - 127);
+    let unsealed = memfd("audit-unsealed-cq", 8192, 0);
+    let mut regions = vec![Some(bad_header), Some(unsealed), None].into_iter();
+    let destroyed = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = destroyed.clone();
+    let (path, h) = fake_daemon("badregion", move |q| match q {
+        Request::CreateCq { .. } => Some((Response::Cq { cq: 5 }, regions.next()?.into_iter().collect())),
+        Request::DestroyCq { cq: 5 } => {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some((Response::Ok, Vec::new()))
+        }
+        _ => Some((Response::Ok, Vec::new())),
+    });
+    let dev = Device::open(&path).unwrap();
+    let e = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dev.create_cq(8).err())).expect("no panic");
+    assert!(matches!(e, Some(Error::Shm(_))), "{e:?}");
+    let e = dev.create_cq(8).err().unwrap();
+    assert!(e.to_string().contains("not a memfd sealed"), "{e}");
+    let e = dev.create_cq(8).err().unwrap();
+    assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("without its region"), "{e}");
+    assert_eq!(destroyed.load(std::sync::atomic::Ordering::Relaxed), 3, "each unusable CQ destroyed");
+    drop(dev);
+    h.join().unwrap();
+    let _ = std::fs::remove_file(path);
+}
+
+/// Garbage in the completion ring (a CQE of an unknown status, then a tail claiming more entries than the ring
+/// holds) is an error of `Cq::poll`, not a panic and not a bogus completion; a daemon that dies in the middle of a
+/// call is `DaemonGone`.
+#[test]
+fn the_client_survives_garbage_completions_and_a_daemon_that_dies_mid_call() {
+    let r = DaemonCqRegion::create("audit-garbage-cq", 8, Backing::Pages).unwrap();
+    let mut ring = ShmRegion::map(r.fd().try_clone_to_owned().unwrap()).unwrap();
+    let h = r.header;
+    let fd = r.fd().try_clone_to_owned().unwrap();
+    let mut fd = Some(fd);
+    let (path, t) = fake_daemon("garbage", move |q| match q {
+        Request::CreateCq { .. } => Some((Response::Cq { cq: 1 }, fd.take().into_iter().collect())),
+        Request::AllocPd => None, // dies mid-call
+        _ => Some((Response::Ok, Vec::new())),
+    });
+    let dev = Device::open(&path).unwrap();
+    let mut cq = dev.create_cq(8).unwrap();
+    let slot = h.sq.offset as usize + 256;
+    let good = abi::Cqe { wr_id: 7, status: 0, opcode: abi::wc_opcode::SEND, qpn: 0x100, ..abi::Cqe::default() };
+    ring.write(slot, good).unwrap();
+    ring.write(slot + 32, abi::Cqe { status: 200, ..good }).unwrap();
+    ring.write(h.sq.offset as usize + 128, 2u32).unwrap();
+    let mut out = [roce_dp::Cqe::EMPTY; 4];
+    assert_eq!(cq.poll(&mut out).unwrap(), 1, "the good CQE first");
+    assert_eq!(out[0].wr_id, 7);
+    let e = cq.poll(&mut out).unwrap_err();
+    assert!(e.to_string().contains("status") && e.to_string().contains("200"), "{e}");
+    ring.write(h.sq.offset as usize + 128, 2u32 + 9).unwrap();
+    let e = cq.poll(&mut out).unwrap_err();
+    assert!(e.to_string().contains("ring corrupted"), "{e}");
+    let e = dev.alloc_pd().err().expect("the daemon died");
+    assert!(matches!(e, Error::DaemonGone { .. }), "{e:?}");
+    assert!(matches!(dev.create_cq(8), Err(Error::DaemonGone { .. })), "gone stays gone");
+    drop(cq);
+    drop(dev);
+    t.join().unwrap();
+    let _ = std::fs::remove_file(path);
+}
+
+/// QP regions of a hostile daemon: a header with its receive ring past the mapping or overlapping the send ring
+/// is refused by `create_qp`, with one line.
+#[test]
+fn the_client_refuses_a_qp_region_whose_rings_do_not_fit() {
+    let caps = QpRegionCaps { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    let qp_region = |edit: &dyn Fn(&mut RegionHeader)| {
+        let r = DaemonQpRegion::create("audit-fake-qp", caps, Backing::Pages).unwrap();
+        let mut m = ShmRegion::map(r.fd().try_clone_to_owned().unwrap()).unwrap();
+        let mut h = r.header;
+        edit(&mut h);
+        m.write(0, h).unwrap();
+        r.fd().try_clone_to_owned().unwrap()
+    };
+    let mut regions = vec![
+        qp_region(&|h| h.rq.offset = h.sq.offset),
+        qp_region(&|h| h.rq.offset = u64::MAX - 127),
+        qp_region(&|h| h.region_len = u64::MAX),
+    ]
+    .into_iter();
+    let cqs = std::iter::repeat_with(|| DaemonCqRegion::create("audit-fake-cq2", 8, Backing::Pages).unwrap());
+    let mut cqs = cqs.take(2).collect::<Vec<_>>().into_iter();
+    let (path, t) = fake_daemon("badqp", move |q| match q {
+        Request::CreateCq { .. } => {
+            Some((Response::Cq { cq: 1 }, vec![cqs.next()?.fd().try_clone_to_owned().unwrap()]))
+        }
+        Request::AllocPd => Some((Response::Pd { pd: 1 }, Vec::new())),
+        Request::CreateQp { .. } => Some((Response::Qp { qpn: 0x100 }, vec![regions.next()?])),
+        _ => Some((Response::Ok, Vec::new())),
+    });
+    let dev = Device::open(&path).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(8).unwrap();
+    let init = QpInit { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    for what in ["overlapping rings", "ring at 2^64 - 128", "region_len of 2^64 - 1"] {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dev.create_qp(&pd, &cq, &cq, init)));
+        let e = r.unwrap_or_else(|_| panic!("{what}: panicked")).err().unwrap_or_else(|| panic!("{what}: accepted"));
+        assert!(!e.to_string().contains('\n'), "{what}: {e}");
+        assert!(matches!(e, Error::Shm(_)), "{what}: {e:?}");
+    }
+    drop((cq, pd, dev));
+    t.join().unwrap();
+    let _ = std::fs::remove_file(path);
+}
