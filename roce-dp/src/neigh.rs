@@ -16,6 +16,9 @@ const ETH_VLAN: u16 = 0x8100;
 /// ICMPv6 types of neighbour discovery.
 const ND_NS: u8 = 135;
 const ND_NA: u8 = 136;
+/// Flags of a neighbour advertisement (RFC 4861 §4.4): Solicited, Override.
+const NA_SOLICITED: u8 = 0x40;
+const NA_OVERRIDE: u8 = 0x20;
 /// Length of an ARP frame for IPv4 over Ethernet (14 + 28), before padding.
 pub const ARP_FRAME_LEN: usize = 42;
 /// Length of our NS/NA frames: Ethernet 14 + IPv6 40 + ICMPv6 24 + one link-layer address option 8.
@@ -149,6 +152,9 @@ impl Neighbours {
         if mac.0[0] & 1 != 0 || mac == MacAddr::default() {
             return; // multicast or zero: not a neighbour's address
         }
+        if ip == NeighIp::V4([0; 4]) || ip == NeighIp::V6([0; 16]) {
+            return; // an ARP probe's sender (RFC 5227: zero so that no cache learns it), or ::
+        }
         if let Some(e) = self.table.iter_mut().find(|e| e.0 == ip) {
             if !e.2 && e.1 != mac {
                 e.1 = mac;
@@ -166,21 +172,26 @@ impl Neighbours {
     }
 
     /// Handle a received ARP or ND frame: learn the sender, and if it asks for our address write the reply into
-    /// `out` and return its length (`out` must hold at least 86 bytes).
+    /// `out` and return its length (`out` must hold at least 86 bytes). An 802.1Q-tagged frame is ignored: the
+    /// port has no VLAN and its answers carry no tag (an untagged answer would go to another network).
     pub fn handle(&mut self, frame: &[u8], out: &mut [u8]) -> Option<usize> {
-        match classify(frame) {
-            FrameKind::Arp => {
-                self.stats.arp_rx += 1;
-                self.handle_arp(frame, out)
-            }
-            FrameKind::Nd => {
-                self.stats.nd_rx += 1;
-                self.handle_nd(frame, out)
-            }
+        let kind = classify(frame);
+        match kind {
+            FrameKind::Arp => self.stats.arp_rx += 1,
+            FrameKind::Nd => self.stats.nd_rx += 1,
             _ => {
                 self.stats.ignored += 1;
-                None
+                return None;
             }
+        }
+        if be16(frame, 12) == Some(ETH_VLAN) {
+            self.stats.ignored += 1;
+            return None;
+        }
+        if kind == FrameKind::Arp {
+            self.handle_arp(frame, out)
+        } else {
+            self.handle_nd(frame, out)
         }
     }
 
@@ -213,8 +224,8 @@ impl Neighbours {
     }
 
     fn handle_nd(&mut self, frame: &[u8], out: &mut [u8]) -> Option<usize> {
-        let l3 = if be16(frame, 12) == Some(ETH_VLAN) { 18 } else { 14 };
-        let (Some(ip), Some(icmp)) = (frame.get(l3..l3 + 40), frame.get(l3 + 40..)) else {
+        // Untagged (see `handle`).
+        let (Some(ip), Some(icmp)) = (frame.get(14..54), frame.get(54..)) else {
             self.stats.ignored += 1;
             return None;
         };
@@ -242,18 +253,28 @@ impl Neighbours {
             }
             opts = &opts[len..];
         }
-        if icmp[0] == ND_NS {
-            if let Some(mac) = lladdr {
-                if src != [0; 16] {
-                    self.learn(NeighIp::V6(src), mac);
+        // RFC 4861 §7.2.3: an NS whose target is not ours is discarded (nothing learned, as an ARP request for
+        // another host); §7.1.1: one from the unspecified address (duplicate address detection) carries no
+        // link-layer address option; §7.2.4: a DAD NS for our address is answered to all-nodes, Solicited clear.
+        if icmp[0] == ND_NS && self.v6 == Some(target) {
+            if src == [0; 16] {
+                if lladdr.is_some() {
+                    self.stats.ignored += 1;
+                    return None;
                 }
-            }
-            if self.v6 == Some(target) && src != [0; 16] {
-                let dst_mac = lladdr.or_else(|| frame.get(6..12).map(|m| MacAddr(m.try_into().expect("6"))))?;
                 self.stats.nd_adverts += 1;
-                return Some(write_nd(out, ND_NA, self.mac, dst_mac, target, src, target));
+                let all_nodes = [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+                let mac = MacAddr([0x33, 0x33, 0, 0, 0, 1]);
+                return Some(write_nd(out, ND_NA, NA_OVERRIDE, self.mac, mac, target, all_nodes, target));
             }
-        } else if let Some(mac) = lladdr {
+            if let Some(mac) = lladdr {
+                self.learn(NeighIp::V6(src), mac);
+            }
+            let dst_mac = lladdr.or_else(|| frame.get(6..12).map(|m| MacAddr(m.try_into().expect("6"))))?;
+            self.stats.nd_adverts += 1;
+            return Some(write_nd(out, ND_NA, NA_SOLICITED | NA_OVERRIDE, self.mac, dst_mac, target, src, target));
+        }
+        if let (ND_NA, Some(mac)) = (icmp[0], lladdr) {
             self.learn(NeighIp::V6(target), mac);
             return None;
         }
@@ -276,7 +297,7 @@ impl Neighbours {
                 snm[13..16].copy_from_slice(&target[13..16]);
                 let mac = MacAddr([0x33, 0x33, 0xff, target[13], target[14], target[15]]);
                 self.stats.nd_solicits += 1;
-                Some(write_nd(out, ND_NS, self.mac, mac, src, snm, target))
+                Some(write_nd(out, ND_NS, 0, self.mac, mac, src, snm, target))
             }
         }
     }
@@ -306,10 +327,13 @@ fn write_arp(
     MIN_FRAME
 }
 
-/// An NS or NA frame from `src_mac`/`src` to `dst_mac`/`dst` about `target`, with our link-layer address option.
+/// An NS or NA frame (with `flags` in the first byte after the checksum: an NA's R/S/O) from `src_mac`/`src` to
+/// `dst_mac`/`dst` about `target`, with our link-layer address option.
+#[allow(clippy::too_many_arguments)]
 fn write_nd(
     out: &mut [u8],
     kind: u8,
+    flags: u8,
     src_mac: MacAddr,
     dst_mac: MacAddr,
     src: [u8; 16],
@@ -330,9 +354,7 @@ fn write_nd(
     ip[24..40].copy_from_slice(&dst);
     let icmp = &mut f[54..86];
     icmp[0] = kind;
-    if kind == ND_NA {
-        icmp[4] = 0x60; // solicited + override
-    }
+    icmp[4] = flags;
     icmp[8..24].copy_from_slice(&target);
     icmp[24] = if kind == ND_NS { 1 } else { 2 };
     icmp[25] = 1;
