@@ -542,3 +542,40 @@ fn the_client_refuses_a_qp_region_whose_rings_do_not_fit() {
     t.join().unwrap();
     let _ = std::fs::remove_file(path);
 }
+
+/// A client that sends requests and never reads the answers fills its socket: its session thread then blocks
+/// writing an answer. That may stall its own session only; the daemon's shutdown (SIGTERM) must still end
+/// promptly, telling the other sessions why, not wait forever for the stuck writer.
+#[test]
+fn a_client_that_never_reads_cannot_hang_the_shutdown() {
+    let mut d = daemon("noread");
+    let mut good = Raw::open(&d);
+    good.pd();
+    let mut deaf = Raw::open(&d);
+    deaf.pd();
+    let sock = deaf.conn.socket().try_clone().unwrap();
+    // Stats answers are kilobytes each: a few hundred unread fill the socket's buffers.
+    let writer = std::thread::spawn(move || {
+        let c = Conn::new(sock);
+        for seq in 100..2100 {
+            if c.send_request(seq, &Request::Stats, &[]).is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stopper = std::thread::spawn(move || {
+        d.shutdown("test over");
+        let _ = tx.send(());
+    });
+    assert!(rx.recv_timeout(Duration::from_secs(10)).is_ok(), "the shutdown hung on a client that never reads");
+    stopper.join().unwrap();
+    // The well-behaved session was told why.
+    match good.conn.recv_response() {
+        Ok(f) => assert!(matches!(f.msg, Response::Shutdown { .. }), "{:?}", f.msg),
+        Err(e) => panic!("no shutdown notice: {e}"),
+    }
+    drop(deaf);
+    let _ = writer.join();
+}

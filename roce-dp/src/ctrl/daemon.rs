@@ -1305,6 +1305,24 @@ impl std::error::Error for ServeError {}
 
 struct Session {
     writer: Mutex<Conn>,
+    /// The socket, to cut the session off without its writer lock (which a reply blocked on a client that does not
+    /// read holds).
+    sock: UnixStream,
+}
+
+/// The lock within `wait`, or None (a writer blocked on its client holds it).
+fn lock_within<T>(m: &Mutex<T>, wait: Duration) -> Option<std::sync::MutexGuard<'_, T>> {
+    let until = std::time::Instant::now() + wait;
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }
+    }
 }
 
 /// The control half: listens, runs one thread per session, routes commands to the workers.
@@ -1378,8 +1396,8 @@ impl Server {
                     Ok((sock, _)) => {
                         let _ = sock.set_nonblocking(false);
                         let id = next.fetch_add(1, Ordering::Relaxed);
-                        let Ok(w) = sock.try_clone() else { continue };
-                        let sess = Arc::new(Session { writer: Mutex::new(Conn::new(w)) });
+                        let (Ok(w), Ok(cut)) = (sock.try_clone(), sock.try_clone()) else { continue };
+                        let sess = Arc::new(Session { writer: Mutex::new(Conn::new(w)), sock: cut });
                         sessions.lock().expect("sessions").insert(id, sess.clone());
                         let (cfg, router, sessions) = (cfg.clone(), router.clone(), sessions.clone());
                         let h = std::thread::Builder::new().name(format!("roce-dpd-s{id}")).spawn(move || {
@@ -1426,10 +1444,15 @@ impl Server {
         }
         self.router.stop_qps();
         let sessions: Vec<Arc<Session>> = self.sessions.lock().expect("sessions").values().cloned().collect();
+        // The notice waits at most 100 ms for the session's writer and 100 ms to be sent: a client that sends
+        // requests and never reads the answers (its session thread blocked writing one, holding the writer) gets
+        // none; shutting its socket down then ends that blocked write, so every session thread ends.
         for s in sessions {
-            let w = s.writer.lock().expect("writer");
-            let _ = w.send_response(0, &Response::Shutdown { reason: reason.into() }, &[]);
-            let _ = w.socket().shutdown(std::net::Shutdown::Both);
+            let _ = s.sock.set_write_timeout(Some(Duration::from_millis(100)));
+            if let Some(w) = lock_within(&s.writer, Duration::from_millis(100)) {
+                let _ = w.send_response(0, &Response::Shutdown { reason: reason.into() }, &[]);
+            }
+            let _ = s.sock.shutdown(std::net::Shutdown::Both);
         }
         let threads = std::mem::take(&mut *self.threads.lock().expect("threads"));
         for h in threads {
