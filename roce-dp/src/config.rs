@@ -558,17 +558,23 @@ impl Default for HostView {
     }
 }
 
-/// Parses a DPDK `-l` list (`"0"`, `"1,0"`, `"0-3,6"`); `None` for forms it does not check (`@`, groups).
+/// Parses a DPDK `-l` list (`"0"`, `"1,0"`, `"0-3,6"`) into its ranges, unexpanded (a profile's `0-4294967295`
+/// is two numbers, not four billion); `None` for forms it does not check (`@`, groups).
+fn lcore_ranges(s: &str) -> Option<Vec<std::ops::RangeInclusive<u32>>> {
+    s.split(',')
+        .map(|part| {
+            let part = part.trim();
+            match part.split_once('-') {
+                Some((a, b)) => Some(a.trim().parse::<u32>().ok()?..=b.trim().parse::<u32>().ok()?),
+                None => part.parse().ok().map(|n| n..=n),
+            }
+        })
+        .collect()
+}
+
+/// [`lcore_ranges`] expanded: for the machine's own list of online CPUs.
 fn lcore_list(s: &str) -> Option<Vec<u32>> {
-    let mut out = Vec::new();
-    for part in s.split(',') {
-        let part = part.trim();
-        match part.split_once('-') {
-            Some((a, b)) => out.extend(a.trim().parse::<u32>().ok()?..=b.trim().parse::<u32>().ok()?),
-            None => out.push(part.parse().ok()?),
-        }
-    }
-    Some(out)
+    Some(lcore_ranges(s)?.into_iter().flatten().collect())
 }
 
 impl HostView {
@@ -648,8 +654,9 @@ impl Profile {
             }
         }
         let (key, list) = lcores.unwrap_or(("eal.lcores", self.eal.lcores.as_deref().unwrap_or("0")));
-        if let (Some(want), Some((online, cpus))) = (lcore_list(list), host.online_cpus()) {
-            if let Some(l) = want.iter().find(|l| !cpus.contains(l)) {
+        if let (Some(want), Some((online, cpus))) = (lcore_ranges(list), host.online_cpus()) {
+            // Lazily: each range stops at its first offline lcore, after at most as many as there are CPUs.
+            if let Some(l) = want.into_iter().flatten().find(|l| !cpus.contains(l)) {
                 return fail(key, format!("lcore {l} is not an online CPU here (online: {online})"));
             }
         }
