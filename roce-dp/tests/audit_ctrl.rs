@@ -247,6 +247,10 @@ fn reg_mr_refuses_descriptors_of_the_wrong_kind_size_or_seals() {
     drop(p1);
     eventually("every refused memfd closed in the daemon", || (2..=10).all(|i| open_memfds(&n(i)) == 0));
     assert_eq!(s.stat("mrs"), 0);
+    // A window whose client address range wraps past 2^64.
+    let wrap = memfd(&n(12), 8192, SHRINK_GROW);
+    let q = Request::RegMr { pd, va: u64::MAX - 100, len: 4096, offset: 0, access: AccessFlags::ALL.0 };
+    refused(&s.call_fds(&q, &[wrap.as_fd()]).0, ErrorCode::Invalid);
     // The session still registers a good region.
     let good = memfd(&n(11), 8192, SHRINK_GROW);
     assert!(matches!(s.call_fds(&reg(4096, 4096), &[good.as_fd()]).0, Response::Mr { .. }));
