@@ -583,3 +583,37 @@ fn a_client_that_never_reads_cannot_hang_the_shutdown() {
     drop(deaf);
     let _ = writer.join();
 }
+
+/// A peer MAC given in `ModifyQp` is the next hop of a unicast RC connection: a broadcast, multicast or all-zero
+/// address (which the neighbour table never learns either) is refused with one line, so a client cannot make
+/// the daemon send its QP's frames to every host of the segment; a unicast one is taken.
+#[test]
+fn a_multicast_or_zero_peer_mac_is_refused() {
+    let d = daemon("mcastmac");
+    let mut s = Raw::open(&d);
+    let (pd, cq) = (s.pd(), s.cq(None));
+    let qpn = s.qp(pd, cq).unwrap();
+    let init = QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() };
+    assert_eq!(s.call(&Request::ModifyQp { qpn, m: ModifyQp { attr: init, ..ModifyQp::default() } }), Response::Ok);
+    let rtr = QpAttr {
+        state: Some(QpState::Rtr),
+        path_mtu: Some(1024),
+        dest_qpn: Some(0x123),
+        rq_psn: Some(0),
+        max_dest_rd_atomic: Some(1),
+        min_rnr_timer: Some(1),
+        ..QpAttr::default()
+    };
+    let gid = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 9];
+    for mac in [[0xff; 6], [0x01, 0x00, 0x5e, 0, 0, 1], [0x33, 0x33, 0, 0, 0, 1], [0; 6]] {
+        let m = ModifyQp { attr: rtr, gid: Some(gid), mac: Some(mac) };
+        let msg = refused(&s.call(&Request::ModifyQp { qpn, m }), ErrorCode::Invalid);
+        assert!(msg.contains("MAC"), "{mac:02x?}: {msg}");
+    }
+    match s.call(&Request::QueryQp { qpn }) {
+        Response::QpInfo(i) => assert_eq!(i.state, QpState::Init, "refused modifies left the QP in INIT"),
+        r => panic!("{r:?}"),
+    }
+    let m = ModifyQp { attr: rtr, gid: Some(gid), mac: Some([2, 0, 0, 0, 0, 9]) };
+    assert_eq!(s.call(&Request::ModifyQp { qpn, m }), Response::Ok);
+}

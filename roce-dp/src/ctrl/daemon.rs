@@ -415,6 +415,15 @@ fn peer_of(
         NeighIp::V6(a) => cfg.local_ip.v6 == Some(a),
     };
     let mac = match given {
+        // The next hop of a unicast connection (the neighbour table never learns these either).
+        Some(mac) if mac[0] & 1 != 0 || mac == [0; 6] => {
+            let shown: Vec<String> = mac.iter().map(|b| format!("{b:02x}")).collect();
+            let why = format!(
+                "peer MAC {} is a multicast, broadcast or zero address, not a unicast next hop",
+                shown.join(":")
+            );
+            return Err((err(ErrorCode::Invalid, why), None));
+        }
         Some(mac) => MacAddr(mac),
         None if own => cfg.local_mac,
         None => match neigh.lookup(nip) {
