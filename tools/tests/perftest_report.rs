@@ -331,3 +331,47 @@ fn bw_peak_is_perftests_best_run_of_messages() {
     }
     assert_eq!(PeakMeter::new().mibs(4096), 0.0);
 }
+
+#[test]
+fn bw_peak_of_posts_stamped_per_pass_keeps_one_point_per_pass() {
+    // A tool that reads its clock once per pass stamps every post of the pass alike. perftest's peak over such
+    // input (brute force over every post) is unchanged when the meter keeps only the first post of each stamp,
+    // and the meter holds at most one point per distinct stamp (it held one per post before).
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move |m: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    };
+    for (n, depth, cq_mod) in [(2000usize, 128usize, 100usize), (600, 16, 4), (600, 32, 8), (4000, 512, 100)] {
+        let (mut posted, mut signaled) = (Vec::new(), Vec::new());
+        let mut meter = PeakMeter::new();
+        let (mut now, mut done, mut stamps, mut most) = (1_000u64, 0usize, 0usize, 0usize);
+        while done < n {
+            // One pass: one stamp for all its posts (taken before them), then the completions polled.
+            now += 1 + rnd(40);
+            let mut any = false;
+            while posted.len() < n && posted.len() - done < depth && rnd(8) != 0 {
+                posted.push(now);
+                meter.post(now);
+                any = true;
+            }
+            stamps += usize::from(any);
+            most = most.max(meter.points());
+            let stall = if rnd(10) == 0 { 5000 } else { 300 };
+            now += 1 + rnd(stall);
+            let upto = ((done / cq_mod + 1) * cq_mod).min(n);
+            if upto <= posted.len() {
+                signaled.push((upto - 1, now));
+                meter.complete(upto as u64, now);
+                done = upto;
+            }
+        }
+        let want = brute_peak(&posted, &signaled, 4096);
+        let got = meter.mibs(4096);
+        assert!((got - want).abs() <= want * 1e-12, "n={n} depth={depth} cq_mod={cq_mod}: {got} vs {want}");
+        assert!(stamps < n / 2, "the input must batch posts: {stamps} passes for {n} posts");
+        assert!(most <= stamps, "n={n}: {most} points kept for {stamps} distinct stamps");
+    }
+}

@@ -429,6 +429,12 @@ pub fn json(banner: &Banner, results: &Results, gbits: bool) -> String {
 /// perftest searches every pair after the run; this keeps the upper convex hull of the points `(i, posted[i])`
 /// instead, so each completion is one binary search and memory stays at the posts still in flight plus the hull:
 /// the smallest slope from the point `(j + 1, completed[j])` to any earlier point is a tangent to that hull.
+///
+/// Posts with the same stamp as the post before them (a tool that reads its clock once per pass over its QPs and
+/// stamps the pass's posts with it) are counted but not kept: for any completion `j`, a later post `i' > i` with
+/// `posted[i'] == posted[i]` gives the same time `completed[j] - posted[i]` for fewer messages `j - i' + 1`, and
+/// `i <= i' <= j` whenever `i'` itself is a candidate, so the best pair never needs `i'` (same peak, one point
+/// per batch instead of one per post).
 #[derive(Clone, Debug, Default)]
 pub struct PeakMeter {
     /// Posts not yet covered by a completion: (index, nanoseconds).
@@ -436,6 +442,8 @@ pub struct PeakMeter {
     /// Upper hull of the covered posts, left to right.
     hull: Vec<(u64, u64)>,
     posts: u64,
+    /// The stamp of the last post kept.
+    last: Option<u64>,
     /// Best rate so far as (messages, nanoseconds).
     best: Option<(u64, u64)>,
 }
@@ -455,8 +463,16 @@ impl PeakMeter {
 
     /// The next post (over all QPs) happened at `ns` (nanoseconds from any fixed origin, never decreasing).
     pub fn post(&mut self, ns: u64) {
-        self.pending.push_back((self.posts, ns));
+        if self.last != Some(ns) {
+            self.pending.push_back((self.posts, ns));
+            self.last = Some(ns);
+        }
         self.posts += 1;
+    }
+
+    /// The posts kept (still in flight, or on the hull): at most one per distinct stamp.
+    pub fn points(&self) -> usize {
+        self.pending.len() + self.hull.len()
     }
 
     /// The first `completed` posts (over all QPs) are complete, as a signaled completion at `ns` says.
