@@ -537,10 +537,11 @@ tier9_events() {
     check "rdp_send_lat -e --daemon: the client slept (CPU ${T9_CPU:-?} s of ${T9_WALL:-?} s wall, under half)" \
         awk -v c="${T9_CPU:-9}" -v w="${T9_WALL:-0}" 'BEGIN { exit !(w > 0 && c < w / 2) }'
     T9_EV_NOTE+=", send_lat -e ${T9_CPU:-?}/${T9_WALL:-?} s"
-    pf_pair send_bw-events rdp_send_bw -e -s 4096 -n 2000 --data_validation
+    # -q 2: the two QPs share the tools' CQ with -e, its send and receive completions sorted to their QPs.
+    pf_pair send_bw-events rdp_send_bw -e -s 4096 -n 2000 -q 2 --data_validation
     check "rdp_send_bw -e --daemon: both exit 0 (server $PF_SRC, client $PF_CRC), every receive validated" test -n \
         "$([[ $PF_SRC -eq 0 && $PF_CRC -eq 0 ]] && pf_table "$PF_CLOG" 4096 2000 &&
-            grep -q '^ Data validation: 8192000 bytes verified$' "$PF_SLOG" && echo y)"
+            grep -q '^ Data validation: 16384000 bytes verified$' "$PF_SLOG" && echo y)"
     ev1=$(dpd2_stat "$1" daemon 0 events_signalled)
     check "roce-stat: the daemon signalled completion channels (events_signalled ${ev0:-0} -> ${ev1:-0})" \
         test "${ev1:-0}" -gt "${ev0:-0}"

@@ -6,9 +6,11 @@
 //!
 //! The daemon runs the data path, so a traffic loop's turn has nothing to poll but the CQ ring; after 64 empty
 //! turns in a row the tool yields its CPU (it usually shares the cores with the daemon's busy worker). With `-e`
-//! (perftest's `--events`) every QP's CQ is bound to one completion channel and a turn that moved nothing arms
-//! them all ([`Cq::req_notify`]), looks at their rings once more ([`Cq::pending`]: a completion that landed
-//! before the worker saw the arm is found here) and only then sleeps on the channel, at most
+//! (perftest's `--events`) the QPs share one CQ, as perftest's QPs share its send CQ, bound to a completion
+//! channel (one wake-up per completion batch of all the QPs, not one per QP: with a CQ per QP the wake-ups came in
+//! pairs 10-25 us apart, and the second of a pair was where half of the tick-long waits for the shared core
+//! were); a turn that moved nothing arms it ([`Cq::req_notify`]), looks at its ring once more ([`Cq::pending`]: a
+//! completion that landed before the worker saw the arm is found here) and only then sleeps on the channel, at most
 //! [`EVENT_WAIT`] so that the loops' clocks (`-D`, `--run_infinitely`, timeouts) still tick; the event is
 //! acknowledged and the next turn polls. The tool then uses CPU only per completion batch, not per turn. The
 //! passive side (the write/read/atomic server) sees traffic by the responder's expected PSN of its QPs, queried
@@ -16,6 +18,7 @@
 //! [`Error::DaemonGone`](roce_dp::client::Error::DaemonGone)) and exits 2: from the traffic loops, from a wait on
 //! the exchange, or after any other failure that the daemon's end caused.
 
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -30,22 +33,33 @@ use super::run::{detail, err, rc_connect, session, Fail, Local, NewQp, Nic};
 /// One QP of ours in the daemon, with everything it needs (dropped QP first, PD last).
 struct DQp {
     qp: Qp,
-    cq: Cq,
+    /// Its own CQ, or `None` with `-e` (the QPs' [`Shared`] CQ).
+    cq: Option<Cq>,
     mr: Mr,
     _pd: Pd,
     /// The responder's expected PSN at the last look ([`Nic::rx_activity`]).
     rq_psn: u32,
 }
 
-/// The session with roce-dpd and our QPs in it.
+/// `-e`: the CQ all the QPs complete on, and the completions polled from it that wait for their QP's turn.
+struct Shared {
+    cq: Cq,
+    /// Per QP (index as in [`Daemon::qps`]), completions taken from the CQ and not yet handed to the loop.
+    queued: Vec<VecDeque<Cqe>>,
+    /// QPN -> index in [`Daemon::qps`].
+    index: HashMap<u32, usize>,
+}
+
+/// The session with roce-dpd and our QPs in it (fields drop in order: the QPs before the CQ they share).
 struct Daemon {
     qps: Vec<DQp>,
+    shared: Option<Shared>,
     dev: Device,
     /// `--poll-sleep`.
     nap: Duration,
     /// `-e`: the channel every CQ signals.
     channel: Option<CompChannel>,
-    /// `--event-moderation COUNT:US` for every CQ.
+    /// `--event-moderation COUNT:US` for the shared CQ (`-e`).
     moderation: Option<(u16, u16)>,
     last_alive: Instant,
     /// Changes of a QP's expected PSN seen so far, when the QPs were last looked at, and the next to look at.
@@ -63,6 +77,8 @@ const SAMPLE_QPS: usize = 32;
 pub(super) const EVENT_WAIT: Duration = Duration::from_millis(10);
 /// Send WRs a BW loop stages before it publishes them (the rest of its batch follows at its end).
 const STAGE_MAX: u32 = 32;
+/// The largest shared CQ the tool asks for (the daemon's default `max_depth`).
+const SHARED_CQ_MAX: u32 = 4096;
 /// How often a loop looks at the daemon's socket.
 const ALIVE_EVERY: Duration = Duration::from_millis(20);
 
@@ -73,7 +89,7 @@ fn gone(e: roce_dp::client::Error) -> Fail {
 /// The whole run of one tool through roce-dpd on `sock`.
 /// `nap`: `--poll-sleep`, the sleep after a turn of a traffic loop that moved nothing (zero: spin, yielding the CPU
 /// after [`YIELD_AFTER`] such turns).
-/// `moderation`: `--event-moderation` (with `-e`), set on every CQ.
+/// `moderation`: `--event-moderation` (with `-e`), set on the QPs' shared CQ.
 pub(super) fn run(
     test: TestKind,
     p: &Params,
@@ -96,6 +112,7 @@ pub(super) fn run(
     let channel = if p.use_event { Some(dev.create_comp_channel().map_err(err)?) } else { None };
     let mut nic = Daemon {
         qps: Vec::new(),
+        shared: None,
         dev: dev.clone(),
         nap,
         channel,
@@ -118,22 +135,35 @@ impl Daemon {
     /// `-e`: arm every CQ, look once more, sleep on the channel (module documentation). Errors end the sleep; the
     /// loop's next liveness check reports a daemon that went away.
     fn sleep_on_events(&mut self) {
-        for d in &mut self.qps {
-            if d.cq.req_notify(false).is_err() {
-                return;
-            }
+        let Some(sh) = &mut self.shared else { return };
+        if sh.queued.iter().any(|q| !q.is_empty()) || sh.cq.req_notify(false).is_err() {
+            return;
         }
-        for d in &mut self.qps {
-            if d.cq.pending().map_or(true, |n| n > 0) {
-                return;
-            }
+        if sh.cq.pending().map_or(true, |n| n > 0) {
+            return;
         }
         let Some(ch) = &self.channel else { return };
         if let Ok(Some(h)) = ch.get_cq_event(Some(EVENT_WAIT)) {
-            if let Some(d) = self.qps.iter().find(|d| d.cq.handle() == h) {
-                d.cq.ack_events(1);
+            if sh.cq.handle() == h {
+                sh.cq.ack_events(1);
             }
         }
+    }
+
+    /// The shared CQ (`-e`), created with the first QP: room for every QP's send and receive completions, up to
+    /// the daemon's default largest queue (a full CQ holds the daemon's completions back, it loses none).
+    fn make_shared_cq(&mut self, p: &Params, depth: u32) -> Result<(), Fail> {
+        if self.shared.is_none() {
+            let Some(ch) = &self.channel else { return Err(err("no completion channel")) };
+            let want = (depth * 2 + 16).saturating_mul(p.num_qps.max(1)).min(SHARED_CQ_MAX);
+            let mut cq = self.dev.create_cq_with_channel(want, ch).map_err(err)?;
+            if let Some((count, us)) = self.moderation {
+                cq.set_event_moderation(count, us)
+                    .map_err(|e| err(format!("--event-moderation {count}:{us}: {e}")))?;
+            }
+            self.shared = Some(Shared { cq, queued: Vec::new(), index: HashMap::new() });
+        }
+        Ok(())
     }
 }
 
@@ -149,20 +179,28 @@ impl Nic for Daemon {
     fn add_qp(&mut self, p: &Params, region_len: usize) -> Result<NewQp, Fail> {
         let pd = self.dev.alloc_pd().map_err(err)?;
         let depth = p.tx_depth.max(p.rx_depth).max(1);
-        let mut cq = match &self.channel {
-            Some(ch) => self.dev.create_cq_with_channel(depth * 2 + 16, ch),
-            None => self.dev.create_cq(depth * 2 + 16),
-        }
-        .map_err(err)?;
-        if let Some((count, us)) = self.moderation {
-            cq.set_event_moderation(count, us).map_err(|e| err(format!("--event-moderation {count}:{us}: {e}")))?;
-        }
+        let own = if self.channel.is_some() {
+            None
+        } else {
+            Some(self.dev.create_cq(depth * 2 + 16).map_err(err)?)
+        };
         let mr = pd.reg_mr(region_len, AccessFlags::ALL).map_err(err)?;
         let init = QpInit { sq_depth: p.tx_depth.max(1), rq_depth: p.rx_depth.max(1), ..QpInit::default() };
-        let qp = self.dev.create_qp(&pd, &cq, &cq, init).map_err(err)?;
+        if own.is_none() {
+            self.make_shared_cq(p, depth)?;
+        }
+        let cq = match (&own, &self.shared) {
+            (Some(cq), _) | (None, Some(Shared { cq, .. })) => cq,
+            (None, None) => return Err(err("no CQ for the QP")),
+        };
+        let qp = self.dev.create_qp(&pd, cq, cq, init).map_err(err)?;
         qp.to_init(AccessFlags::ALL).map_err(err)?;
         let n = NewQp { qpn: qp.qpn(), rkey: mr.rkey(), va: mr.addr() };
-        self.qps.push(DQp { qp, cq, mr, _pd: pd, rq_psn: 0 });
+        if let Some(sh) = &mut self.shared {
+            sh.index.insert(qp.qpn(), self.qps.len());
+            sh.queued.push(VecDeque::with_capacity(64));
+        }
+        self.qps.push(DQp { qp, cq: own, mr, _pd: pd, rq_psn: 0 });
         Ok(n)
     }
 
@@ -212,7 +250,26 @@ impl Nic for Daemon {
     }
 
     fn poll_cq(&mut self, q: usize, out: &mut [Cqe]) -> Result<usize, Fail> {
-        self.qps[q].cq.poll(out).map_err(gone)
+        let Some(sh) = &mut self.shared else {
+            return self.qps[q].cq.as_mut().map_or(Ok(0), |cq| cq.poll(out).map_err(gone));
+        };
+        if sh.queued[q].is_empty() {
+            // Take what the CQ has, each completion to its QP's queue (a QPN not ours: none of our QPs' business).
+            let mut buf = [Cqe::EMPTY; 32];
+            let k = sh.cq.poll(&mut buf).map_err(gone)?;
+            for c in &buf[..k] {
+                if let Some(&i) = sh.index.get(&c.qpn) {
+                    sh.queued[i].push_back(*c);
+                }
+            }
+        }
+        let mut k = 0;
+        while k < out.len() {
+            let Some(c) = sh.queued[q].pop_front() else { break };
+            out[k] = c;
+            k += 1;
+        }
+        Ok(k)
     }
 
     fn mem(&mut self, q: usize) -> &[u8] {
