@@ -215,3 +215,55 @@ fn a_signal_during_a_control_call_is_not_a_dead_daemon() {
     h.join().unwrap();
     let _ = std::fs::remove_file(path);
 }
+
+// ------------------------------------------------------------------------------------------------ the daemon
+
+fn loopback(tag: &str) -> roce_dp::ctrl::loopback::LoopbackDaemon {
+    let cfg = roce_dp::ctrl::loopback::LoopbackConfig::new(sock(tag));
+    roce_dp::ctrl::loopback::LoopbackDaemon::start(cfg).expect("loopback daemon")
+}
+
+fn daemon_stat(dev: &Device, name: &str) -> u64 {
+    let v = dev.stats().unwrap();
+    v.iter().find(|s| s.scope == "daemon" && s.name == name).map_or(0, |s| s.value)
+}
+
+/// Every posted WR gets a completion: a WQE the daemon refuses (here: posted on a QP in RESET, which the engine
+/// refuses as `ibv_post_send` does) completes with LOC_QP_OP_ERR even when its CQ's ring is full at that moment.
+/// The refusal is held like the engine's completions and delivered when the client has polled room; it was
+/// dropped (counted in `cqes_dropped`), and that wr_id never completed.
+#[test]
+fn a_refused_wqe_completes_even_when_its_cq_ring_is_full() {
+    use roce_dp::client::QpInit;
+    use roce_dp::{SendWr, WcStatus, WrOpcode};
+    let d = loopback("refusal-held");
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mut cq = dev.create_cq(16).unwrap();
+    let n = 24u64; // the ring holds 16
+    let mut qps = Vec::new();
+    for k in 0..n {
+        let mut qp = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+        qp.post_send(&SendWr::new(k, WrOpcode::Send), &[]).unwrap();
+        qps.push(qp);
+    }
+    let t0 = Instant::now();
+    while daemon_stat(&dev, "wqes_refused") < n {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the daemon refuses the {n} WQEs");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut got = Vec::new();
+    let mut wc = [roce_dp::Cqe::EMPTY; 4];
+    while (got.len() as u64) < n && t0.elapsed() < Duration::from_secs(10) {
+        let k = cq.poll(&mut wc).unwrap();
+        for c in &wc[..k] {
+            assert_eq!(c.status, WcStatus::LocQpOpErr, "{c:?}");
+            got.push(c.wr_id);
+        }
+    }
+    got.sort_unstable();
+    assert_eq!(got, (0..n).collect::<Vec<_>>(), "every refused WR completed");
+    assert_eq!(daemon_stat(&dev, "cqes_dropped"), 0);
+    assert!(daemon_stat(&dev, "cqes_held") >= n - 16);
+    drop(qps);
+}

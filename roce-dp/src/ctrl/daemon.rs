@@ -209,8 +209,10 @@ pub struct ApplianceStats {
     pub wqes_refused: u64,
     /// CQEs written into CQ rings.
     pub cqes_delivered: u64,
-    /// CQEs dropped because their CQ ring was corrupt.
+    /// CQEs dropped because their CQ ring was corrupt (or a refusal beyond the CQ's depth of held ones).
     pub cqes_dropped: u64,
+    /// Completions of refused WQEs held back because their CQ ring was full (delivered when it has room).
+    pub cqes_held: u64,
     /// Sessions whose resources were reclaimed.
     pub sessions_reclaimed: u64,
     /// Commands served.
@@ -231,6 +233,9 @@ struct CqSlot {
     broken: bool,
     /// The completion channel and the arm sequence answered last.
     event: Option<CqEvent>,
+    /// Completions of refused WQEs that found the ring full, delivered before the engine's (at most the ring's
+    /// capacity; see [`Appliance::poll_qp`]).
+    refusals: std::collections::VecDeque<abi::Cqe>,
 }
 
 /// A CQ's completion channel, worker side (see [`super::client`] for the protocol).
@@ -575,7 +580,14 @@ impl Appliance {
                     self.cqs.resize_with(i + 1, || None);
                 }
                 let event = event.map(|fd| CqEvent { fd, answered: 0, held: None });
-                self.cqs[i] = Some(CqSlot { client, handle, region: *region, broken: false, event });
+                self.cqs[i] = Some(CqSlot {
+                    client,
+                    handle,
+                    region: *region,
+                    broken: false,
+                    event,
+                    refusals: Default::default(),
+                });
                 self.cq_ids.insert(handle, cq);
                 Response::Cq { cq: handle }
             }
@@ -699,6 +711,7 @@ impl Appliance {
             ("wqes_refused", s.wqes_refused),
             ("cqes_delivered", s.cqes_delivered),
             ("cqes_dropped", s.cqes_dropped),
+            ("cqes_held", s.cqes_held),
             ("commands", s.commands),
             ("events_signalled", s.events_signalled),
             ("events_unsent", s.events_unsent),
@@ -714,6 +727,7 @@ impl Appliance {
             ("wqes_refused", s.wqes_refused),
             ("cqes_delivered", s.cqes_delivered),
             ("cqes_dropped", s.cqes_dropped),
+            ("cqes_held", s.cqes_held),
             ("sessions_reclaimed", s.sessions_reclaimed),
             ("commands", s.commands),
             ("events_signalled", s.events_signalled),
@@ -857,10 +871,17 @@ impl Appliance {
             self.stats.wqes_refused += 1;
             let cq = if cqe.opcode == abi::wc_opcode::RECV { q.recv_cq } else { q.send_cq };
             let qpn = q.qpn;
-            // The refusal goes first, then the flush of everything the engine held.
+            // The refusal goes first, then the flush of everything the engine held. A full ring holds it back like
+            // the engine's completions (delivered first, as room comes), so the WR still completes; only beyond
+            // the CQ's own depth of held refusals (a client that posts past its CQ's depth and never polls: a CQ
+            // overrun in verbs) is one dropped and counted.
             if let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) {
-                if slot.broken || slot.region.cq.push_publish(cqe).is_err() {
+                if slot.broken {
                     self.stats.cqes_dropped += 1;
+                } else if !slot.refusals.is_empty() || slot.region.cq.push_publish(cqe).is_err() {
+                    if !Self::hold_refusal(slot, cqe, &mut self.stats) {
+                        self.stats.cqes_dropped += 1;
+                    }
                 } else {
                     self.stats.cqes_delivered += 1;
                     if let Some(ev) = slot.event.as_mut() {
@@ -875,6 +896,17 @@ impl Appliance {
         moved
     }
 
+    /// Keeps a refused WQE's completion for [`deliver`](Self::deliver); false when the CQ already holds as many
+    /// as its ring's capacity.
+    fn hold_refusal(slot: &mut CqSlot, cqe: abi::Cqe, stats: &mut ApplianceStats) -> bool {
+        if slot.refusals.len() >= slot.region.header.sq.capacity as usize {
+            return false;
+        }
+        slot.refusals.push_back(cqe);
+        stats.cqes_held += 1;
+        true
+    }
+
     /// Engine completions into the CQ rings, as far as each ring has room (the second half of
     /// [`poll`](Self::poll), for a worker whose turn made completions after its look at the QPs' rings).
     pub fn deliver(&mut self, e: &mut Engine) -> bool {
@@ -882,11 +914,20 @@ impl Appliance {
         for (i, slot) in self.cqs.iter_mut().enumerate() {
             let Some(s) = slot else { continue };
             let id = CqId(i as u32);
-            if e.cq_len(id) == 0 {
+            if e.cq_len(id) == 0 && s.refusals.is_empty() {
                 continue;
             }
             let mut pushed = 0u32;
             let mut qualifies = false;
+            // Held refusals first (they came before the flush the engine made when their QP went to error).
+            while !s.broken && !s.refusals.is_empty() && s.region.cq.reserve().is_ok() {
+                let c = s.refusals.pop_front().expect("not empty");
+                let _ = s.region.cq.push(c);
+                moved = true;
+                pushed += 1;
+                qualifies = true; // a failed completion answers a solicited-only arm too
+                self.stats.cqes_delivered += 1;
+            }
             loop {
                 if !s.broken {
                     match s.region.cq.reserve() {
