@@ -267,3 +267,46 @@ fn a_refused_wqe_completes_even_when_its_cq_ring_is_full() {
     assert!(daemon_stat(&dev, "cqes_held") >= n - 16);
     drop(qps);
 }
+
+/// Per-session quotas (`[daemon] session_max_*`): past its limit a session gets one line naming the limit and the
+/// config key (`ErrorCode::Exhausted`, as verbs' ENOMEM past a device's `max_*`); destroying an object gives its
+/// room back; another session has its own room.
+#[test]
+fn each_session_has_its_own_limits_of_pds_mrs_cqs_qps_and_channels() {
+    use roce_dp::client::{ErrorCode, QpInit};
+    use roce_dp::ctrl::SessionLimits;
+    use roce_dp::AccessFlags;
+    let mut cfg = roce_dp::ctrl::loopback::LoopbackConfig::new(sock("quota"));
+    cfg.limits = SessionLimits { qps: 2, cqs: 3, mrs: 2, pds: 2, channels: 1 };
+    let d = roce_dp::ctrl::loopback::LoopbackDaemon::start(cfg).unwrap();
+    let dev = Device::open(d.path()).unwrap();
+    let over = |e: Error, key: &str| {
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Refused { code: ErrorCode::Exhausted, .. }), "{e:?}");
+        assert!(msg.contains(key) && !msg.contains('\n'), "{msg}");
+    };
+    let pd = dev.alloc_pd().unwrap();
+    let pd2 = dev.alloc_pd().unwrap();
+    over(dev.alloc_pd().err().unwrap(), "session_max_pds");
+    drop(pd2);
+    let pd2 = dev.alloc_pd().expect("room again after a dealloc");
+    let m1 = pd.reg_mr(4096, AccessFlags::ALL).unwrap();
+    let _m2 = pd2.reg_mr(4096, AccessFlags::ALL).unwrap();
+    over(pd.reg_mr(4096, AccessFlags::ALL).err().unwrap(), "session_max_mrs");
+    drop(m1);
+    let _m1 = pd.reg_mr(4096, AccessFlags::ALL).expect("room again after a dereg");
+    let ch = dev.create_comp_channel().unwrap();
+    over(dev.create_comp_channel().err().unwrap(), "session_max_channels");
+    let cq = dev.create_cq_with_channel(8, &ch).unwrap();
+    let cq2 = dev.create_cq(8).unwrap();
+    let cq3 = dev.create_cq(8).unwrap();
+    over(dev.create_cq(8).err().unwrap(), "session_max_cqs");
+    let _q1 = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    let _q2 = dev.create_qp(&pd, &cq2, &cq2, QpInit::default()).unwrap();
+    over(dev.create_qp(&pd, &cq3, &cq3, QpInit::default()).err().unwrap(), "session_max_qps");
+    // Another session is not affected by this one's use.
+    let other = Device::open(d.path()).unwrap();
+    let opd = other.alloc_pd().unwrap();
+    let ocq = other.create_cq(8).unwrap();
+    other.create_qp(&opd, &ocq, &ocq, QpInit::default()).expect("its own quota");
+}
