@@ -88,9 +88,35 @@ pub struct DaemonSection {
     /// Largest queue depth a client may ask for.
     #[serde(default = "max_depth")]
     pub max_depth: u32,
+    /// Queue pairs one session (one open device) may hold at once (default 256).
+    #[serde(default = "session_max_qps")]
+    pub session_max_qps: u32,
+    /// Completion queues one session may hold (default 512; each is a memfd the daemon keeps open).
+    #[serde(default = "session_max_cqs")]
+    pub session_max_cqs: u32,
+    /// Memory regions one session may hold (default 1024; each is a memfd the daemon keeps mapped).
+    #[serde(default = "session_max_mrs")]
+    pub session_max_mrs: u32,
+    /// Protection domains one session may hold (default 64).
+    #[serde(default = "session_max_pds")]
+    pub session_max_pds: u32,
+    /// Completion channels one session may hold (default 64; each is a socket pair).
+    #[serde(default = "session_max_channels")]
+    pub session_max_channels: u32,
 }
 
 impl DaemonSection {
+    /// The per-session limits (`session_max_*`).
+    pub fn limits(&self) -> crate::ctrl::SessionLimits {
+        crate::ctrl::SessionLimits {
+            qps: self.session_max_qps,
+            cqs: self.session_max_cqs,
+            mrs: self.session_max_mrs,
+            pds: self.session_max_pds,
+            channels: self.session_max_channels,
+        }
+    }
+
     /// `worker_lcores` as numbers (`None` if absent; `Err` names what does not parse).
     pub fn lcores(&self) -> Option<Result<Vec<u32>, String>> {
         let l = self.worker_lcores.as_ref()?;
@@ -110,6 +136,21 @@ fn socket_mode() -> u32 {
 }
 fn max_depth() -> u32 {
     4096
+}
+fn session_max_qps() -> u32 {
+    crate::ctrl::SessionLimits::default().qps
+}
+fn session_max_cqs() -> u32 {
+    crate::ctrl::SessionLimits::default().cqs
+}
+fn session_max_mrs() -> u32 {
+    crate::ctrl::SessionLimits::default().mrs
+}
+fn session_max_pds() -> u32 {
+    crate::ctrl::SessionLimits::default().pds
+}
+fn session_max_channels() -> u32 {
+    crate::ctrl::SessionLimits::default().channels
 }
 
 /// The DPDK driver of the port.
@@ -462,6 +503,17 @@ impl Profile {
             }
             if !(1..=1 << 16).contains(&d.max_depth) {
                 return Err(("daemon.max_depth", format!("{} is not in 1..=65536", d.max_depth)));
+            }
+            for (key, v) in [
+                ("daemon.session_max_qps", d.session_max_qps),
+                ("daemon.session_max_cqs", d.session_max_cqs),
+                ("daemon.session_max_mrs", d.session_max_mrs),
+                ("daemon.session_max_pds", d.session_max_pds),
+                ("daemon.session_max_channels", d.session_max_channels),
+            ] {
+                if !(1..=1 << 16).contains(&v) {
+                    return Err((key, format!("{v} is not in 1..=65536 (objects one client session may hold)")));
+                }
             }
         }
         Ok(())
@@ -856,6 +908,20 @@ mod tests {
         assert_eq!(lcore_list("0-3,6"), Some(vec![0, 1, 2, 3, 6]));
         assert_eq!(lcore_list("1@2"), None, "forms it does not check are left to EAL");
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn session_limits_default_and_are_checked() {
+        let d = format!("{BASE}[daemon]\nsocket = \"/run/x.sock\"\n");
+        let p = Profile::parse("t.toml", &d).unwrap();
+        assert_eq!(p.daemon.unwrap().limits(), crate::ctrl::SessionLimits::default());
+        let p = Profile::parse("t.toml", &format!("{d}session_max_qps = 8\nsession_max_channels = 2\n")).unwrap();
+        let l = p.daemon.unwrap().limits();
+        assert_eq!((l.qps, l.channels, l.cqs), (8, 2, 512));
+        assert_eq!(
+            err(&format!("{d}session_max_mrs = 0\n")),
+            "t.toml: daemon.session_max_mrs: 0 is not in 1..=65536 (objects one client session may hold)"
+        );
     }
 
     #[test]

@@ -304,11 +304,19 @@ impl Engine {
 
     // ---------------------------------------------------------------- control verbs
 
-    /// Allocates a protection domain.
+    /// Allocates a protection domain: the next number, wrapping after 2^32 - 1 (0 is never used). The engine does
+    /// not track which PDs are alive: a caller that frees PDs and allocates billions (the daemon) skips numbers
+    /// still in use.
     pub fn alloc_pd(&mut self) -> Pd {
         let pd = Pd(self.next_pd);
-        self.next_pd += 1;
+        self.next_pd = self.next_pd.wrapping_add(1).max(1);
         pd
+    }
+
+    /// Sets the next PD number [`alloc_pd`](Self::alloc_pd) returns (0 is taken as 1): for tests of the wrap.
+    #[doc(hidden)]
+    pub fn set_next_pd(&mut self, n: u32) {
+        self.next_pd = n.max(1);
     }
 
     /// Registers a zero-filled region of `len` bytes at virtual address `va`.

@@ -5,6 +5,7 @@
 //! Pure frame code, no DPDK: the data path ([`crate::dpdk::Worker`]) calls [`classify`] on every received frame
 //! and hands ARP/ND frames to [`Neighbours::handle`], which may write a reply into a transmit buffer.
 
+use crate::time::{Duration, Instant};
 use crate::wire::ipv4::checksum;
 use crate::wire::{MacAddr, ROCE_UDP_PORT};
 
@@ -103,6 +104,8 @@ pub struct NeighStats {
     pub nd_solicits: u64,
     /// Entries learned from received frames.
     pub learned: u64,
+    /// Solicitations not sent because the same target was solicited too recently ([`Neighbours::solicit_at`]).
+    pub solicits_limited: u64,
     /// ARP/ND frames ignored (malformed, or not for us).
     pub ignored: u64,
 }
@@ -124,6 +127,8 @@ pub struct Neighbours {
     v6: Option<[u8; 16]>,
     /// (address, MAC, static). Small: linear search.
     table: Vec<(NeighIp, MacAddr, bool)>,
+    /// Targets being solicited: (address, when last solicited, the wait before the next solicitation).
+    pending: Vec<(NeighIp, Instant, Duration)>,
     /// Counters.
     pub stats: NeighStats,
 }
@@ -131,10 +136,21 @@ pub struct Neighbours {
 /// Most learned entries kept (the oldest learned one is replaced beyond this).
 const MAX_LEARNED: usize = 256;
 
+/// Solicitation backoff per target ([`Neighbours::solicit_at`]): the second solicitation may follow the first after
+/// [`SOLICIT_FIRST_GAP`], each next one after twice the previous gap, at most [`SOLICIT_MAX_GAP`] (Linux's ARP
+/// probes are 1 s apart). A target not solicited for [`SOLICIT_FORGET`] starts again at the first gap.
+pub const SOLICIT_FIRST_GAP: Duration = Duration::from_millis(20);
+/// The longest gap between two solicitations of one target.
+pub const SOLICIT_MAX_GAP: Duration = Duration::from_millis(1000);
+/// After this long without a solicitation, a target's backoff starts over.
+pub const SOLICIT_FORGET: Duration = Duration::from_millis(5000);
+/// Targets whose backoff is remembered (the oldest is forgotten beyond this).
+const MAX_PENDING: usize = 64;
+
 impl Neighbours {
     /// A responder for a port with MAC `mac` and the given addresses.
     pub fn new(mac: MacAddr, v4: Option<[u8; 4]>, v6: Option<[u8; 16]>) -> Self {
-        Self { mac, v4, v6, table: Vec::new(), stats: NeighStats::default() }
+        Self { mac, v4, v6, table: Vec::new(), pending: Vec::new(), stats: NeighStats::default() }
     }
 
     /// Add a static entry (never replaced by learning).
@@ -169,6 +185,7 @@ impl Neighbours {
         }
         self.table.push((ip, mac, false));
         self.stats.learned += 1;
+        self.pending.retain(|e| e.0 != ip);
     }
 
     /// Handle a received ARP or ND frame: learn the sender, and if it asks for our address write the reply into
@@ -282,8 +299,40 @@ impl Neighbours {
         None
     }
 
+    /// [`solicit`](Self::solicit), rate-limited per target: at `now`, writes a solicitation for `ip` only if the
+    /// backoff allows one (the first at once, the next after [`SOLICIT_FIRST_GAP`], then gaps doubling up to
+    /// [`SOLICIT_MAX_GAP`]); else `None`, counted in `solicits_limited`. However often a caller asks while a peer
+    /// does not answer, the segment sees a few broadcasts (8 in 3 s), and the first answer still comes fast.
+    pub fn solicit_at(&mut self, ip: NeighIp, now: Instant, out: &mut [u8]) -> Option<usize> {
+        let i = match self.pending.iter().position(|e| e.0 == ip) {
+            Some(i) => {
+                let (_, last, gap) = self.pending[i];
+                let since = now.saturating_since(last);
+                if since >= SOLICIT_FORGET {
+                    self.pending[i].2 = SOLICIT_FIRST_GAP;
+                } else if since >= gap {
+                    self.pending[i].2 = Duration(gap.as_nanos().saturating_mul(2)).min(SOLICIT_MAX_GAP);
+                } else {
+                    self.stats.solicits_limited += 1;
+                    return None;
+                }
+                i
+            }
+            None => {
+                if self.pending.len() >= MAX_PENDING {
+                    self.pending.remove(0);
+                }
+                self.pending.push((ip, now, SOLICIT_FIRST_GAP));
+                self.pending.len() - 1
+            }
+        };
+        self.pending[i].1 = now;
+        self.solicit(ip, out)
+    }
+
     /// Write a request resolving `ip` (ARP request, or NS to the solicited-node multicast address) into `out`
-    /// (>= 86 bytes); None if we have no address of that family to send from.
+    /// (>= 86 bytes); None if we have no address of that family to send from. No rate limit: what sends on a
+    /// caller's every ask uses [`solicit_at`](Self::solicit_at).
     pub fn solicit(&mut self, ip: NeighIp, out: &mut [u8]) -> Option<usize> {
         match ip {
             NeighIp::V4(tpa) => {

@@ -78,8 +78,15 @@ fn start(tag: &str) -> Daemon {
     });
     let info =
         DeviceInfo { abi: 1, pid: std::process::id(), mac: MAC, ipv4: Some(IP), ipv6: None, mtu: 1024, hugetlb: false };
-    let cfg =
-        ServerConfig { path: path.clone(), mode: 0o600, backing: Backing::Pages, info, max_depth: 4096, log: false };
+    let cfg = ServerConfig {
+        path: path.clone(),
+        mode: 0o600,
+        backing: Backing::Pages,
+        info,
+        max_depth: 4096,
+        limits: Default::default(),
+        log: false,
+    };
     let server = Server::start(cfg, tx.clone()).expect("server starts");
     Daemon { server: Some(server), stop, worker: Some(worker), jobs: tx, path }
 }
@@ -459,8 +466,15 @@ fn open_errors_are_one_actionable_line() {
     // A second daemon on the same path is refused with one line; a stale socket file is replaced.
     let (tx, _rx) = job_channel();
     let info = DeviceInfo { abi: 1, pid: 0, mac: MAC, ipv4: Some(IP), ipv6: None, mtu: 1024, hugetlb: false };
-    let cfg =
-        ServerConfig { path: d.path.clone(), mode: 0o600, backing: Backing::Pages, info, max_depth: 64, log: false };
+    let cfg = ServerConfig {
+        path: d.path.clone(),
+        mode: 0o600,
+        backing: Backing::Pages,
+        info,
+        max_depth: 64,
+        limits: Default::default(),
+        log: false,
+    };
     let e = Server::start(cfg.clone(), tx.clone()).err().unwrap();
     assert!(e.0.contains("in use by a running daemon"), "{e}");
     let stale = sock_path("stale");

@@ -25,7 +25,9 @@
 //! ([`super::proto`]); posting and polling touch only the shared rings. Objects are destroyed when dropped (QPs
 //! before the CQs they use, as with verbs). When the daemon goes away, the next control call fails with
 //! [`Error::DaemonGone`], and so does [`Cq::poll`] once it has found its ring empty for a while and looked at the
-//! socket: never a hang.
+//! socket (without blocking): never a hang. A daemon that does not answer (stopped, stuck, or another program's
+//! socket) makes a control call fail with [`Error::Timeout`] after [`DEFAULT_CALL_TIMEOUT`] (or what
+//! [`Device::set_call_timeout`] says); a signal that interrupts the wait is retried.
 //!
 //! # Completion channels: sleeping instead of polling
 //! As with `ibv_create_comp_channel` / `ibv_req_notify_cq` / `ibv_get_cq_event` / `ibv_ack_cq_events`: a
@@ -126,6 +128,16 @@ pub enum Error {
         /// What the daemon said, or how the connection ended.
         reason: String,
     },
+    /// The daemon did not answer a control call in time ([`Device::set_call_timeout`]): it is stopped
+    /// (SIGSTOP), stuck, or the socket is another program's. The session stays open: a late answer is discarded.
+    Timeout {
+        /// The socket path.
+        path: PathBuf,
+        /// The request that got no answer.
+        request: &'static str,
+        /// How long the call waited.
+        waited: Duration,
+    },
     /// The daemon refused the request.
     Refused {
         /// Category.
@@ -182,6 +194,13 @@ impl fmt::Display for Error {
                     path.display()
                 )
             }
+            Error::Timeout { path, request, waited } => write!(
+                f,
+                "roce-dpd on {} did not answer {request} within {:.1} s: is it stopped (SIGSTOP) or stuck, or is that \
+                 socket another program's? (the limit: Device::set_call_timeout)",
+                path.display(),
+                waited.as_secs_f64()
+            ),
             Error::Refused { msg, .. } => write!(f, "roce-dpd refused: {msg}"),
             Error::Shm(e) => write!(f, "{e}"),
             Error::QueueFull => f.write_str("work queue full: poll completions before posting more"),
@@ -214,14 +233,24 @@ fn wq_err(e: WqError) -> Error {
     }
 }
 
+/// How long a control call waits for the daemon's answer unless the application says otherwise
+/// ([`Device::open_with_timeout`], [`Device::set_call_timeout`]). A `ModifyQp` that resolves the peer's MAC takes up
+/// to the daemon's resolution timeout (3 s); everything else answers in microseconds.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 struct Inner {
     conn: Mutex<Conn>,
+    /// The control-call timeout, in microseconds.
+    timeout_us: std::sync::atomic::AtomicU64,
     seq: AtomicU32,
     info: DeviceInfo,
     path: PathBuf,
     gone: Mutex<Option<String>>,
     regions: AtomicU32,
     checking: AtomicBool,
+    /// The last call timed out and no answer came since: destroying objects on drop then only sends the request
+    /// (dropping a device with many objects must not wait one timeout per object).
+    stalled: AtomicBool,
 }
 
 impl Inner {
@@ -235,6 +264,7 @@ impl Inner {
         match e {
             ProtoError::Io(None) => self.gone("the daemon closed the connection".into()),
             ProtoError::Io(Some(e)) => self.gone(e.to_string()),
+            ProtoError::Partial(e, n) => self.gone(format!("a request was cut after {n} bytes ({e})")),
             ProtoError::Shm(ShmError::Os { op, errno }) => {
                 self.gone(format!("{op}: {}", std::io::Error::from_raw_os_error(errno)))
             }
@@ -242,22 +272,42 @@ impl Inner {
         }
     }
 
-    /// One request, its answer and the descriptors that came with it.
+    fn timeout(&self) -> Duration {
+        Duration::from_micros(self.timeout_us.load(Ordering::Relaxed))
+    }
+
+    /// One request, its answer and the descriptors that came with it, waiting at most the call timeout for the
+    /// answer ([`Error::Timeout`]; a late answer is recognised by its sequence number and discarded).
     fn call(&self, q: &Request, fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<(Response, Vec<OwnedFd>), Error> {
         if let Some(r) = self.gone.lock().expect("gone").clone() {
             return Err(Error::DaemonGone { path: self.path.clone(), reason: r });
         }
+        let waited = self.timeout();
+        let timed_out = || Error::Timeout { path: self.path.clone(), request: q.name(), waited };
+        // Another thread's call holds the connection for at most its own timeout.
         let mut conn = self.conn.lock().expect("conn");
+        let deadline = Instant::now() + waited;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = conn.send_request(seq, q, fds) {
             // The daemon may have said why before it closed the socket.
-            if let Ok(Frame { msg: Response::Shutdown { reason }, .. }) = conn.recv_response() {
+            if let Ok(Some(Frame { msg: Response::Shutdown { reason }, .. })) = conn.try_recv_response() {
                 return Err(self.gone(format!("it is shutting down: {reason}")));
+            }
+            // The socket's send timeout (the call timeout) ran out: a request this small only waits when the
+            // daemon has stopped reading.
+            if let ProtoError::Io(Some(io)) = &e {
+                if io.kind() == std::io::ErrorKind::WouldBlock {
+                    return Err(timed_out());
+                }
             }
             return Err(self.proto(e));
         }
         loop {
-            let f = conn.recv_response().map_err(|e| self.proto(e))?;
+            let Some(f) = conn.recv_response_until(Some(deadline)).map_err(|e| self.proto(e))? else {
+                self.stalled.store(true, Ordering::Relaxed);
+                return Err(timed_out());
+            };
+            self.stalled.store(false, Ordering::Relaxed);
             match f.msg {
                 Response::Shutdown { reason } => return Err(self.gone(format!("it is shutting down: {reason}"))),
                 _ if f.seq != seq => continue,
@@ -277,15 +327,17 @@ impl Inner {
         if self.checking.swap(true, Ordering::Acquire) {
             return Ok(());
         }
+        // Never blocks: half a frame from a broken daemon stays buffered instead of making the poll wait for the
+        // rest.
         let r = match self.conn.try_lock() {
-            Ok(mut conn) if conn.readable_or_closed() => match conn.recv_response() {
-                Ok(Frame { msg: Response::Shutdown { reason }, .. }) => {
+            Ok(mut conn) => match conn.try_recv_response() {
+                Ok(Some(Frame { msg: Response::Shutdown { reason }, .. })) => {
                     Err(self.gone(format!("it is shutting down: {reason}")))
                 }
                 Ok(_) => Ok(()),
                 Err(e) => Err(self.proto(e)),
             },
-            _ => Ok(()),
+            Err(_) => Ok(()),
         };
         self.checking.store(false, Ordering::Release);
         r
@@ -293,9 +345,17 @@ impl Inner {
 
     /// Destroys a daemon object on drop (errors only matter while the daemon lives; then they are bugs).
     fn destroy(&self, q: Request) {
-        if self.gone.lock().expect("gone").is_none() {
-            let _ = self.call(&q, &[]);
+        if self.gone.lock().expect("gone").is_some() {
+            return;
         }
+        if self.stalled.load(Ordering::Relaxed) {
+            // The daemon is not answering: say it without waiting (its answer, if it comes, is discarded; what it
+            // does not destroy it reclaims when the session ends).
+            let conn = self.conn.lock().expect("conn");
+            let _ = conn.send_request(self.seq.fetch_add(1, Ordering::Relaxed), &q, &[]);
+            return;
+        }
+        let _ = self.call(&q, &[]);
     }
 }
 
@@ -314,14 +374,40 @@ impl fmt::Debug for Device {
 }
 
 impl Device {
-    /// Connects to the daemon's socket and opens the device (the shared-memory ABI versions must agree).
+    /// Connects to the daemon's socket and opens the device (the shared-memory ABI versions must agree). Every
+    /// control call, this one included, waits at most [`DEFAULT_CALL_TIMEOUT`] for the daemon's answer
+    /// ([`Error::Timeout`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Device, Error> {
-        Self::open_as(path.as_ref(), ABI_VERSION)
+        Self::open_with_timeout(path.as_ref(), DEFAULT_CALL_TIMEOUT)
+    }
+
+    /// [`open`](Self::open) with another control-call timeout (for this call and every later one; see
+    /// [`set_call_timeout`](Self::set_call_timeout)).
+    pub fn open_with_timeout(path: impl AsRef<Path>, timeout: Duration) -> Result<Device, Error> {
+        Self::open_inner(path.as_ref(), ABI_VERSION, timeout)
     }
 
     /// [`open`](Self::open) claiming another ABI version: for tests of the daemon's mismatch answer.
     #[doc(hidden)]
     pub fn open_as(path: &Path, abi: u32) -> Result<Device, Error> {
+        Self::open_inner(path, abi, DEFAULT_CALL_TIMEOUT)
+    }
+
+    /// How long each control call (PD, MR, CQ, QP, modify, query, destroy, statistics) waits for the daemon's
+    /// answer before it fails with [`Error::Timeout`]; at least 1 ms. Posting and polling never wait on the daemon.
+    pub fn set_call_timeout(&self, timeout: Duration) {
+        let t = timeout.max(Duration::from_millis(1));
+        self.inner.timeout_us.store(u64::try_from(t.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        let _ = self.inner.conn.lock().expect("conn").socket().set_write_timeout(Some(t));
+    }
+
+    /// The control-call timeout.
+    pub fn call_timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+
+    fn open_inner(path: &Path, abi: u32, timeout: Duration) -> Result<Device, Error> {
+        let timeout = timeout.max(Duration::from_millis(1));
         let sock = UnixStream::connect(path).map_err(|e| match e.raw_os_error() {
             Some(libc::EACCES | libc::EPERM) => Error::PermissionDenied { path: path.to_owned() },
             Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTSOCK) => match std::fs::metadata(path) {
@@ -330,14 +416,19 @@ impl Device {
             },
             _ => Error::DaemonGone { path: path.to_owned(), reason: format!("connect: {e}") },
         })?;
+        // Bounds the send of a request too (a daemon that stopped reading); EINTR is retried.
+        sock.set_write_timeout(Some(timeout))
+            .map_err(|e| Error::DaemonGone { path: path.to_owned(), reason: format!("SO_SNDTIMEO: {e}") })?;
         let mut inner = Inner {
             conn: Mutex::new(Conn::new(sock)),
+            timeout_us: std::sync::atomic::AtomicU64::new(u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX)),
             seq: AtomicU32::new(1),
             info: DeviceInfo { abi: 0, pid: 0, mac: [0; 6], ipv4: None, ipv6: None, mtu: 0, hugetlb: false },
             path: path.to_owned(),
             gone: Mutex::new(None),
             regions: AtomicU32::new(0),
             checking: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
         };
         match inner.call(&Request::Hello { abi }, &[])? {
             (Response::Hello(info), _) => inner.info = info,

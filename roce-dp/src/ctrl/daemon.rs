@@ -55,6 +55,7 @@ use super::abi::{self, SendRequest, SgeList, ABI_VERSION};
 use super::proto::{Conn, DeviceInfo, ErrorCode, ModifyQp, ProtoError, Request, Response, StatRecord};
 use super::shm::{Backing, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmBytes, ShmRegion};
 use super::wq::WqError;
+pub use super::SessionLimits;
 use crate::engine::Engine;
 use crate::mr::{AccessFlags, Pd};
 use crate::neigh::{NeighIp, Neighbours};
@@ -209,8 +210,10 @@ pub struct ApplianceStats {
     pub wqes_refused: u64,
     /// CQEs written into CQ rings.
     pub cqes_delivered: u64,
-    /// CQEs dropped because their CQ ring was corrupt.
+    /// CQEs dropped because their CQ ring was corrupt (or a refusal beyond the CQ's depth of held ones).
     pub cqes_dropped: u64,
+    /// Completions of refused WQEs held back because their CQ ring was full (delivered when it has room).
+    pub cqes_held: u64,
     /// Sessions whose resources were reclaimed.
     pub sessions_reclaimed: u64,
     /// Commands served.
@@ -231,6 +234,9 @@ struct CqSlot {
     broken: bool,
     /// The completion channel and the arm sequence answered last.
     event: Option<CqEvent>,
+    /// Completions of refused WQEs that found the ring full, delivered before the engine's (at most the ring's
+    /// capacity; see [`Appliance::poll_qp`]).
+    refusals: std::collections::VecDeque<abi::Cqe>,
 }
 
 /// A CQ's completion channel, worker side (see [`super::client`] for the protocol).
@@ -522,7 +528,12 @@ impl Appliance {
         let no = |r: Response| (r, None);
         Ok(match cmd {
             Cmd::AllocPd => {
-                let pd = e.alloc_pd();
+                // After 2^32 allocations the numbers wrap: skip those still in use (another session's PD number
+                // must never be handed out twice).
+                let mut pd = e.alloc_pd();
+                while self.pds.contains_key(&pd.0) {
+                    pd = e.alloc_pd();
+                }
                 self.pds.insert(pd.0, client);
                 Response::Pd { pd: pd.0 }
             }
@@ -575,7 +586,14 @@ impl Appliance {
                     self.cqs.resize_with(i + 1, || None);
                 }
                 let event = event.map(|fd| CqEvent { fd, answered: 0, held: None });
-                self.cqs[i] = Some(CqSlot { client, handle, region: *region, broken: false, event });
+                self.cqs[i] = Some(CqSlot {
+                    client,
+                    handle,
+                    region: *region,
+                    broken: false,
+                    event,
+                    refusals: Default::default(),
+                });
                 self.cq_ids.insert(handle, cq);
                 Response::Cq { cq: handle }
             }
@@ -699,6 +717,7 @@ impl Appliance {
             ("wqes_refused", s.wqes_refused),
             ("cqes_delivered", s.cqes_delivered),
             ("cqes_dropped", s.cqes_dropped),
+            ("cqes_held", s.cqes_held),
             ("commands", s.commands),
             ("events_signalled", s.events_signalled),
             ("events_unsent", s.events_unsent),
@@ -714,6 +733,7 @@ impl Appliance {
             ("wqes_refused", s.wqes_refused),
             ("cqes_delivered", s.cqes_delivered),
             ("cqes_dropped", s.cqes_dropped),
+            ("cqes_held", s.cqes_held),
             ("sessions_reclaimed", s.sessions_reclaimed),
             ("commands", s.commands),
             ("events_signalled", s.events_signalled),
@@ -857,10 +877,17 @@ impl Appliance {
             self.stats.wqes_refused += 1;
             let cq = if cqe.opcode == abi::wc_opcode::RECV { q.recv_cq } else { q.send_cq };
             let qpn = q.qpn;
-            // The refusal goes first, then the flush of everything the engine held.
+            // The refusal goes first, then the flush of everything the engine held. A full ring holds it back like
+            // the engine's completions (delivered first, as room comes), so the WR still completes; only beyond
+            // the CQ's own depth of held refusals (a client that posts past its CQ's depth and never polls: a CQ
+            // overrun in verbs) is one dropped and counted.
             if let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) {
-                if slot.broken || slot.region.cq.push_publish(cqe).is_err() {
+                if slot.broken {
                     self.stats.cqes_dropped += 1;
+                } else if !slot.refusals.is_empty() || slot.region.cq.push_publish(cqe).is_err() {
+                    if !Self::hold_refusal(slot, cqe, &mut self.stats) {
+                        self.stats.cqes_dropped += 1;
+                    }
                 } else {
                     self.stats.cqes_delivered += 1;
                     if let Some(ev) = slot.event.as_mut() {
@@ -875,6 +902,17 @@ impl Appliance {
         moved
     }
 
+    /// Keeps a refused WQE's completion for [`deliver`](Self::deliver); false when the CQ already holds as many
+    /// as its ring's capacity.
+    fn hold_refusal(slot: &mut CqSlot, cqe: abi::Cqe, stats: &mut ApplianceStats) -> bool {
+        if slot.refusals.len() >= slot.region.header.sq.capacity as usize {
+            return false;
+        }
+        slot.refusals.push_back(cqe);
+        stats.cqes_held += 1;
+        true
+    }
+
     /// Engine completions into the CQ rings, as far as each ring has room (the second half of
     /// [`poll`](Self::poll), for a worker whose turn made completions after its look at the QPs' rings).
     pub fn deliver(&mut self, e: &mut Engine) -> bool {
@@ -882,11 +920,20 @@ impl Appliance {
         for (i, slot) in self.cqs.iter_mut().enumerate() {
             let Some(s) = slot else { continue };
             let id = CqId(i as u32);
-            if e.cq_len(id) == 0 {
+            if e.cq_len(id) == 0 && s.refusals.is_empty() {
                 continue;
             }
             let mut pushed = 0u32;
             let mut qualifies = false;
+            // Held refusals first (they came before the flush the engine made when their QP went to error).
+            while !s.broken && !s.refusals.is_empty() && s.region.cq.reserve().is_ok() {
+                let c = s.refusals.pop_front().expect("not empty");
+                let _ = s.region.cq.push(c);
+                moved = true;
+                pushed += 1;
+                qualifies = true; // a failed completion answers a solicited-only arm too
+                self.stats.cqes_delivered += 1;
+            }
             loop {
                 if !s.broken {
                     match s.region.cq.reserve() {
@@ -943,6 +990,8 @@ struct RouteChannel {
 struct Routes {
     /// Live QPs: QPN -> (session, worker, PD).
     qps: HashMap<u32, (u32, usize, u32)>,
+    /// Per session: its PDs and MRs (the workers hold them; counted here for the quotas).
+    pds_mrs: HashMap<u32, (u32, u32)>,
     /// CQs by handle.
     cqs: HashMap<u32, RouteCq>,
     next_cq: u32,
@@ -955,6 +1004,18 @@ struct Routes {
 struct Router {
     workers: Vec<JobSender>,
     routes: Mutex<Routes>,
+    limits: SessionLimits,
+}
+
+/// The one-line refusal when a session holds `limit` objects of a kind already.
+fn over_limit(what: &str, key: &str, limit: u32) -> Response {
+    err(
+        ErrorCode::Exhausted,
+        format!(
+            "this session already has {limit} {what}, the daemon's per-session limit ([daemon] {key}): destroy some \
+             first, or raise the limit in the daemon's config"
+        ),
+    )
 }
 
 /// How long the server retries a modify-to-RTR whose peer MAC is not resolved yet.
@@ -969,8 +1030,8 @@ fn not_found_qp(qpn: u32) -> Response {
 }
 
 impl Router {
-    fn new(workers: Vec<JobSender>) -> Router {
-        Router { workers, routes: Mutex::default() }
+    fn new(workers: Vec<JobSender>, limits: SessionLimits) -> Router {
+        Router { workers, routes: Mutex::default(), limits }
     }
 
     fn ask(&self, w: usize, client: u32, cmd: Cmd) -> Response {
@@ -983,7 +1044,10 @@ impl Router {
 
     /// Worker 0 allocates the number, the others take it.
     fn alloc_pd(&self, client: u32) -> Response {
-        let _one_at_a_time = self.routes();
+        let mut rt = self.routes();
+        if rt.pds_mrs.get(&client).map_or(0, |c| c.0) >= self.limits.pds {
+            return over_limit("protection domains", "session_max_pds", self.limits.pds);
+        }
         let r = self.ask(0, client, Cmd::AllocPd);
         let Response::Pd { pd } = r else { return r };
         for w in 1..self.workers.len() {
@@ -995,13 +1059,14 @@ impl Router {
                 return s;
             }
         }
+        rt.pds_mrs.entry(client).or_default().0 += 1;
         r
     }
 
     /// Refused while a QP of the session uses the PD (on whichever worker: the routes know every QP's PD), as
     /// `ibv_dealloc_pd` fails with EBUSY; worker 0 refuses it while an MR does (MRs live on every worker).
     fn dealloc_pd(&self, client: u32, pd: u32) -> Response {
-        let rt = self.routes();
+        let mut rt = self.routes();
         let users = rt.qps.values().filter(|&&(c, _, p)| c == client && p == pd).count();
         if users > 0 {
             return err(ErrorCode::Busy, format!("protection domain {pd} is still used by {users} QP(s)"));
@@ -1011,13 +1076,19 @@ impl Router {
             for w in 1..self.workers.len() {
                 self.ask(w, client, Cmd::DeallocPd(pd));
             }
+            if let Some(c) = rt.pds_mrs.get_mut(&client) {
+                c.0 = c.0.saturating_sub(1);
+            }
         }
         r
     }
 
     /// Worker 0 picks the keys; the others register the same window under them.
     fn reg_mr(&self, client: u32, pd: u32, va: u64, mem: ShmBytes, access: AccessFlags) -> Response {
-        let _one_at_a_time = self.routes();
+        let mut rt = self.routes();
+        if rt.pds_mrs.get(&client).map_or(0, |c| c.1) >= self.limits.mrs {
+            return over_limit("memory regions", "session_max_mrs", self.limits.mrs);
+        }
         let r = self.ask(0, client, Cmd::RegMr { pd, va, mem: mem.clone(), access });
         let Response::Mr { lkey, .. } = r else { return r };
         for w in 1..self.workers.len() {
@@ -1029,18 +1100,22 @@ impl Router {
                 return s;
             }
         }
+        rt.pds_mrs.entry(client).or_default().1 += 1;
         r
     }
 
     /// Worker 0 last: its key slot is free again only when no other worker still holds the key.
     fn dereg_mr(&self, client: u32, lkey: u32) -> Response {
-        let _one_at_a_time = self.routes();
+        let mut rt = self.routes();
         let mut r = Response::Ok;
         for w in (0..self.workers.len()).rev() {
             r = self.ask(w, client, Cmd::DeregMr(lkey));
             if !matches!(r, Response::Ok) {
                 return r;
             }
+        }
+        if let Some(c) = rt.pds_mrs.get_mut(&client) {
+            c.1 = c.1.saturating_sub(1);
         }
         r
     }
@@ -1054,6 +1129,9 @@ impl Router {
                 return err(ErrorCode::NotFound, format!("no completion channel {ch} in this session"));
             }
         }
+        if rt.cqs.values().filter(|c| c.client == client).count() >= self.limits.cqs as usize {
+            return over_limit("completion queues", "session_max_cqs", self.limits.cqs);
+        }
         let mut h = rt.next_cq;
         while rt.cqs.contains_key(&h) {
             h = h.wrapping_add(1);
@@ -1064,15 +1142,18 @@ impl Router {
     }
 
     /// A new completion channel (the daemon's end of its socket pair): its handle.
-    fn create_channel(&self, client: u32, fd: OwnedFd) -> u32 {
+    fn create_channel(&self, client: u32, fd: OwnedFd) -> Result<u32, Response> {
         let mut rt = self.routes();
+        if rt.channels.values().filter(|c| c.client == client).count() >= self.limits.channels as usize {
+            return Err(over_limit("completion channels", "session_max_channels", self.limits.channels));
+        }
         let mut h = rt.next_channel.max(1);
         while rt.channels.contains_key(&h) {
             h = h.wrapping_add(1).max(1);
         }
         rt.next_channel = h.wrapping_add(1);
         rt.channels.insert(h, RouteChannel { client, fd: Arc::new(fd) });
-        h
+        Ok(h)
     }
 
     /// Destroys a channel no CQ uses any more (as `ibv_destroy_comp_channel`, which refuses while CQs use it).
@@ -1108,6 +1189,9 @@ impl Router {
     /// Picks the QP's worker (that of its CQs, else the one with the fewest QPs), binds its CQs there and creates it.
     fn create_qp(&self, client: u32, pd: u32, send_cq: u32, recv_cq: u32, region: Box<DaemonQpRegion>) -> Response {
         let mut rt = self.routes();
+        if rt.qps.values().filter(|q| q.0 == client).count() >= self.limits.qps as usize {
+            return over_limit("queue pairs", "session_max_qps", self.limits.qps);
+        }
         let mut bound = Vec::new();
         for cq in [send_cq, recv_cq] {
             match rt.cqs.get(&cq) {
@@ -1269,6 +1353,7 @@ impl Router {
         rt.cqs.retain(|_, c| c.client != client);
         // The daemon's ends of the session's channels close here (the workers dropped their CQs' copies).
         rt.channels.retain(|_, c| c.client != client);
+        rt.pds_mrs.remove(&client);
         r
     }
 
@@ -1296,6 +1381,8 @@ pub struct ServerConfig {
     pub info: DeviceInfo,
     /// Default depths and SGE limits are the client's; these cap them.
     pub max_depth: u32,
+    /// What one session may hold at once.
+    pub limits: SessionLimits,
     /// Print one line per session event (refused open, end of a session) to stderr, prefixed `roce-dpd: `.
     pub log: bool,
 }
@@ -1381,10 +1468,11 @@ impl Server {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.mode))
             .map_err(|e| ServeError(format!("chmod {:o} {shown}: {e}", cfg.mode)))?;
         listener.set_nonblocking(true).map_err(|e| ServeError(format!("{shown}: {e}")))?;
+        let limits = cfg.limits;
         let mut s = Server {
             cfg,
             listener,
-            router: Arc::new(Router::new(jobs)),
+            router: Arc::new(Router::new(jobs, limits)),
             sessions: Arc::default(),
             stop: Arc::default(),
             threads: Arc::default(),
@@ -1589,9 +1677,10 @@ fn handle(
         Request::DeregMr { lkey } => router.dereg_mr(id, lkey),
         Request::CreateCompChannel => {
             return match super::shm::channel_pair() {
-                Ok((daemon_end, client_end)) => {
-                    (Response::Channel { channel: router.create_channel(id, daemon_end) }, Some(client_end))
-                }
+                Ok((daemon_end, client_end)) => match router.create_channel(id, daemon_end) {
+                    Ok(channel) => (Response::Channel { channel }, Some(client_end)),
+                    Err(r) => (r, None),
+                },
                 Err(e) => (err(ErrorCode::Os, format!("completion channel: {e}")), None),
             };
         }
@@ -1653,6 +1742,33 @@ fn handle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// PD numbers wrap after 2^32 - 1 allocations without a panic (debug) and never hand out 0 or a number still
+    /// in use (a collision would let a session register memory under another session's PD).
+    #[test]
+    fn pd_numbers_wrap_and_skip_the_ones_in_use() {
+        let mut e = Engine::new(crate::engine::EngineConfig::default());
+        let mut app = Appliance::for_worker(0);
+        let neigh = Neighbours::new(crate::wire::MacAddr([2, 0, 0, 0, 0, 1]), Some([10, 0, 0, 1]), None);
+        let alloc = |app: &mut Appliance, e: &mut Engine, client: u32| match app.execute(
+            e,
+            &neigh,
+            client,
+            Cmd::AllocPd,
+            &|_: &mut Vec<StatRecord>| {},
+        ) {
+            Ok(Response::Pd { pd }) => pd,
+            r => panic!("{r:?}"),
+        };
+        assert_eq!(alloc(&mut app, &mut e, 1), 1);
+        assert_eq!(alloc(&mut app, &mut e, 1), 2);
+        e.set_next_pd(u32::MAX - 1);
+        assert_eq!(alloc(&mut app, &mut e, 2), u32::MAX - 1);
+        assert_eq!(alloc(&mut app, &mut e, 2), u32::MAX);
+        // Wraps: 0 is never a PD, 1 and 2 are client 1's.
+        assert_eq!(alloc(&mut app, &mut e, 2), 3);
+        assert_eq!(app.pds.get(&1), Some(&1), "client 1 keeps its PD");
+    }
 
     #[test]
     fn job_channel_counts_what_waits() {

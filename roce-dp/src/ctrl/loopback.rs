@@ -45,6 +45,8 @@ pub struct LoopbackConfig {
     pub mtu: u32,
     /// Largest queue depth a client may ask for.
     pub max_depth: u32,
+    /// What one session may hold at once (the daemon config's defaults).
+    pub limits: super::daemon::SessionLimits,
     /// `None`: the workers busy-poll (benchmarks); `Some(us)`: they sleep that long after an idle iteration
     /// (tests, so that a test's workers do not hold a core).
     pub idle_sleep_us: Option<u64>,
@@ -60,6 +62,7 @@ impl LoopbackConfig {
             mode: 0o600,
             mtu: 1024,
             max_depth: 4096,
+            limits: super::daemon::SessionLimits::default(),
             idle_sleep_us: Some(20),
             workers: 1,
         }
@@ -125,6 +128,7 @@ fn server_config(cfg: &LoopbackConfig) -> ServerConfig {
         backing: Backing::Pages,
         info,
         max_depth: cfg.max_depth,
+        limits: cfg.limits,
         log: false,
     }
 }

@@ -59,3 +59,27 @@ pub mod ring;
 #[cfg(target_os = "linux")]
 pub mod shm;
 pub mod wq;
+
+/// What one session may hold at once (`[daemon] session_max_*`), as a device's `max_qp`, `max_cq`, `max_mr`,
+/// `max_pd` attributes bound what verbs may create: one application cannot take every QP of the daemon, nor
+/// exhaust its file descriptors (each CQ, QP and MR is a memfd the daemon keeps, each channel a socket).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// Queue pairs.
+    pub qps: u32,
+    /// Completion queues.
+    pub cqs: u32,
+    /// Memory regions.
+    pub mrs: u32,
+    /// Protection domains.
+    pub pds: u32,
+    /// Completion channels.
+    pub channels: u32,
+}
+
+impl Default for SessionLimits {
+    /// The defaults of the daemon's config (`roce_dp::config::DaemonSection`).
+    fn default() -> Self {
+        SessionLimits { qps: 256, cqs: 512, mrs: 1024, pds: 64, channels: 64 }
+    }
+}

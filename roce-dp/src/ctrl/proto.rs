@@ -293,6 +293,8 @@ pub enum Response {
 pub enum ProtoError {
     /// The socket failed or closed (`None`: end of stream).
     Io(Option<std::io::Error>),
+    /// Writing a frame failed after its first `n` bytes went out: the stream is out of step.
+    Partial(std::io::Error, usize),
     /// Descriptor passing failed.
     Shm(ShmError),
     /// A frame that does not parse.
@@ -309,6 +311,7 @@ impl fmt::Display for ProtoError {
         match self {
             ProtoError::Io(None) => f.write_str("the peer closed the control socket"),
             ProtoError::Io(Some(e)) => write!(f, "control socket: {e}"),
+            ProtoError::Partial(e, n) => write!(f, "control socket: {e} after {n} bytes of a frame"),
             ProtoError::Shm(e) => write!(f, "{e}"),
             ProtoError::Malformed(what) => write!(f, "malformed control message: {what}"),
             ProtoError::Version { peer } => {
@@ -469,6 +472,26 @@ fn get_modify(r: &mut Reader<'_>) -> R<ModifyQp> {
 }
 
 impl Request {
+    /// The request's name, for messages ("AllocPd").
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Hello { .. } => "Hello",
+            Request::AllocPd => "AllocPd",
+            Request::DeallocPd { .. } => "DeallocPd",
+            Request::RegMr { .. } => "RegMr",
+            Request::DeregMr { .. } => "DeregMr",
+            Request::CreateCq { .. } => "CreateCq",
+            Request::DestroyCq { .. } => "DestroyCq",
+            Request::CreateQp { .. } => "CreateQp",
+            Request::ModifyQp { .. } => "ModifyQp",
+            Request::QueryQp { .. } => "QueryQp",
+            Request::DestroyQp { .. } => "DestroyQp",
+            Request::Stats => "Stats",
+            Request::CreateCompChannel => "CreateCompChannel",
+            Request::DestroyCompChannel { .. } => "DestroyCompChannel",
+        }
+    }
+
     fn encode(&self, w: &mut Writer) -> u16 {
         match self {
             Request::Hello { abi } => {
@@ -692,6 +715,17 @@ struct RawFrame {
     fds: Vec<OwnedFd>,
 }
 
+/// How long a read waits for a whole frame.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// Until it comes.
+    Block,
+    /// Until this instant.
+    Until(std::time::Instant),
+    /// Not at all: only what the socket holds now.
+    Never,
+}
+
 /// One end of the control socket: frames out with their descriptors, frames in with theirs.
 pub struct Conn {
     sock: UnixStream,
@@ -718,9 +752,17 @@ impl Conn {
         f.extend_from_slice(&seq.to_le_bytes());
         f.extend_from_slice(&[fds.len() as u8, 0, 0, 0]);
         f.extend_from_slice(body);
-        let n = shm::send_with_fds(&self.sock, &f, fds)?;
-        // A stream socket may take part of a large frame; the rest goes without descriptors.
-        (&self.sock).write_all(&f[n..])?;
+        // A signal that interrupts `sendmsg` sent nothing (a stream socket reports a partial send as a count), so
+        // the call is simply made again: an application without SA_RESTART must not lose its session to a signal.
+        let n = loop {
+            match shm::send_with_fds(&self.sock, &f, fds) {
+                Err(ShmError::Os { errno: libc::EINTR, .. }) => continue,
+                r => break r?,
+            }
+        };
+        // A stream socket may take part of a large frame; the rest goes without descriptors (`write_all` retries
+        // EINTR itself).
+        (&self.sock).write_all(&f[n..]).map_err(|e| ProtoError::Partial(e, n))?;
         Ok(())
     }
 
@@ -740,6 +782,12 @@ impl Conn {
 
     /// Reads the next frame (blocking).
     fn recv_frame(&mut self) -> R<RawFrame> {
+        Ok(self.recv_frame_wait(Wait::Block)?.expect("a blocking read returns a frame or an error"))
+    }
+
+    /// Reads the next frame, waiting as `wait` says: `None` when no whole frame came in time (what did come stays
+    /// buffered for the next read). A signal (EINTR) never ends the wait early nor fails it.
+    fn recv_frame_wait(&mut self, wait: Wait) -> R<Option<RawFrame>> {
         loop {
             if self.buf.len() >= HEADER {
                 let len = u32::from_le_bytes(self.buf[..4].try_into().expect("4 bytes")) as usize;
@@ -760,11 +808,31 @@ impl Conn {
                     let body = self.buf[HEADER..len + 4].to_vec();
                     self.buf.drain(..len + 4);
                     let fds = self.fds.drain(..nfds).collect();
-                    return Ok(RawFrame { kind, seq, body, fds });
+                    return Ok(Some(RawFrame { kind, seq, body, fds }));
+                }
+            }
+            // Without blocking past the deadline: wait for the socket to be readable (or closed) first; a read
+            // after that returns at once, with what is there.
+            match wait {
+                Wait::Block => {}
+                Wait::Never if !shm::readable_or_closed(&self.sock) => return Ok(None),
+                Wait::Never => {}
+                Wait::Until(deadline) => {
+                    while !shm::readable_or_closed(&self.sock) {
+                        let left = deadline.saturating_duration_since(std::time::Instant::now());
+                        if left.is_zero() {
+                            return Ok(None);
+                        }
+                        // Any fd: a `poll` for POLLIN; a signal only makes it return early, and the loop waits on.
+                        shm::channel_wait(self.sock.as_fd(), Some(left))?;
+                    }
                 }
             }
             let mut chunk = [0u8; 16 * 1024];
-            let n = shm::recv_with_fds(&self.sock, &mut chunk, &mut self.fds)?;
+            let n = match shm::recv_with_fds(&self.sock, &mut chunk, &mut self.fds) {
+                Err(ShmError::Os { errno: libc::EINTR, .. }) => continue,
+                r => r?,
+            };
             if n == 0 {
                 return Err(ProtoError::Io(None));
             }
@@ -785,6 +853,24 @@ impl Conn {
     /// Receives the next response or notice (client side).
     pub fn recv_response(&mut self) -> R<Frame<Response>> {
         let RawFrame { kind, seq, body, fds } = self.recv_frame()?;
+        let msg = Response::decode(kind, &mut Reader(&body))?;
+        Ok(Frame { seq, msg, fds })
+    }
+
+    /// Receives the next response or notice, waiting at most until `deadline` (`None`: forever): `Ok(None)` when
+    /// no whole frame came by then (part of one stays buffered, so a later read goes on where this one stopped).
+    pub fn recv_response_until(&mut self, deadline: Option<std::time::Instant>) -> R<Option<Frame<Response>>> {
+        let wait = deadline.map_or(Wait::Block, Wait::Until);
+        self.recv_frame_wait(wait)?.map(Self::response).transpose()
+    }
+
+    /// Without blocking: the next response or notice if a whole one is here (reading what the socket has now),
+    /// else `Ok(None)`. Half a frame never makes it wait for the rest.
+    pub fn try_recv_response(&mut self) -> R<Option<Frame<Response>>> {
+        self.recv_frame_wait(Wait::Never)?.map(Self::response).transpose()
+    }
+
+    fn response(RawFrame { kind, seq, body, fds }: RawFrame) -> R<Frame<Response>> {
         let msg = Response::decode(kind, &mut Reader(&body))?;
         Ok(Frame { seq, msg, fds })
     }

@@ -584,10 +584,13 @@ impl<'p> Worker<'p> {
         true
     }
 
-    /// Send an ARP request / neighbour solicitation for `ip` (see [`Worker::resolve`]).
+    /// Send an ARP request / neighbour solicitation for `ip` (see [`Worker::resolve`]), unless `ip` was solicited
+    /// too recently ([`Neighbours::solicit_at`]'s backoff: a control thread that asks every few milliseconds while
+    /// a peer does not answer must not flood the segment with broadcasts).
     pub fn solicit(&mut self, ip: NeighIp) -> bool {
         let mut out = [0u8; ND_FRAME_LEN];
-        match self.neigh.solicit(ip, &mut out) {
+        let now = self.clock.now();
+        match self.neigh.solicit_at(ip, now, &mut out) {
             Some(n) => self.send_raw(&out[..n]),
             None => false,
         }

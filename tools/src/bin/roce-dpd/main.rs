@@ -278,8 +278,15 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
             }
             return Err(Fail(e));
         }
-        let scfg =
-            ServerConfig { path: path.clone(), mode: d.socket_mode, backing, info, max_depth: d.max_depth, log: true };
+        let scfg = ServerConfig {
+            path: path.clone(),
+            mode: d.socket_mode,
+            backing,
+            info,
+            max_depth: d.max_depth,
+            limits: d.limits(),
+            log: true,
+        };
         let server = cfg_tx
             .send(scfg)
             .map_err(|_| Fail("control thread gone".into()))
