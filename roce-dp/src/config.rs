@@ -97,7 +97,7 @@ pub struct DaemonSection {
     /// Memory regions one session may hold (default 1024; each is a memfd the daemon keeps mapped).
     #[serde(default = "session_max_mrs")]
     pub session_max_mrs: u32,
-    /// Protection domains one session may hold (default 64).
+    /// Protection domains one session may hold (default 256, as QPs: the perftest tools take one PD per QP).
     #[serde(default = "session_max_pds")]
     pub session_max_pds: u32,
     /// Completion channels one session may hold (default 64; each is a socket pair).

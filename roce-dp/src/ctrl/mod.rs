@@ -80,6 +80,6 @@ pub struct SessionLimits {
 impl Default for SessionLimits {
     /// The defaults of the daemon's config (`roce_dp::config::DaemonSection`).
     fn default() -> Self {
-        SessionLimits { qps: 256, cqs: 512, mrs: 1024, pds: 64, channels: 64 }
+        SessionLimits { qps: 256, cqs: 512, mrs: 1024, pds: 256, channels: 64 }
     }
 }

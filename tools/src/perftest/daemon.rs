@@ -158,8 +158,7 @@ impl Daemon {
             let want = (depth * 2 + 16).saturating_mul(p.num_qps.max(1)).min(SHARED_CQ_MAX);
             let mut cq = self.dev.create_cq_with_channel(want, ch).map_err(err)?;
             if let Some((count, us)) = self.moderation {
-                cq.set_event_moderation(count, us)
-                    .map_err(|e| err(format!("--event-moderation {count}:{us}: {e}")))?;
+                cq.set_event_moderation(count, us).map_err(|e| err(format!("--event-moderation {count}:{us}: {e}")))?;
             }
             self.shared = Some(Shared { cq, queued: Vec::new(), index: HashMap::new() });
         }
@@ -179,11 +178,7 @@ impl Nic for Daemon {
     fn add_qp(&mut self, p: &Params, region_len: usize) -> Result<NewQp, Fail> {
         let pd = self.dev.alloc_pd().map_err(err)?;
         let depth = p.tx_depth.max(p.rx_depth).max(1);
-        let own = if self.channel.is_some() {
-            None
-        } else {
-            Some(self.dev.create_cq(depth * 2 + 16).map_err(err)?)
-        };
+        let own = if self.channel.is_some() { None } else { Some(self.dev.create_cq(depth * 2 + 16).map_err(err)?) };
         let mr = pd.reg_mr(region_len, AccessFlags::ALL).map_err(err)?;
         let init = QpInit { sq_depth: p.tx_depth.max(1), rq_depth: p.rx_depth.max(1), ..QpInit::default() };
         if own.is_none() {
