@@ -11,16 +11,18 @@
 
 #![cfg(target_os = "linux")]
 
+mod fake_daemon;
+
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use roce_dp::client::{Device, Error, QpInit};
 use roce_dp::ctrl::abi::{self, region_kind, RegionHeader, ABI_VERSION};
 use roce_dp::ctrl::loopback::{LoopbackConfig, LoopbackDaemon};
-use roce_dp::ctrl::proto::{Conn, DeviceInfo, ErrorCode, ModifyQp, Request, Response, PROTO_VERSION};
+use roce_dp::ctrl::proto::{Conn, ErrorCode, ModifyQp, Request, Response, PROTO_VERSION};
 use roce_dp::ctrl::shm::{open_memfds, Backing, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmRegion};
 use roce_dp::{AccessFlags, QpAttr, QpState};
 
@@ -367,38 +369,13 @@ fn fake_daemon(
     tag: &str,
     mut answer: impl FnMut(&Request) -> Option<(Response, Vec<OwnedFd>)> + Send + 'static,
 ) -> (PathBuf, std::thread::JoinHandle<()>) {
-    let path = sock(tag);
-    let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path).unwrap();
-    let h = std::thread::spawn(move || {
-        let Ok((s, _)) = l.accept() else { return };
-        let mut c = Conn::new(s);
-        while let Ok(f) = c.recv_request() {
-            let (r, fds) = match f.msg {
-                Request::Hello { abi } => (
-                    Response::Hello(DeviceInfo {
-                        abi,
-                        pid: 1,
-                        mac: [2, 0, 0, 0, 0, 9],
-                        ipv4: Some([10, 0, 0, 9]),
-                        ipv6: None,
-                        mtu: 1024,
-                        hugetlb: false,
-                    }),
-                    Vec::new(),
-                ),
-                ref q => match answer(q) {
-                    Some(x) => x,
-                    None => return,
-                },
-            };
+    fake_daemon::scripted_daemon(sock(tag), move |q, seq, c| match answer(q) {
+        Some((r, fds)) => {
             let b: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-            if c.send_response(f.seq, &r, &b).is_err() {
-                return;
-            }
+            c.send_response(seq, &r, &b).is_ok()
         }
-    });
-    (path, h)
+        None => false,
+    })
 }
 
 /// A CQ region as an honest daemon makes it, with `edit` applied to its header.

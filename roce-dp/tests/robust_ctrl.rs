@@ -1,4 +1,4 @@
-//! Session 10: what users of a networking tool expect of the appliance when the daemon misbehaves or a client asks
+//! Session 9: what users of a networking tool expect of the appliance when the daemon misbehaves or a client asks
 //! for too much. The client library against a daemon that accepts and never answers, answers half a frame or
 //! answers slowly while signals interrupt the wait (bounded control calls, `Error::Timeout` naming the socket and
 //! the request, EINTR retried, a non-blocking alive check); per-session quotas of the daemon.
@@ -8,6 +8,8 @@
 
 #![cfg(target_os = "linux")]
 
+mod fake_daemon;
+
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -16,23 +18,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use roce_dp::client::{Device, Error, DEFAULT_CALL_TIMEOUT};
-use roce_dp::ctrl::proto::{Conn, DeviceInfo, Request, Response};
+use roce_dp::ctrl::proto::{Conn, Request, Response};
 use roce_dp::ctrl::shm::{Backing, DaemonCqRegion};
 
 fn sock(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("roce-dp-robust-{}-{tag}.sock", std::process::id()))
-}
-
-fn hello() -> Response {
-    Response::Hello(DeviceInfo {
-        abi: roce_dp::ctrl::abi::ABI_VERSION,
-        pid: 1,
-        mac: [2, 0, 0, 0, 0, 9],
-        ipv4: Some([10, 0, 0, 9]),
-        ipv6: None,
-        mtu: 1024,
-        hugetlb: false,
-    })
 }
 
 /// Runs `f` on a thread and returns its result, or panics naming `what` if it takes longer than `limit` (a hang
@@ -69,23 +59,9 @@ fn silent_daemon(tag: &str) -> (PathBuf, mpsc::Sender<()>) {
 /// A daemon that opens the session, then answers each request with what `answer` does on the raw socket.
 fn scripted_daemon(
     tag: &str,
-    mut answer: impl FnMut(&Request, u32, &mut Conn) -> bool + Send + 'static,
+    answer: impl FnMut(&Request, u32, &mut Conn) -> bool + Send + 'static,
 ) -> (PathBuf, std::thread::JoinHandle<()>) {
-    let path = sock(tag);
-    let _ = std::fs::remove_file(&path);
-    let l = UnixListener::bind(&path).unwrap();
-    let h = std::thread::spawn(move || {
-        let Ok((s, _)) = l.accept() else { return };
-        let mut c = Conn::new(s);
-        while let Ok(f) = c.recv_request() {
-            if let Request::Hello { .. } = f.msg {
-                c.send_response(f.seq, &hello(), &[]).unwrap();
-            } else if !answer(&f.msg, f.seq, &mut c) {
-                return;
-            }
-        }
-    });
-    (path, h)
+    fake_daemon::scripted_daemon(sock(tag), answer)
 }
 
 /// A daemon that accepts and never answers: `Device::open` fails within the call timeout with one line naming the

@@ -277,6 +277,16 @@ fn latency_duration_row() {
 }
 
 /// perftest's own search: every post i, every signaled completion j >= i.
+/// A deterministic xorshift64 generator from `seed`: each call gives the next value modulo `m`.
+fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |m| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % m
+    }
+}
+
 fn brute_peak(posted: &[u64], signaled: &[(usize, u64)], size: u64) -> f64 {
     let mut best = 0.0f64;
     for (i, &p) in posted.iter().enumerate() {
@@ -292,13 +302,7 @@ fn brute_peak(posted: &[u64], signaled: &[(usize, u64)], size: u64) -> f64 {
 fn bw_peak_is_perftests_best_run_of_messages() {
     // Deterministic pseudo-random post and completion times: a window of `depth` in flight, a completion signaled
     // every `cq_mod` posts and on the last, bursts and stalls mixed in.
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = move |m: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % m
-    };
+    let mut rnd = xorshift(0x2545_f491_4f6c_dd1d);
     for (n, depth, cq_mod) in [(20usize, 20usize, 20usize), (500, 16, 4), (300, 7, 1), (1000, 128, 100), (64, 64, 1)] {
         let mut posted = Vec::new();
         let mut signaled = Vec::new();
@@ -337,13 +341,7 @@ fn bw_peak_of_posts_stamped_per_pass_keeps_one_point_per_pass() {
     // A tool that reads its clock once per pass stamps every post of the pass alike. perftest's peak over such
     // input (brute force over every post) is unchanged when the meter keeps only the first post of each stamp,
     // and the meter holds at most one point per distinct stamp (it held one per post before).
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut rnd = move |m: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % m
-    };
+    let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);
     for (n, depth, cq_mod) in [(2000usize, 128usize, 100usize), (600, 16, 4), (600, 32, 8), (4000, 512, 100)] {
         let (mut posted, mut signaled) = (Vec::new(), Vec::new());
         let mut meter = PeakMeter::new();
