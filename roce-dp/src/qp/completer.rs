@@ -58,7 +58,11 @@ impl Qp {
                     if self.state == QpState::Err {
                         return;
                     }
-                    self.fail_head(ctx, status);
+                    // The error belongs to the WQE whose request the NAK names. A READ/atomic before it (the NAK
+                    // acknowledges it, but its response data was lost) cannot complete: it is flushed, as for a
+                    // local error (fail_local), never reported with the other WR's remote error.
+                    let idx = self.wqe_holding(psn);
+                    self.fail_local(ctx, idx, status);
                 }
                 AethKind::Reserved(_) => self.cnt.bad_responses += 1,
             }
@@ -149,6 +153,22 @@ impl Qp {
         }
     }
 
+    /// The index of the started WQE whose PSNs include `psn` (the head if none does).
+    fn wqe_holding(&self, psn: Psn) -> u32 {
+        let mut i = self.sq.head;
+        while i != self.sq.tail {
+            let w = self.sq.get(i);
+            if w.state != WqeState::Started {
+                break;
+            }
+            if !w.last_psn.before(psn) {
+                return i;
+            }
+            i = i.wrapping_add(1);
+        }
+        self.sq.head
+    }
+
     /// True if the head is a started READ/atomic whose PSNs all precede `psn`: a response for `psn` means the
     /// responder executed it and its own responses were lost (ROCE-NOTES §1.4).
     #[inline]
@@ -175,6 +195,12 @@ impl Qp {
         // The responder expects `psn`: everything before it arrived (C9-...: a NAK implies an ACK of earlier PSNs).
         self.ack_before(ctx, psn);
         if self.state == QpState::Err {
+            return;
+        }
+        // An RNR NAK already sent the requester back to comp_psn, to resend when its timer ends: a sequence NAK for
+        // that PSN during the wait (rxe's responder sends one for the next packet of the message) reports no new
+        // loss and spends no transport retry (ROCE-NOTES §1.4: retry_cnt counts transport retries, rnr_retry RNRs).
+        if self.rnr_until.is_some() && psn == self.comp_psn {
             return;
         }
         self.retry(ctx, false);

@@ -248,7 +248,10 @@ impl Qp {
             self.outstanding_rd_atomic += 1;
         }
         let retransmit = psn.before(self.req_max_psn);
-        if self.req_psn.after(self.req_max_psn) {
+        // A packet that is not a retransmission starts at req_max_psn and moves it past its PSNs. Not a signed
+        // compare of the two: a READ of 2^31 bytes at MTU 256 takes 2^23 PSNs (ROCE-NOTES §4.5), where the
+        // half-space comparison says "not after" and the READ was left outstanding with nothing counted as sent.
+        if !retransmit {
             self.req_max_psn = self.req_psn;
         }
         if retransmit {

@@ -75,6 +75,10 @@ impl Qp {
             }
             Err(RespError::Rnr) => {
                 self.cnt.rnr_nak_sent += 1;
+                // The RNR NAK names the expected PSN, which the requester resends after the RNR timer: it is the NAK
+                // of the gap the rest of the message opens, so no sequence NAK follows it (ROCE-NOTES §1.5, one NAK
+                // per gap; qib/hfi1 keep the RNR NAK in r_nak_state). One would cost the requester a transport retry.
+                self.sent_psn_nak = true;
                 self.queue_ack(RespOut::Ack {
                     psn: bth.psn,
                     syndrome: AethRepr::rnr_nak(self.min_rnr_timer, 0).syndrome,

@@ -316,6 +316,11 @@ impl Peer {
 
     /// The frame the remote would send: remote -> local, to the local QP unless `pkt` names another.
     pub fn frame(&self, pkt: &Pkt) -> Vec<u8> {
+        self.frame_from(pkt, REMOTE_IP)
+    }
+
+    /// [`frame`](Self::frame) from IPv4 source `src` (the peer's address, or a stranger's).
+    pub fn frame_from(&self, pkt: &Pkt, src: [u8; 4]) -> Vec<u8> {
         let mut bth = pkt.bth;
         if bth.dest_qp == 0 {
             bth.dest_qp = self.qpn;
@@ -329,7 +334,7 @@ impl Peer {
         };
         repr.eth.src = REMOTE_MAC;
         repr.eth.dst = LOCAL_MAC;
-        repr.ip.addrs = IpAddrs::V4 { src: REMOTE_IP, dst: LOCAL_IP };
+        repr.ip.addrs = IpAddrs::V4 { src, dst: LOCAL_IP };
         repr.ip.ttl = 64;
         repr.ip.dont_frag = true;
         let mut buf = vec![0u8; BUF_LEN + 64];
