@@ -55,9 +55,12 @@ pub struct EngineConfig {
     pub max_cqs: u32,
     /// Most memory regions.
     pub max_mrs: u32,
-    /// Requester window: most PSNs sent but not acknowledged per QP (rxe: 128).
+    /// Requester window: most PSNs sent but not acknowledged per QP (rxe: 128). [`Engine::new`] keeps it within
+    /// 1 ..= 2^23 (half the PSN space: beyond it PSN comparisons are ambiguous).
     pub max_unacked_psns: u32,
-    /// Requester sets AckReq at least every this many packets inside a long message (rxe: 64).
+    /// Requester sets AckReq at least every this many packets inside a long message (rxe: 64). [`Engine::new`]
+    /// lowers it to `max_unacked_psns`: a window that closes with no ACK requested would wait for the local ACK
+    /// timeout.
     pub ack_req_every: u32,
     /// Responder ACK coalescing.
     pub ack: AckPolicy,
@@ -269,6 +272,11 @@ impl Engine {
     /// A new engine.
     pub fn new(cfg: EngineConfig) -> Engine {
         let max_qps = cfg.max_qps.min(0xff_ffff - cfg.qpn_base) as usize;
+        // Only AckReq'd packets are acknowledged (ROCE-NOTES §1.5): with at most `max_unacked_psns` PSNs in flight,
+        // one in every `max_unacked_psns` packets at least must ask for an ACK, or a long message stalls until the
+        // local ACK timeout at every window.
+        let max_unacked_psns = cfg.max_unacked_psns.clamp(1, 1 << 23);
+        let ack_req_every = cfg.ack_req_every.min(max_unacked_psns);
         Engine {
             mrs: MrTable::new(cfg.max_mrs as usize),
             cqs: Vec::new(),
@@ -279,7 +287,7 @@ impl Engine {
             ready: VecDeque::with_capacity(max_qps.min(4096)),
             stats: EngineStats::default(),
             ip_ident: 0,
-            cfg: EngineConfig { max_qps: max_qps as u32, ..cfg },
+            cfg: EngineConfig { max_qps: max_qps as u32, max_unacked_psns, ack_req_every, ..cfg },
         }
     }
 

@@ -1216,3 +1216,124 @@ fn random_wr_mixes_both_ways_between_two_engines_match_the_verbs_model() {
         run_model(seed);
     }
 }
+
+// ============================================================================ duplicates of a request the network copied
+//
+// A duplicate READ is re-executed and a duplicate atomic replayed (ROCE-NOTES §1.6); a request the network
+// duplicated (not a requester's go-back-N) arrives while the responses of later requests, executed already, wait
+// in the queue. They are the requester's only copy: nothing will ask for them again before its local ACK timeout.
+
+#[test]
+fn a_network_copy_of_a_read_request_does_not_discard_the_later_responses_queued() {
+    let mut p = Peer::new();
+    p.fill_data();
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 2048)); // R, R+1
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 2).ack_req().atomic(DATA_VA + 0x3000, k, 1, 0));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 3).ack_req().reth(DATA_VA + 0x2000, k, 16));
+    // The copy of the first request, before anything left.
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 2048));
+    let v = p.tx();
+    assert_eq!(
+        ops(&v),
+        vec![
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, R),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, R + 1),
+            (Opcode::RC_ATOMIC_ACKNOWLEDGE, R + 2),
+            (Opcode::RC_RDMA_READ_RESPONSE_ONLY, R + 3)
+        ],
+        "{}",
+        show(&v)
+    );
+    assert_eq!((v[1].aeth().msn, v[2].aeth().msn, v[3].aeth().msn), (1, 2, 3));
+    assert_eq!(&v[3].payload[..], &p.data()[0x2000..0x2010]);
+    // The same when the first READ's responses had all left: the copy answers it again, then the rest follows.
+    let mut p = Peer::new();
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 16));
+    assert_eq!(ops(&p.tx()), vec![(Opcode::RC_RDMA_READ_RESPONSE_ONLY, R)]);
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA, k, 2048));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 16));
+    let v = p.tx();
+    assert_eq!(
+        ops(&v),
+        vec![
+            (Opcode::RC_RDMA_READ_RESPONSE_ONLY, R),
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, R + 1),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, R + 2)
+        ],
+        "{}",
+        show(&v)
+    );
+    // A copy of an atomic: its saved result again, the later READ's responses still follow.
+    let mut p = Peer::new();
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R).ack_req().atomic(DATA_VA, k, 5, 0));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA, k, 16));
+    p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R).ack_req().atomic(DATA_VA, k, 5, 0));
+    let v = p.tx();
+    assert_eq!(
+        ops(&v),
+        vec![(Opcode::RC_ATOMIC_ACKNOWLEDGE, R), (Opcode::RC_RDMA_READ_RESPONSE_ONLY, R + 1)],
+        "{}",
+        show(&v)
+    );
+}
+
+#[test]
+fn a_duplicated_read_request_costs_the_requester_no_timeout_between_two_engines() {
+    // Two engines, a clean link; node 1's responder gets READ 1, READ 2 and then a copy of READ 1's request (what a
+    // duplicating switch does). Both READs must complete well before the local ACK timeout (2^12 * 4.096 µs).
+    let mut pr = pair(1024, 7, 7, 1);
+    pr.sim.nodes[1].mr_bytes_mut(pr.mr[1].lkey).unwrap()[..4096].fill(0x3c);
+    for (id, off) in [(1u64, 0u64), (2, 2048)] {
+        let wr = SendWr::new(id, WrOpcode::RdmaRead).remote(BASE + off, pr.mr[1].rkey);
+        let s = Sge { addr: BASE + 0x10000 + off, len: 2048, lkey: pr.mr[0].lkey };
+        pr.sim.nodes[0].post_send(pr.qp[0], &wr, &[s]).unwrap();
+    }
+    // Take node 0's two READ requests by hand and hand node 1 the first one twice.
+    let mut buf = vec![0u8; BUF_LEN];
+    let mut reqs = Vec::new();
+    while let Some(n) = pr.sim.nodes[0].poll_transmit(Instant::ZERO, &mut buf) {
+        reqs.push(buf[..n].to_vec());
+    }
+    assert_eq!(reqs.len(), 2);
+    for f in [&reqs[0], &reqs[1], &reqs[0]] {
+        pr.sim.nodes[1].handle_rx(Instant::ZERO, f, roce_dp::RxMeta::default());
+    }
+    let mut resps = Vec::new();
+    while let Some(n) = pr.sim.nodes[1].poll_transmit(Instant::ZERO, &mut buf) {
+        resps.push(buf[..n].to_vec());
+    }
+    for f in &resps {
+        pr.sim.nodes[0].handle_rx(Instant::ZERO, f, roce_dp::RxMeta::default());
+    }
+    let c = pr.cqes(0);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)],
+        "READ 2's responses must not wait for a timeout"
+    );
+}
+
+// ============================================================================ the window and the AckReq interval
+//
+// ROCE-NOTES §1.4/§1.5: the requester stops at a window of unacknowledged PSNs, and only AckReq'd packets are
+// acknowledged. A window smaller than the AckReq interval must still ask for an ACK before it closes, or the
+// requester waits for the local ACK timeout (and with retry_cnt 0 fails) on every window of a long message.
+
+#[test]
+fn a_window_smaller_than_the_ack_request_interval_still_asks_for_an_ack_before_it_closes() {
+    let mut p = Peer::with(PeerCfg { max_unacked_psns: 8, ack_req_every: 64, retry_cnt: 0, ..PeerCfg::default() });
+    p.post_write(1, 0, 20 * 1024, RVA, RKEY);
+    let mut sent = 0u32;
+    while sent < 20 {
+        let v = p.tx();
+        assert!(!v.is_empty(), "the requester stalled after {sent} packets: {}", show(&v));
+        let last_req = v.iter().rev().find(|o| o.repr.bth.ack_req).map(|o| o.psn());
+        let Some(a) = last_req else { panic!("a window closed without an ACK request: {}", show(&v)) };
+        sent += v.len() as u32;
+        // The responder ACKs the AckReq'd packet (everything up to it arrived).
+        p.rx(ack(a, 0));
+    }
+    p.expect_cqes(&[(1, WcStatus::Success)]);
+    assert_eq!(p.counters().retry_timeouts, 0);
+}

@@ -595,9 +595,11 @@ fn ack_requested_inside_a_message_is_acked_without_counting_a_message() {
 }
 
 #[test]
-fn duplicate_read_drops_later_queued_responses_and_their_duplicates_replay_in_psn_order() {
+fn duplicate_read_keeps_later_queued_responses_behind_it_and_their_duplicates_replay_in_psn_order() {
     // A READ (R..R+2) and a FETCH_ADD (R+3) are queued; the requester goes back to R+1 (a duplicate READ there):
-    // responses must keep PSN order, so the queued atomic ACK waits for its own duplicate, which replays it.
+    // responses keep PSN order, the READ restarted from R+1 and the queued atomic ACK after it (its request was
+    // executed: a request the network duplicated would otherwise leave it to the requester's timeout); the
+    // atomic's own duplicate then replays it.
     let mut p = Peer::new();
     p.fill_data();
     p.data_mut()[0x800..0x808].copy_from_slice(&40u64.to_le_bytes());
@@ -607,8 +609,16 @@ fn duplicate_read_drops_later_queued_responses_and_their_duplicates_replay_in_ps
     let mut buf = vec![0u8; BUF_LEN];
     assert!(p.eng.poll_transmit(p.now, &mut buf).is_some(), "READ response R");
     p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R + 1).ack_req().reth(DATA_VA + 1024, k, 3000 - 1024));
-    let v = expect_read_stream(&mut p, R + 1, 2);
+    let v = p.tx();
+    let got: Vec<(Opcode, u32)> = v.iter().map(|o| (o.op(), o.psn())).collect();
+    let want = vec![
+        (Opcode::RC_RDMA_READ_RESPONSE_FIRST, R + 1),
+        (Opcode::RC_RDMA_READ_RESPONSE_LAST, R + 2),
+        (Opcode::RC_ATOMIC_ACKNOWLEDGE, R + 3),
+    ];
+    assert_eq!(got, want, "{}", show(&v));
     assert_eq!(&v[1].payload[..], &p.data()[2048..3000]);
+    assert_eq!((v[2].repr.ext.atomic_ack, v[2].aeth().msn), (Some(40), 2));
     p.rx(Pkt::new(Opcode::RC_FETCH_ADD, R + 3).ack_req().atomic(DATA_VA + 0x800, k, 2, 0));
     let o = p.tx_one();
     assert_eq!(

@@ -408,8 +408,10 @@ impl Qp {
                 Some((va, len, first, last, msn, _)) => {
                     // Re-execute from the requested PSN (the data is read from memory again).
                     let psn = bth.psn;
-                    self.drop_responses_from(psn);
-                    self.queue_out(RespOut::Read { rkey: reth.rkey, va, len, first, start: psn, cur: psn, last, msn });
+                    self.queue_replay(
+                        psn,
+                        RespOut::Read { rkey: reth.rkey, va, len, first, start: psn, cur: psn, last, msn },
+                    );
                 }
                 None => self.cnt.dropped_requests += 1,
             }
@@ -422,10 +424,7 @@ impl Qp {
             });
             match found {
                 // Replay the saved result: an atomic is never executed twice.
-                Some((orig, msn)) => {
-                    self.drop_responses_from(bth.psn);
-                    self.queue_out(RespOut::AtomicAck { psn: bth.psn, orig, msn });
-                }
+                Some((orig, msn)) => self.queue_replay(bth.psn, RespOut::AtomicAck { psn: bth.psn, orig, msn }),
                 None => self.cnt.dropped_requests += 1,
             }
             return;
@@ -433,15 +432,36 @@ impl Qp {
         self.cnt.dropped_requests += 1;
     }
 
-    /// A duplicate READ/atomic at `psn` means the requester went back to `psn` and will ask again for everything
-    /// after it (go-back-N). Queued READ streams and atomic ACKs at or after `psn` are dropped so responses keep
-    /// PSN order; the requester's retransmitted requests queue them again.
-    fn drop_responses_from(&mut self, psn: crate::wire::Psn) {
-        self.out.retain(|o| match *o {
-            RespOut::Read { last, .. } => last.before(psn),
-            RespOut::AtomicAck { psn: p, .. } => p.before(psn),
-            RespOut::Ack { .. } => true,
+    /// Queues the answer to a duplicate READ/atomic at `psn` in PSN order: it replaces the queued READ stream or
+    /// atomic ACK that holds `psn` (a stream restarted from `psn`), or goes in front of the first queued response to
+    /// a later request. Those later responses stay queued behind it: their requests were executed, and when the
+    /// network (not the requester's go-back-N) duplicated the request, nothing would ask for them again before the
+    /// requester's local ACK timeout. A requester that did go back asks for them again, and each such duplicate
+    /// replaces its own stream in place.
+    fn queue_replay(&mut self, psn: crate::wire::Psn, item: RespOut) {
+        self.flush_pending_ack();
+        let at = self.out.iter().position(|o| match *o {
+            RespOut::Read { last, .. } => !last.before(psn),
+            RespOut::AtomicAck { psn: p, .. } => !p.before(psn),
+            RespOut::Ack { .. } => false,
         });
+        match at {
+            Some(i) => {
+                let holds = match self.out[i] {
+                    RespOut::Read { first, .. } => !psn.before(first),
+                    RespOut::AtomicAck { psn: p, .. } => p == psn,
+                    RespOut::Ack { .. } => false,
+                };
+                if holds {
+                    self.out[i] = item;
+                } else if self.out.len() < self.out_cap {
+                    self.out.insert(i, item);
+                } else {
+                    self.cnt.dropped_requests += 1;
+                }
+            }
+            None => self.queue_out(item),
+        }
     }
 
     /// The ACK-coalescing policy: an AckReq'd packet makes an ACK due; it is sent at once, or held until
