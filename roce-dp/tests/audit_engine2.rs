@@ -968,6 +968,8 @@ struct Dir {
     recvs_posted: usize,
     got_send: Vec<roce_dp::Cqe>,
     got_recv: Vec<roce_dp::Cqe>,
+    /// The requester's QP goes RTS -> SQD at the first time and back to RTS at the second.
+    sqd: Option<(Instant, Instant)>,
 }
 
 /// Moves every completion into its direction: receives on node n belong to direction 1 - n.
@@ -1000,10 +1002,17 @@ fn run_model(seed: u64) {
         1 => AckPolicy { max_pkts: 4, max_delay: Duration::from_micros(10) },
         _ => AckPolicy { max_pkts: 16, max_delay: Duration::from_micros(50) },
     };
+    // Congestion control on (its pacer holding data frames at a 10 Gb/s line rate on the 100 Gb/s link) or off.
+    let mut cc = roce_dp::cc::CcConfig::default();
+    if rng.below(3) == 0 {
+        cc.algorithm = roce_dp::cc::CcAlgorithm::Dcqcn;
+        cc.line_rate_mbps = 10_000;
+    }
     let ecfg = EngineConfig {
         ack,
         ack_req_every: pick(&mut rng, &[64, 3]),
         max_unacked_psns: pick(&mut rng, &[256, 8]),
+        cc,
         ..EngineConfig::default()
     };
     let sim = Sim::new(ecfg, [link; 2], seed);
@@ -1063,6 +1072,9 @@ fn run_model(seed: u64) {
             wr.signaled = signaled;
             wr.fence = fence;
             wr.imm = 0x1000 + k as u32;
+            // Small SEND/WRITE payloads sometimes inline (copied at post time).
+            wr.inline =
+                matches!(op, Op::Send | Op::SendImm | Op::Write | Op::WriteImm) && len <= 256 && rng.below(2) == 0;
             match op {
                 Op::Send | Op::SendImm | Op::Write | Op::WriteImm => {
                     sim.nodes[req].mr_bytes_mut(mr[req].lkey).unwrap()[off..off + data.len()].copy_from_slice(&data);
@@ -1098,6 +1110,10 @@ fn run_model(seed: u64) {
             }
             dir.post_at.push(t);
         }
+        if rng.below(3) == 0 {
+            let from = Instant::ZERO + Duration::from_micros(rng.below(500));
+            dir.sqd = Some((from, from + Duration::from_micros(rng.below(500))));
+        }
         let mut t = Instant::ZERO;
         for _ in 0..dir.want_recv.len() {
             t += Duration::from_micros(rng.below(300));
@@ -1110,6 +1126,17 @@ fn run_model(seed: u64) {
     };
     loop {
         for (d, dir) in dirs.iter_mut().enumerate() {
+            if let Some((from, to)) = dir.sqd {
+                let st = sim.nodes[d].query_qp(qp[d]).unwrap().state;
+                let want = if sim.now >= from && sim.now < to { QpState::Sqd } else { QpState::Rts };
+                if st != want && st != QpState::Err {
+                    sim.nodes[d].modify_qp(qp[d], &QpAttr { state: Some(want), ..QpAttr::default() }).unwrap();
+                    sim.kick(d);
+                }
+                if sim.now >= to {
+                    dir.sqd = None;
+                }
+            }
             while dir.posted < dir.post_at.len() && dir.post_at[dir.posted] <= sim.now {
                 let (wr, sge) = dir.wrs[dir.posted];
                 sim.nodes[d].post_send(qp[d], &wr, &[sge]).unwrap();
@@ -1134,9 +1161,16 @@ fn run_model(seed: u64) {
             // Nothing in flight and no timer: the next post, if any, is the next event.
             let next = dirs
                 .iter()
-                .flat_map(|d| d.post_at.get(d.posted).into_iter().chain(d.recv_at.get(d.recvs_posted)))
-                .min()
-                .copied();
+                .flat_map(|d| {
+                    let sqd = d.sqd.into_iter().flat_map(|(a, b)| [a, b]).filter(|&t| t > sim.now);
+                    d.post_at
+                        .get(d.posted)
+                        .copied()
+                        .into_iter()
+                        .chain(d.recv_at.get(d.recvs_posted).copied())
+                        .chain(sqd)
+                })
+                .min();
             match next {
                 Some(t) => sim.now = sim.now.max(t),
                 None => {
@@ -1211,7 +1245,7 @@ fn random_wr_mixes_both_ways_between_two_engines_match_the_verbs_model() {
         run_model(s);
         return;
     }
-    let n = std::env::var("ROCE_AUDIT_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60u64);
+    let n = std::env::var("ROCE_AUDIT_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40u64);
     for seed in 1..=n {
         run_model(seed);
     }
@@ -1336,4 +1370,78 @@ fn a_window_smaller_than_the_ack_request_interval_still_asks_for_an_ack_before_i
     }
     p.expect_cqes(&[(1, WcStatus::Success)]);
     assert_eq!(p.counters().retry_timeouts, 0);
+}
+
+#[test]
+fn send_with_invalidate_of_a_key_never_registered_is_an_invalid_request() {
+    let mut p = Peer::new();
+    p.post_recv(1, 0, 64);
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, R).ack_req().ieth(0x00de_ad01).fill(0, 8));
+    p.expect_nak(R, NakCode::InvalidRequest);
+    assert_eq!(p.state(), QpState::Err);
+    assert!(p.eng.mr_bytes(p.data.lkey).is_some(), "no other region touched");
+}
+
+#[test]
+fn payload_lengths_that_do_not_fit_the_opcode_are_length_errors() {
+    // C9-92/C9-94 (ROCE-NOTES §1.6): MIDDLE exactly one MTU, so 1023 bytes (pad 1) is a length error; a LAST of 0
+    // bytes is one too.
+    let mut p = Peer::new();
+    p.post_recv(1, 0, 4096);
+    p.rx(Pkt::new(Opcode::RC_SEND_FIRST, R).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_SEND_MIDDLE, R + 1).fill(1024, 1023));
+    p.expect_nak(R + 1, NakCode::InvalidRequest);
+    let mut p = Peer::new();
+    let k = p.data.rkey;
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_FIRST, R).reth(DATA_VA, k, 1024).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_LAST, R + 1).ack_req());
+    p.expect_nak(R + 1, NakCode::InvalidRequest);
+    // A pad count larger than the payload (pad 3 on an empty SEND, ICRC recomputed) is a malformed frame:
+    // dropped and counted before the transport, no NAK, no PSN consumed.
+    let mut p = Peer::new();
+    p.post_recv(1, 0, 64);
+    let mut f = p.frame(&Pkt::new(Opcode::RC_SEND_ONLY, R).ack_req());
+    f[14 + 20 + 8 + 1] |= 0x30; // BTH byte 1, bits 5:4: the pad count
+    let total = usize::from(u16::from_be_bytes([f[16], f[17]]));
+    wire::icrc::fill(&mut f[14..14 + total]).unwrap();
+    p.rx_raw(&f);
+    assert_eq!(p.eng.stats().rx_drop_bad_pad, 1);
+    p.tx_nothing();
+    p.rx(Pkt::new(Opcode::RC_SEND_ONLY, R).ack_req());
+    p.expect_ack(R, ACK, 1);
+}
+
+#[test]
+fn rts_cannot_be_moved_to_sqe_by_the_application() {
+    let mut p = Peer::new();
+    let e = p.eng.modify_qp(p.qpn, &QpAttr { state: Some(QpState::Sqe), ..QpAttr::default() }).unwrap_err();
+    assert_eq!(e, VerbsError::BadTransition { from: QpState::Rts, to: QpState::Sqe });
+    assert_eq!(p.state(), QpState::Rts);
+}
+
+#[test]
+fn max_dest_rd_atomic_is_refused_where_it_would_not_take_effect() {
+    // The responder's resource ring is sized on the way into RTR (ib_modify_qp_is_ok: max_dest_rd_atomic belongs
+    // to INIT -> RTR). Given again in RTS (e.g. 0, "refuse READs from now on") it used to be accepted and ignored:
+    // READs were still executed. It is refused with a clear error instead, and the QP keeps working.
+    let mut p = Peer::new();
+    let k = p.data.rkey;
+    let e = p
+        .eng
+        .modify_qp(p.qpn, &QpAttr { state: Some(QpState::Rts), max_dest_rd_atomic: Some(0), ..QpAttr::default() })
+        .unwrap_err();
+    assert_eq!(e, VerbsError::AttrNotModifiable { attr: "max_dest_rd_atomic", from: QpState::Rts, to: QpState::Rts });
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 8));
+    assert_eq!(p.tx_one().op(), Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    // RTR -> RTR (still on the way up) takes it, and it takes effect: 0 refuses READs.
+    let mut p = Peer::new();
+    p.eng.modify_qp(p.qpn, &QpAttr { state: Some(QpState::Reset), ..QpAttr::default() }).unwrap();
+    p.eng
+        .modify_qp(p.qpn, &QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() })
+        .unwrap();
+    let rtr = p.rtr_attr();
+    p.eng.modify_qp(p.qpn, &rtr).unwrap();
+    p.eng.modify_qp(p.qpn, &QpAttr { max_dest_rd_atomic: Some(0), ..rtr }).unwrap();
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_REQUEST, R).ack_req().reth(DATA_VA, k, 8));
+    p.expect_nak(R, NakCode::InvalidRequest);
 }

@@ -552,6 +552,8 @@ impl Qp {
             ("dest_qpn", a.dest_qpn.is_some(), into_rtr),
             ("rq_psn", a.rq_psn.is_some(), into_rtr),
             ("sq_psn", a.sq_psn.is_some(), from == Rtr && to == Rts),
+            // The responder's resource ring is sized on the way into RTR: given later it would be stored and ignored.
+            ("max_dest_rd_atomic", a.max_dest_rd_atomic.is_some(), into_rtr),
         ] {
             if given && !allowed {
                 return Err(VerbsError::AttrNotModifiable { attr, from, to });
@@ -632,12 +634,14 @@ impl Qp {
         if let Some(v) = a.ttl {
             self.ttl = v;
         }
-        if to == Rtr && from != Rtr {
+        if to == Rtr && (from != Rtr || a.max_dest_rd_atomic.is_some()) {
+            // (RTR -> RTR with a new max_dest_rd_atomic: the saved results go, so a duplicate of an earlier
+            // READ/atomic is dropped, never executed twice; queued responses stay.)
             let n = usize::from(self.max_dest_rd_atomic);
             self.resources = vec![Resource::Free; n];
             self.res_next = 0;
             self.out_cap = 2 * n + 8;
-            self.out = VecDeque::with_capacity(self.out_cap);
+            self.out.reserve(self.out_cap.saturating_sub(self.out.len()));
         }
         self.rebuild_template(local_mac, local_ip);
         match to {
