@@ -912,7 +912,7 @@ fn report_requester(label: &str, p: &Params, r: &ReqSummary) -> bool {
     println!(" {:<10} {:<14} {:<19.2} {:<21.2} {:.6}", p.msg_size(), total, peak, avg, mpps);
     // Ping-pong runs: the post-to-completion times after a warm-up, as the raw mode's RTT.
     let rtt = rtt_summary(&r.rtts, (r.rtts.len() / 10).min(1000))
-        .map(|(avg, med)| format!(" rtt_avg_us={avg:.3} rtt_median_us={med:.3}"))
+        .map(|(avg, med, p10)| format!(" rtt_avg_us={avg:.3} rtt_median_us={med:.3} rtt_p10_us={p10:.3}"))
         .unwrap_or_default();
     println!(
         "RESULT op={} size={} iters={} qps={} mtu={} status={} seconds={secs:.6} avg_mib_s={avg:.2} mpps={mpps:.6}{rtt}",
