@@ -5,7 +5,8 @@
 # flight; both timed per round trip after 1000 left out; the last line has the median, as perftest's t_typical,
 # the table the mean beside it). roce-dp runs use --no-verify (payloads are neither generated nor checked: raw mode
 # does not touch them either; the data path still copies each payload into its mbuf and computes the ICRC on both
-# sides). Server on lcore 1, client on lcore 0, no hugepages. Prints a markdown table of medians and ends with:
+# sides). Server on lcore 1, client on lcore 0, no hugepages. Prints a markdown table of medians, each round's RTT
+# gap (roce-dp's RTT run minus raw's, run back to back: the host's phases move both) and its median, and ends with:
 #   bench: write_4k_vs_raw=R write_64_pps_vs_raw=R rtt_raw_us=X rtt_rdp_us=Y
 #
 #   scripts/bench.sh             3 rounds
@@ -24,7 +25,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --rounds) rounds="${2:?}"; shift 2 ;;
         --nic) nic="${2:?}"; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -87,14 +88,21 @@ for r in $(seq "$rounds"); do
     raw=$(pair rawrtt "${r}5" --raw rtt --size $((8 + HDR)) --iters 20000)
     R[rawrtt]+="$(echo "$raw" | field median_us) "
     R[rawrttavg]+="$(echo "$raw" | field avg_us) "
+    R[rawrttp10]+="$(echo "$raw" | field p10_us) "
     rdp=$(pair rdprtt "${r}6" --no-verify --op write --size 8 --mtu 4096 --iters 21000 --qps 1 --depth 1)
     R[rdprtt]+="$(echo "$rdp" | field rtt_median_us) "
     R[rdprttavg]+="$(echo "$rdp" | field rtt_avg_us) "
+    R[rdprttp10]+="$(echo "$rdp" | field rtt_p10_us) "
+    # The two RTT runs of a round follow each other within ~2 s, usually in the same phase of the host (which
+    # moves both RTTs by 2-3x on this VM): their difference is the round's gap.
+    a=$(echo "$raw" | field median_us) b=$(echo "$rdp" | field rtt_median_us)
+    [[ -n "$a" && -n "$b" ]] && R[rttgap]+="$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b - a }') "
     echo "round $r/$rounds done" >&2
 done
 med() { tr ' ' '\n' <<<"${R[$1]}" | grep -E '^[0-9.]+$' | median; }
 raw4k=$(med raw4k) rdp4k=$(med rdp4k) raw64=$(med raw64) rdp64=$(med rdp64) rawrtt=$(med rawrtt) rdprtt=$(med rdprtt)
-rawrttavg=$(med rawrttavg) rdprttavg=$(med rdprttavg)
+rawrttavg=$(med rawrttavg) rdprttavg=$(med rdprttavg) rawrttp10=$(med rawrttp10) rdprttp10=$(med rdprttp10)
+rttgap=$(tr ' ' '\n' <<<"${R[rttgap]:-}" | grep -E '^-?[0-9.]+$' | median)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "nan"; else printf "%.3f", a * 1e6 / b }'; }
 mib() { awk -v f="$1" -v s="$2" 'BEGIN { if (f == "nan") print "nan"; else printf "%.0f", f * s / 1048576 }'; }
 echo
@@ -105,6 +113,8 @@ echo "|---|---|---|---|"
 echo "| 4 KiB messages | $(awk -v f="$raw4k" 'BEGIN{printf "%.3f", f/1e6}') Mfps ($(mib "$raw4k" 4096) MiB/s of 4 KiB) | $rdp4k Mmsg/s ($(mib "$(awk -v m="$rdp4k" 'BEGIN{print m*1e6}')" 4096) MiB/s) | $(ratio "$rdp4k" "$raw4k") |"
 echo "| 64 B messages | $(awk -v f="$raw64" 'BEGIN{printf "%.3f", f/1e6}') Mfps | $rdp64 Mmsg/s | $(ratio "$rdp64" "$raw64") |"
 echo "| RTT, one in flight: median (mean) | $rawrtt us ($rawrttavg us) | $rdprtt us ($rdprttavg us) | |"
+echo "| RTT, 10th percentile of each run | $rawrttp10 us | $rdprttp10 us | |"
 echo
+echo "RTT gap per round (roce-dp's median minus raw's, the two runs back to back): ${R[rttgap]:-none}; median $rttgap us (target <= 0.5)"
 echo "raw runs: ${R[raw4k]}| ${R[raw64]}| ${R[rawrtt]}; roce-dp runs: ${R[rdp4k]}| ${R[rdp64]}| ${R[rdprtt]}; logs: $LOG_DIR"
 echo "bench: write_4k_vs_raw=$(ratio "$rdp4k" "$raw4k") write_64_pps_vs_raw=$(ratio "$rdp64" "$raw64") rtt_raw_us=$rawrtt rtt_rdp_us=$rdprtt"

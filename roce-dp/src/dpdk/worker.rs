@@ -381,8 +381,9 @@ impl<'p> Worker<'p> {
         self.turn_after(now)
     }
 
-    /// The turn after its clock reading: one rx burst, due timers, the tx burst if anything is pending.
-    #[inline]
+    /// The turn after its clock reading: one rx burst, due timers, the tx burst if anything is pending. Inlined
+    /// into [`Worker::run`]: a call here cost an empty turn ~13 instructions of register saves.
+    #[inline(always)]
     fn turn_after(&mut self, now: Instant) -> usize {
         let got = self.poll_rx(now);
         self.run_due_timers(now);
@@ -449,28 +450,34 @@ impl<'p> Worker<'p> {
         }
     }
 
+    /// One rx burst from the port's queue and/or the worker's ring. Inline, with the frames' handling out of line:
+    /// an empty poll (most polls of a ping-pong: the turn that finds the answer starts sooner the shorter the empty
+    /// ones are) is the PMD call and a compare, without the handler's register saves.
+    #[inline(always)]
     fn poll_rx(&mut self, now: Instant) -> usize {
         // A worker with its own rx queue polls it; one fed by other workers' dispatchers polls its ring (with
         // hardware steering: both, the queue first).
         let mut got = 0;
         if self.q.has_rx() {
-            got = self.rx_burst(now, false);
+            let n = self.q.rx_burst_max(&mut self.rx, self.cfg.burst);
+            got = if n == 0 { self.empty_rx() } else { self.handle_burst(now, n, false) };
         }
         if self.rx_ring.is_some() {
-            got += self.rx_burst(now, true);
+            let n = self.rx_ring.as_ref().map_or(0, |r| r.dequeue_burst(&mut self.rx));
+            got += if n == 0 { self.empty_rx() } else { self.handle_burst(now, n, true) };
         }
         got
     }
 
-    fn rx_burst(&mut self, now: Instant, from_ring: bool) -> usize {
-        let got = match &self.rx_ring {
-            Some(r) if from_ring => r.dequeue_burst(&mut self.rx),
-            _ => self.q.rx_burst_max(&mut self.rx, self.cfg.burst),
-        };
-        if got == 0 {
-            self.stats.rx_empty_polls += 1;
-            return 0;
-        }
+    #[inline(always)]
+    fn empty_rx(&mut self) -> usize {
+        self.stats.rx_empty_polls += 1;
+        0
+    }
+
+    /// Handles the `got` frames an rx burst just put into `self.rx`.
+    #[inline(never)]
+    fn handle_burst(&mut self, now: Instant, got: usize, from_ring: bool) -> usize {
         self.stats.rx_bursts += 1;
         self.stats.rx_frames += got as u64;
         if from_ring {

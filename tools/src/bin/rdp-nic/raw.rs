@@ -77,12 +77,12 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
                     }
                     rtts.push(t.elapsed().as_nanos() as u64);
                 }
-                let (avg, med) = rtt_summary(&rtts, 1000).unwrap_or_default(); // after a warm-up
+                let (avg, med, p10) = rtt_summary(&rtts, 1000).unwrap_or_default(); // after a warm-up
                 let n = rtts.len().saturating_sub(1000);
                 oob.send("DONE 0")?;
                 let _ = oob.line(deadline)?;
                 ok &= check(label, n as u64 == o.iters, format!("{n} echoes"));
-                println!("RESULT raw rtt size={size} iters={n} avg_us={avg:.3} median_us={med:.3}");
+                println!("RESULT raw rtt size={size} iters={n} avg_us={avg:.3} median_us={med:.3} p10_us={p10:.3}");
             }
         }
     } else {
