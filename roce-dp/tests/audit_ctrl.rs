@@ -608,3 +608,40 @@ fn a_multicast_or_zero_peer_mac_is_refused() {
     let m = ModifyQp { attr: rtr, gid: Some(gid), mac: Some([2, 0, 0, 0, 0, 9]) };
     assert_eq!(s.call(&Request::ModifyQp { qpn, m }), Response::Ok);
 }
+
+// ============================================================================ session 10: RegMr of a huge sparse memfd
+
+/// This process's virtual size (`VmSize` in /proc/self/status), in bytes.
+fn vm_size() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmSize:")).expect("VmSize");
+    l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// A client may pass a memfd far larger than the window it registers (sparse: it costs the client nothing). The
+/// daemon maps only the window's pages: registering 4 KiB at the end of a 16 TiB memfd must not cost the daemon
+/// 16 TiB of its 128 TiB address space (eight such registrations took all of it, after which the daemon's own
+/// allocations failed). The daemon here is the loopback one in this process, so this process's VmSize is its.
+/// The memfd's seals still hold (no shrink under the mapping: SIGBUS) and a window past the end is still refused.
+#[test]
+fn a_small_window_of_a_huge_sparse_memfd_maps_only_its_pages() {
+    let d = daemon("sparse");
+    let mut s = Raw::open(&d);
+    let pd = s.pd();
+    const HUGE: u64 = 16 << 40;
+    let fd = memfd(&format!("audit-sparse-{}", std::process::id()), HUGE as i64, SHRINK_GROW);
+    let before = vm_size();
+    let q = Request::RegMr { pd, va: 0x10000, len: 4096, offset: HUGE - 6000, access: AccessFlags::ALL.0 };
+    let r = s.call_fds(&q, &[fd.as_fd()]).0;
+    assert!(matches!(r, Response::Mr { .. }), "{r:?}");
+    let grew = vm_size().saturating_sub(before);
+    assert!(grew < 1 << 30, "registering 4 KiB of a 16 TiB memfd grew the daemon by {grew} bytes");
+    // The client cannot shrink the memfd under the daemon's mapping.
+    // SAFETY: plain system call on our descriptor.
+    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, -1);
+    // Past the end: refused, naming the memfd's size.
+    let q = Request::RegMr { pd, va: 0x10000, len: 4096, offset: HUGE - 100, access: AccessFlags::ALL.0 };
+    let msg = refused(&s.call_fds(&q, &[fd.as_fd()]).0, ErrorCode::Invalid);
+    assert!(msg.contains(&format!("{HUGE}-byte buffer")), "{msg}");
+    assert_eq!(s.stat("mrs"), 1);
+}

@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use super::abi::{self, SendRequest, SgeList, ABI_VERSION};
 use super::proto::{Conn, DeviceInfo, ErrorCode, ModifyQp, ProtoError, Request, Response, StatRecord};
-use super::shm::{Backing, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmBytes, ShmRegion};
+use super::shm::{Backing, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmBytes, ShmError, ShmRegion};
 use super::wq::WqError;
 pub use super::SessionLimits;
 use crate::engine::Engine;
@@ -1655,22 +1655,34 @@ fn handle(
             if fds.len() != 1 {
                 return (err(ErrorCode::Protocol, "RegMr needs exactly one memfd"), None);
             }
-            let region = match ShmRegion::map(fds.remove(0)) {
-                Ok(r) => Arc::new(r),
-                Err(e) => return (err(ErrorCode::Invalid, format!("memory registration: {e}")), None),
-            };
-            let window = usize::try_from(offset).ok().zip(usize::try_from(len).ok());
-            let Some(mem) = window.and_then(|(o, l)| region.window(o, l)) else {
-                return (
-                    err(
-                        ErrorCode::Invalid,
-                        format!(
-                            "memory registration: {len} bytes at offset {offset} exceed the {}-byte buffer",
-                            region.len()
+            // Only the window's pages are mapped: the client's memfd may be far larger (and sparse).
+            let (region, at) =
+                match ShmRegion::map_window(fds.remove(0), offset, len) {
+                    Ok(Ok((r, at))) => (Arc::new(r), at),
+                    Ok(Err(size)) => {
+                        return (
+                            err(
+                                ErrorCode::Invalid,
+                                format!(
+                                    "memory registration: {len} bytes at offset {offset} exceed the {size}-byte buffer"
+                                ),
+                            ),
+                            None,
+                        )
+                    }
+                    Err(ShmError::Os { op: "mmap", errno: libc::ENOMEM }) => return (
+                        err(
+                            ErrorCode::Exhausted,
+                            format!(
+                                "memory registration: the daemon cannot map {len} more bytes (out of address space)"
+                            ),
                         ),
+                        None,
                     ),
-                    None,
-                );
+                    Err(e) => return (err(ErrorCode::Invalid, format!("memory registration: {e}")), None),
+                };
+            let Some(mem) = usize::try_from(len).ok().and_then(|l| region.window(at, l)) else {
+                return (err(ErrorCode::Invalid, format!("memory registration: {len} bytes do not fit")), None);
             };
             router.reg_mr(id, pd, va, mem, AccessFlags(access & AccessFlags::ALL.0))
         }

@@ -202,6 +202,49 @@ impl ShmRegion {
 
     /// Maps a region received from the peer. Its size is `fstat`'s; it must carry the shrink and grow seals.
     pub fn map(fd: OwnedFd) -> Result<ShmRegion, ShmError> {
+        let st = Self::sealed_stat(&fd)?;
+        let size = usize::try_from(st.st_size).map_err(|_| ShmError::BadSize(0))?;
+        Self::mmap(fd, size)
+    }
+
+    /// Maps only the pages of a peer's region that hold `len` bytes at `offset` (a memory registration's window)
+    /// and returns the mapping with the window's offset inside it; `Ok(Err(size))` if the window does not fit the
+    /// descriptor's `size`. The same seals as [`map`](Self::map) are required, so the peer cannot shrink the file
+    /// under the mapping (a shrink would turn the daemon's accesses into SIGBUS). Mapping the whole descriptor, as
+    /// `map` does, let a client make the daemon map a huge sparse memfd (terabytes of address space for a window
+    /// of a few bytes at its end) until the daemon's own allocations failed.
+    #[allow(clippy::type_complexity)]
+    pub fn map_window(fd: OwnedFd, offset: u64, len: u64) -> Result<Result<(ShmRegion, usize), u64>, ShmError> {
+        let st = Self::sealed_stat(&fd)?;
+        let size = u64::try_from(st.st_size).map_err(|_| ShmError::BadSize(0))?;
+        let Some(end) = offset.checked_add(len).filter(|&e| e <= size) else { return Ok(Err(size)) };
+        // The mapping's granule: the page size for memfd pages, the huge page size on hugetlbfs (whose mappings
+        // must start and end at huge page boundaries).
+        let page = u64::try_from(st.st_blksize).ok().filter(|b| b.is_power_of_two() && *b >= 4096).unwrap_or(4096);
+        let start = offset & !(page - 1);
+        let stop = end.max(offset + 1).next_multiple_of(page).min(size.next_multiple_of(page));
+        let map_len = usize::try_from(stop - start).map_err(|_| ShmError::BadSize(usize::MAX))?;
+        let map_off = libc::off_t::try_from(start).map_err(|_| ShmError::BadSize(usize::MAX))?;
+        // SAFETY: a fresh shared mapping of our descriptor at an address the kernel picks; nothing is aliased.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                map_off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os("mmap"));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::Os { op: "mmap", errno: libc::EINVAL })?;
+        Ok(Ok((ShmRegion { ptr, len: map_len, fd }, (offset - start) as usize)))
+    }
+
+    /// `fstat` of a peer's descriptor, which must carry the shrink and grow seals and have a non-zero size.
+    fn sealed_stat(fd: &OwnedFd) -> Result<libc::stat, ShmError> {
         // SAFETY: plain syscall on a descriptor we own.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
@@ -214,11 +257,10 @@ impl ShmRegion {
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(os("fstat"));
         }
-        let size = usize::try_from(st.st_size).map_err(|_| ShmError::BadSize(0))?;
-        if size == 0 {
+        if st.st_size <= 0 {
             return Err(ShmError::BadSize(0));
         }
-        Self::mmap(fd, size)
+        Ok(st)
     }
 
     /// Reopens a region descriptor inherited from the parent (see [`share_with_child`](Self::share_with_child))
@@ -951,6 +993,38 @@ mod tests {
             assert_eq!(libc::ftruncate(b.fd().as_raw_fd(), 1 << 20), -1);
             assert_eq!(errno(), libc::EPERM);
             assert_eq!(libc::fcntl(b.fd().as_raw_fd(), libc::F_GET_SEALS), SEALS);
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
+    fn map_window_maps_the_windows_pages_at_their_file_offset() {
+        // A 1 MiB sealed region with a known byte at every offset; windows at unaligned offsets, at the end, and
+        // of length 0 read what the file holds there, and writes land at the same file offsets.
+        let r = ShmRegion::create("window-test", 1 << 20, Backing::Pages).unwrap();
+        let file = std::fs::File::from(r.fd().try_clone_to_owned().unwrap());
+        let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+        std::os::unix::fs::FileExt::write_all_at(&file, &bytes, 0).unwrap();
+        for (off, len) in [(0u64, 4096u64), (6000, 5000), (4095, 2), ((1 << 20) - 7, 7), (8192, 0), (12345, 0)] {
+            let fd = r.fd().try_clone_to_owned().unwrap();
+            let (m, at) = ShmRegion::map_window(fd, off, len).unwrap().unwrap();
+            assert!(m.len() <= (len as usize).next_multiple_of(4096) + 4096, "{off} {len}: {} mapped", m.len());
+            let w = Arc::new(m).window(at, len as usize).expect("the window fits its mapping");
+            let mut got = vec![0u8; len as usize];
+            assert!(w.read(0, &mut got));
+            assert_eq!(got, bytes[off as usize..(off + len) as usize], "{off} {len}");
+            if len > 0 {
+                assert!(w.write(len as usize - 1, &[0xee]));
+                let mut b = [0u8];
+                std::os::unix::fs::FileExt::read_exact_at(&file, &mut b, off + len - 1).unwrap();
+                assert_eq!(b[0], 0xee, "{off} {len}");
+                std::os::unix::fs::FileExt::write_all_at(&file, &bytes[(off + len - 1) as usize..][..1], off + len - 1)
+                    .unwrap();
+            }
+        }
+        for (off, len) in [(0u64, (1 << 20) + 1), (1 << 20, 1), (u64::MAX, 2)] {
+            let fd = r.fd().try_clone_to_owned().unwrap();
+            assert_eq!(ShmRegion::map_window(fd, off, len).unwrap().err(), Some(1 << 20), "{off} {len}");
         }
     }
 
