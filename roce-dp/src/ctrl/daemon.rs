@@ -1008,6 +1008,46 @@ struct Router {
 }
 
 /// The one-line refusal when a session holds `limit` objects of a kind already.
+/// True for the errors of a full descriptor table (this process's EMFILE, the system's ENFILE).
+fn out_of_fds(errno: i32) -> bool {
+    errno == libc::EMFILE || errno == libc::ENFILE
+}
+
+/// One line for a request the daemon cannot serve because its descriptor table is full: Exhausted, naming the
+/// limit, so that the client that asked (and only it) is told, and the daemon and every other session go on.
+fn fds_exhausted(what: &str) -> Response {
+    err(
+        ErrorCode::Exhausted,
+        format!(
+            "{what}: roce-dpd is out of file descriptors (RLIMIT_NOFILE {}): close other sessions or objects, or \
+             raise the daemon's limit (ulimit -n, LimitNOFILE=)",
+            super::shm::nofile_limit()
+        ),
+    )
+}
+
+/// A region or channel the daemon could not create: Exhausted if for lack of descriptors or memory, else `code`.
+fn create_failed(what: &str, e: &ShmError, code: ErrorCode) -> Response {
+    match e {
+        ShmError::Os { errno, .. } if out_of_fds(*errno) => fds_exhausted(what),
+        ShmError::Os { errno: libc::ENOMEM | libc::ENOSPC, .. } => err(ErrorCode::Exhausted, format!("{what}: {e}")),
+        _ => err(code, format!("{what}: {e}")),
+    }
+}
+
+/// Answers a connection the daemon cannot take for lack of descriptors: its Hello (waited for at most 100 ms) gets
+/// one Exhausted line, which the client library's `Device::open` returns, then the connection closes. Without
+/// this the connection waited in the listen backlog and the client's open timed out after its call timeout.
+fn refuse_session_for_fds(sock: UnixStream) {
+    let _ = sock.set_nonblocking(false);
+    let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
+    let _ = sock.set_write_timeout(Some(Duration::from_millis(100)));
+    let mut conn = Conn::new(sock);
+    // The client library's Hello is request 1.
+    let seq = conn.recv_request().map_or(1, |f| f.seq);
+    let _ = conn.send_response(seq, &fds_exhausted("a new session"), &[]);
+}
+
 fn over_limit(what: &str, key: &str, limit: u32) -> Response {
     err(
         ErrorCode::Exhausted,
@@ -1487,13 +1527,19 @@ impl Server {
         let (cfg, router, sessions, stop, threads) =
             (self.cfg.clone(), self.router.clone(), self.sessions.clone(), self.stop.clone(), self.threads.clone());
         let next = Arc::new(AtomicU32::new(1));
+        // A descriptor kept in reserve: when the table is full, it is given up to accept the waiting connection
+        // and tell it so (refuse_session_for_fds), then taken again.
+        let mut spare = std::fs::File::open("/dev/null").ok();
         self.accept = Some(std::thread::Builder::new().name("roce-dpd-accept".into()).spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((sock, _)) => {
                         let _ = sock.set_nonblocking(false);
                         let id = next.fetch_add(1, Ordering::Relaxed);
-                        let (Ok(w), Ok(cut)) = (sock.try_clone(), sock.try_clone()) else { continue };
+                        let (Ok(w), Ok(cut)) = (sock.try_clone(), sock.try_clone()) else {
+                            refuse_session_for_fds(sock);
+                            continue;
+                        };
                         let sess = Arc::new(Session { writer: Mutex::new(Conn::new(w)), sock: cut });
                         sessions.lock().expect("sessions").insert(id, sess.clone());
                         let (cfg, router, sessions) = (cfg.clone(), router.clone(), sessions.clone());
@@ -1508,7 +1554,19 @@ impl Server {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         std::thread::sleep(Duration::from_millis(20))
                     }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    Err(e) if e.raw_os_error().is_some_and(out_of_fds) && spare.is_some() => {
+                        drop(spare.take());
+                        if let Ok((sock, _)) = listener.accept() {
+                            refuse_session_for_fds(sock);
+                        }
+                        spare = std::fs::File::open("/dev/null").ok();
+                    }
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        if spare.is_none() {
+                            spare = std::fs::File::open("/dev/null").ok();
+                        }
+                    }
                 }
             }
         })?);
@@ -1621,7 +1679,11 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, router: 
             }
         }
         objects += 1;
-        let (r, fd) = handle(id, objects, f.msg, f.fds, cfg, router);
+        let (r, fd) = if f.fds_lost {
+            (fds_exhausted(&format!("the descriptor sent with {}", f.msg.name())), None)
+        } else {
+            handle(id, objects, f.msg, f.fds, cfg, router)
+        };
         let ok = reply(seq, &r, fd.as_ref().map(|f| f.as_fd()));
         if !ok {
             break;
@@ -1656,21 +1718,21 @@ fn handle(
                 return (err(ErrorCode::Protocol, "RegMr needs exactly one memfd"), None);
             }
             // Only the window's pages are mapped: the client's memfd may be far larger (and sparse).
-            let (region, at) =
-                match ShmRegion::map_window(fds.remove(0), offset, len) {
-                    Ok(Ok((r, at))) => (Arc::new(r), at),
-                    Ok(Err(size)) => {
-                        return (
-                            err(
-                                ErrorCode::Invalid,
-                                format!(
-                                    "memory registration: {len} bytes at offset {offset} exceed the {size}-byte buffer"
-                                ),
+            let (region, at) = match ShmRegion::map_window(fds.remove(0), offset, len) {
+                Ok(Ok((r, at))) => (Arc::new(r), at),
+                Ok(Err(size)) => {
+                    return (
+                        err(
+                            ErrorCode::Invalid,
+                            format!(
+                                "memory registration: {len} bytes at offset {offset} exceed the {size}-byte buffer"
                             ),
-                            None,
-                        )
-                    }
-                    Err(ShmError::Os { op: "mmap", errno: libc::ENOMEM }) => return (
+                        ),
+                        None,
+                    )
+                }
+                Err(ShmError::Os { op: "mmap", errno: libc::ENOMEM }) => {
+                    return (
                         err(
                             ErrorCode::Exhausted,
                             format!(
@@ -1678,9 +1740,10 @@ fn handle(
                             ),
                         ),
                         None,
-                    ),
-                    Err(e) => return (err(ErrorCode::Invalid, format!("memory registration: {e}")), None),
-                };
+                    )
+                }
+                Err(e) => return (err(ErrorCode::Invalid, format!("memory registration: {e}")), None),
+            };
             let Some(mem) = usize::try_from(len).ok().and_then(|l| region.window(at, l)) else {
                 return (err(ErrorCode::Invalid, format!("memory registration: {len} bytes do not fit")), None);
             };
@@ -1693,7 +1756,7 @@ fn handle(
                     Ok(channel) => (Response::Channel { channel }, Some(client_end)),
                     Err(r) => (r, None),
                 },
-                Err(e) => (err(ErrorCode::Os, format!("completion channel: {e}")), None),
+                Err(e) => (create_failed("completion channel", &e, ErrorCode::Os), None),
             };
         }
         Request::DestroyCompChannel { channel } => router.destroy_channel(id, channel),
@@ -1703,10 +1766,14 @@ fn handle(
             }
             let region = match DaemonCqRegion::create(&format!("roce-dpd-cq-s{id}-{n}"), depth, cfg.backing) {
                 Ok(r) => r,
-                Err(e) => return (err(ErrorCode::Exhausted, format!("CQ region: {e}")), None),
+                Err(e) => return (create_failed("CQ region", &e, ErrorCode::Exhausted), None),
             };
-            // The region's descriptor goes back with the reply (a duplicate: the region stays the daemon's).
-            let fd = region.fd().try_clone_to_owned().ok();
+            // The region's descriptor goes back with the reply (a duplicate: the region stays the daemon's), made
+            // before the CQ exists: an answer without it would leave the client a CQ it cannot map.
+            let fd = match region.fd().try_clone_to_owned() {
+                Ok(fd) => Some(fd),
+                Err(_) => return (fds_exhausted("CQ region"), None),
+            };
             let r = router.create_cq(id, Box::new(region), channel);
             let fd = if matches!(r, Response::Cq { .. }) { fd } else { None };
             return (r, fd);
@@ -1736,9 +1803,12 @@ fn handle(
             };
             let region = match DaemonQpRegion::create(&format!("roce-dpd-qp-s{id}-{n}"), caps, cfg.backing) {
                 Ok(region) => region,
-                Err(e) => return (err(ErrorCode::Invalid, format!("QP region: {e}")), None),
+                Err(e) => return (create_failed("QP region", &e, ErrorCode::Invalid), None),
             };
-            let fd = region.fd().try_clone_to_owned().ok();
+            let fd = match region.fd().try_clone_to_owned() {
+                Ok(fd) => Some(fd),
+                Err(_) => return (fds_exhausted("QP region"), None),
+            };
             let r = router.create_qp(id, pd, send_cq, recv_cq, Box::new(region));
             let fd = if matches!(r, Response::Qp { .. }) { fd } else { None };
             return (r, fd);

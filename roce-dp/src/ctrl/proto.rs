@@ -706,6 +706,9 @@ pub struct Frame<T> {
     pub msg: T,
     /// Descriptors that came with it.
     pub fds: Vec<OwnedFd>,
+    /// The frame's descriptors were sent but could not be received: this process's descriptor table is full
+    /// (RLIMIT_NOFILE). `fds` is empty then.
+    pub fds_lost: bool,
 }
 
 struct RawFrame {
@@ -713,6 +716,7 @@ struct RawFrame {
     seq: u32,
     body: Vec<u8>,
     fds: Vec<OwnedFd>,
+    fds_lost: bool,
 }
 
 /// How long a read waits for a whole frame.
@@ -731,12 +735,15 @@ pub struct Conn {
     sock: UnixStream,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
+    /// Descriptors sent to us were lost (our descriptor table was full): the next frame that announces more
+    /// descriptors than arrived gets none and [`Frame::fds_lost`], instead of breaking the connection.
+    fds_lost: bool,
 }
 
 impl Conn {
     /// Wraps a connected socket.
     pub fn new(sock: UnixStream) -> Conn {
-        Conn { sock, buf: Vec::new(), fds: Vec::new() }
+        Conn { sock, buf: Vec::new(), fds: Vec::new(), fds_lost: false }
     }
 
     /// The socket.
@@ -802,13 +809,14 @@ impl Conn {
                     let kind = u16::from_le_bytes([self.buf[6], self.buf[7]]);
                     let seq = u32::from_le_bytes(self.buf[8..12].try_into().expect("4 bytes"));
                     let nfds = usize::from(self.buf[12]);
-                    if nfds > self.fds.len() {
+                    let fds_lost = nfds > self.fds.len() && std::mem::take(&mut self.fds_lost);
+                    if nfds > self.fds.len() && !fds_lost {
                         return Err(ProtoError::Malformed("frame announces descriptors that did not come"));
                     }
                     let body = self.buf[HEADER..len + 4].to_vec();
                     self.buf.drain(..len + 4);
-                    let fds = self.fds.drain(..nfds).collect();
-                    return Ok(Some(RawFrame { kind, seq, body, fds }));
+                    let fds = if fds_lost { Vec::new() } else { self.fds.drain(..nfds).collect() };
+                    return Ok(Some(RawFrame { kind, seq, body, fds, fds_lost }));
                 }
             }
             // Without blocking past the deadline: wait for the socket to be readable (or closed) first; a read
@@ -829,10 +837,11 @@ impl Conn {
                 }
             }
             let mut chunk = [0u8; 16 * 1024];
-            let n = match shm::recv_with_fds(&self.sock, &mut chunk, &mut self.fds) {
+            let (n, lost) = match shm::recv_with_fds(&self.sock, &mut chunk, &mut self.fds) {
                 Err(ShmError::Os { errno: libc::EINTR, .. }) => continue,
                 r => r?,
             };
+            self.fds_lost |= lost;
             if n == 0 {
                 return Err(ProtoError::Io(None));
             }
@@ -845,16 +854,16 @@ impl Conn {
 
     /// Receives the next request (daemon side).
     pub fn recv_request(&mut self) -> R<Frame<Request>> {
-        let RawFrame { kind, seq, body, fds } = self.recv_frame()?;
+        let RawFrame { kind, seq, body, fds, fds_lost } = self.recv_frame()?;
         let msg = Request::decode(kind, &mut Reader(&body))?;
-        Ok(Frame { seq, msg, fds })
+        Ok(Frame { seq, msg, fds, fds_lost })
     }
 
     /// Receives the next response or notice (client side).
     pub fn recv_response(&mut self) -> R<Frame<Response>> {
-        let RawFrame { kind, seq, body, fds } = self.recv_frame()?;
+        let RawFrame { kind, seq, body, fds, fds_lost } = self.recv_frame()?;
         let msg = Response::decode(kind, &mut Reader(&body))?;
-        Ok(Frame { seq, msg, fds })
+        Ok(Frame { seq, msg, fds, fds_lost })
     }
 
     /// Receives the next response or notice, waiting at most until `deadline` (`None`: forever): `Ok(None)` when
@@ -870,9 +879,9 @@ impl Conn {
         self.recv_frame_wait(Wait::Never)?.map(Self::response).transpose()
     }
 
-    fn response(RawFrame { kind, seq, body, fds }: RawFrame) -> R<Frame<Response>> {
+    fn response(RawFrame { kind, seq, body, fds, fds_lost }: RawFrame) -> R<Frame<Response>> {
         let msg = Response::decode(kind, &mut Reader(&body))?;
-        Ok(Frame { seq, msg, fds })
+        Ok(Frame { seq, msg, fds, fds_lost })
     }
 
     /// Without blocking: has the peer closed the socket or sent a frame (or has one been buffered already)?

@@ -145,6 +145,16 @@ pub fn hugepages_available() -> u64 {
     read("free_hugepages").saturating_sub(read("resv_hugepages"))
 }
 
+/// This process's descriptor limit (RLIMIT_NOFILE's soft value; 0 if it cannot be read), for messages.
+pub fn nofile_limit() -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: r is a valid out-pointer for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 0;
+    }
+    r.rlim_cur
+}
+
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
@@ -926,8 +936,10 @@ fn sendmsg_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> Result
 
 /// Receives into `buf` and appends the descriptors that came with the message to `fds` (close-on-exec set).
 /// A message whose descriptors did not all fit (more than [`MAX_FDS`]) is an error and every descriptor of it is
-/// closed: a peer cannot make this process leak descriptors. Returns the data bytes (0 at end of stream).
-pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize, ShmError> {
+/// closed: a peer cannot make this process leak descriptors. Returns the data bytes (0 at end of stream) and
+/// whether descriptors of the message were lost because this process could not install them (its descriptor
+/// table full: RLIMIT_NOFILE): the data is intact then, and only the descriptors are missing.
+pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<(usize, bool), ShmError> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut cbuf = CmsgBuf([0; 64]);
     // SAFETY: an all-zero msghdr is valid; the fields are set below.
@@ -959,11 +971,20 @@ pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) 
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 || got.len() > MAX_FDS {
+    // The control buffer's room: a truncation with fewer descriptors than that was not for lack of room but
+    // because the kernel could not install them here (EMFILE: it installs what it can and sets MSG_CTRUNC).
+    // SAFETY: CMSG_LEN only computes a size.
+    let room = (size_of::<CmsgBuf>() - unsafe { libc::CMSG_LEN(0) } as usize) / size_of::<RawFd>();
+    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
+    if got.len() > MAX_FDS || (truncated && got.len() >= room) {
         return Err(ShmError::Fds("the peer sent more descriptors than MAX_FDS; all of them were closed"));
     }
+    if truncated {
+        // The descriptors that did arrive belong to a message that cannot be served whole: close them.
+        return Ok((n as usize, true));
+    }
     fds.extend(got);
-    Ok(n as usize)
+    Ok((n as usize, false))
 }
 
 #[cfg(test)]
@@ -1060,7 +1081,7 @@ mod tests {
         assert_eq!(send_with_fds(&a, b"qp", &[r1.fd(), r2.fd()]), Ok(2));
         let mut buf = [0u8; 16];
         let mut fds = Vec::new();
-        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok(2));
+        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok((2, false)));
         assert_eq!(&buf[..2], b"qp");
         assert_eq!(fds.len(), 2);
         let m2 = ShmRegion::map(fds.pop().unwrap()).unwrap();
@@ -1069,7 +1090,7 @@ mod tests {
         assert_eq!(m1.read::<u64>(64), Some(0xfeed));
         // Plain data without descriptors.
         assert_eq!(send_with_fds(&a, b"x", &[]), Ok(1));
-        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok(1));
+        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok((1, false)));
         assert!(fds.is_empty());
         let nine: Vec<_> = (0..9).map(|_| r1.fd()).collect();
         assert!(matches!(send_with_fds(&a, b"x", &nine), Err(ShmError::Fds(_))));
