@@ -645,3 +645,54 @@ fn a_small_window_of_a_huge_sparse_memfd_maps_only_its_pages() {
     assert!(msg.contains(&format!("{HUGE}-byte buffer")), "{msg}");
     assert_eq!(s.stat("mrs"), 1);
 }
+
+// ============================================================================ session 10: statistics in pages
+
+/// roce-stat's `Stats` must never fail for size: a daemon's records beyond one frame (8 MiB: ~5 000 QPs, six
+/// loaded workers) come in pages of one snapshot. Shown on a small daemon whose page is 1 KiB: the client library
+/// reads every page (the same records, each once, as the daemon's own single-frame answer has); a session that
+/// makes a QP between two pages does not change the snapshot it is reading; a StatsFrom without a snapshot, or
+/// past its end, is one line. Before, a list too large for one frame was sent anyway and the client refused it as
+/// "frame length out of range", so roce-stat could not read a busy daemon at all.
+#[test]
+fn statistics_beyond_one_frame_come_in_pages_of_one_snapshot() {
+    let mut cfg = LoopbackConfig::new(sock("pages"));
+    cfg.stats_page_bytes = 1024;
+    let d = LoopbackDaemon::start(cfg).expect("loopback daemon");
+    let p = roce_dp::ctrl::loopback::LoopPair::open(d.path(), 1 << 16, 16, 1024).expect("a QP pair");
+    let recs = p.dev.stats().expect("paged statistics");
+    let keys: std::collections::BTreeSet<(String, u32, String)> =
+        recs.iter().map(|r| (r.scope.clone(), r.id, r.name.clone())).collect();
+    assert_eq!(keys.len(), recs.len(), "a record came twice");
+    for qp in [p.a.qpn(), p.b.qpn()] {
+        let state = recs.iter().find(|r| r.scope == "qp" && r.id == qp && r.name == "state");
+        assert_eq!(state.map(|r| r.value), Some(QpState::Rts as u64), "QP {qp:#x}");
+    }
+    assert!(recs.iter().any(|r| r.scope == "daemon" && r.name == "workers" && r.value == 1));
+
+    // By hand: the first page, a QP made meanwhile, the rest of the same snapshot.
+    let mut s = Raw::open(&d);
+    let Response::StatsPage { total, recs: first } = s.call(&Request::Stats) else { panic!("not paged") };
+    assert!(!first.is_empty() && first.len() < total as usize, "{} of {total}", first.len());
+    let pd = s.pd();
+    let cq = s.cq(None);
+    s.qp(pd, cq).expect("a QP between two pages");
+    let mut all = first;
+    while all.len() < total as usize {
+        match s.call(&Request::StatsFrom { first: all.len() as u32 }) {
+            Response::StatsPage { total: t, recs } if t == total && !recs.is_empty() => all.extend(recs),
+            r => panic!("StatsFrom {}: {r:?}", all.len()),
+        }
+    }
+    assert_eq!(all.len(), total as usize);
+    let qps =
+        |v: &[roce_dp::ctrl::proto::StatRecord]| v.iter().filter(|r| r.scope == "qp" && r.name == "state").count();
+    assert_eq!(qps(&all), 2, "the snapshot changed while it was read");
+    // The snapshot is gone once read; asking on, or past its end, is one line.
+    let msg = refused(&s.call(&Request::StatsFrom { first: 1 }), ErrorCode::Invalid);
+    assert!(msg.contains("send Stats first"), "{msg}");
+    let Response::StatsPage { total, .. } = s.call(&Request::Stats) else { panic!("not paged") };
+    refused(&s.call(&Request::StatsFrom { first: total }), ErrorCode::Invalid);
+    // The next reading sees the new QP.
+    assert_eq!(qps(&p.dev.stats().unwrap()), 3);
+}

@@ -1425,6 +1425,9 @@ pub struct ServerConfig {
     pub limits: SessionLimits,
     /// Print one line per session event (refused open, end of a session) to stderr, prefixed `roce-dpd: `.
     pub log: bool,
+    /// Bytes of statistics records per frame ([`proto::STATS_PAGE_BYTES`](super::proto::STATS_PAGE_BYTES));
+    /// tests lower it to page small daemons.
+    pub stats_page_bytes: usize,
 }
 
 /// Why the server could not start.
@@ -1641,6 +1644,8 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, router: 
     };
     let mut opened = false;
     let mut objects = 0u32;
+    // The statistics snapshot this session is reading in pages (empty when none is under way).
+    let mut snapshot: Vec<StatRecord> = Vec::new();
     loop {
         let f = match conn.recv_request() {
             Ok(f) => f,
@@ -1679,10 +1684,16 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, router: 
             }
         }
         objects += 1;
-        let (r, fd) = if f.fds_lost {
-            (fds_exhausted(&format!("the descriptor sent with {}", f.msg.name())), None)
-        } else {
-            handle(id, objects, f.msg, f.fds, cfg, router)
+        let (r, fd) = match f.msg {
+            _ if f.fds_lost => (fds_exhausted(&format!("the descriptor sent with {}", f.msg.name())), None),
+            Request::Stats => match router.stats() {
+                Response::Stats(all) => (stats_page(&mut snapshot, all, 0, cfg.stats_page_bytes), None),
+                r => (r, None),
+            },
+            Request::StatsFrom { first } => {
+                (stats_page(&mut snapshot, Vec::new(), first as usize, cfg.stats_page_bytes), None)
+            }
+            msg => handle(id, objects, msg, f.fds, cfg, router),
         };
         let ok = reply(seq, &r, fd.as_ref().map(|f| f.as_fd()));
         if !ok {
@@ -1696,6 +1707,35 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, router: 
             eprintln!("roce-dpd: session {id} ended after {objects} requests, {how}");
         }
     }
+}
+
+/// The answer to `Stats` (`fresh` = every record now, `first` = 0) or `StatsFrom { first }` (`fresh` empty: the
+/// session's `snapshot` goes on): all of them in one [`Response::Stats`] when they fit `budget` bytes, else the page
+/// of the snapshot from `first` on. The snapshot is kept until its last page has gone, so the pages of one reading
+/// are one consistent list (a QP created meanwhile neither shifts nor repeats records).
+fn stats_page(snapshot: &mut Vec<StatRecord>, fresh: Vec<StatRecord>, first: usize, budget: usize) -> Response {
+    if first == 0 {
+        if super::proto::stats_page_len(&fresh, budget) == fresh.len() {
+            snapshot.clear();
+            return Response::Stats(fresh);
+        }
+        *snapshot = fresh;
+    } else if snapshot.is_empty() || first >= snapshot.len() {
+        return err(
+            ErrorCode::Invalid,
+            format!(
+                "StatsFrom {first}: no statistics snapshot has a record {first} ({} records taken; send Stats first)",
+                snapshot.len()
+            ),
+        );
+    }
+    let n = super::proto::stats_page_len(&snapshot[first..], budget);
+    let total = snapshot.len() as u32;
+    let recs = snapshot[first..first + n].to_vec();
+    if first + n == snapshot.len() {
+        *snapshot = Vec::new();
+    }
+    Response::StatsPage { total, recs }
 }
 
 /// Serves one request: maps the client's memfd or creates a ring region here (off the workers), routes the command
@@ -1816,7 +1856,8 @@ fn handle(
         Request::ModifyQp { qpn, m } => router.modify_qp(id, qpn, m),
         Request::QueryQp { qpn } => router.on_qp(id, qpn, Cmd::QueryQp(qpn)),
         Request::DestroyQp { qpn } => router.destroy_qp(id, qpn),
-        Request::Stats => router.stats(),
+        // Answered by the session (stats_page), which keeps the snapshot.
+        Request::Stats | Request::StatsFrom { .. } => router.stats(),
     };
     (r, None)
 }
