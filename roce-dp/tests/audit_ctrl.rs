@@ -696,3 +696,66 @@ fn statistics_beyond_one_frame_come_in_pages_of_one_snapshot() {
     // The next reading sees the new QP.
     assert_eq!(qps(&p.dev.stats().unwrap()), 3);
 }
+
+/// The client library against a hostile daemon's statistics pages: a total beyond any daemon's (which would make
+/// it gather records without bound, one page at a time), a page that does not move on, a total that changes, and a
+/// page longer than what is left are each one Protocol error, never a hang or an unbounded allocation.
+#[test]
+fn the_client_refuses_statistics_pages_that_do_not_add_up() {
+    use roce_dp::ctrl::proto::StatRecord;
+    let rec = |i: u32| StatRecord { scope: "qp".into(), id: i, name: "state".into(), value: 3 };
+    let cases: Vec<(&str, Vec<Response>)> = vec![
+        ("a total of 2^32 - 1", vec![Response::StatsPage { total: u32::MAX, recs: vec![rec(0)] }]),
+        ("an empty first page", vec![Response::StatsPage { total: 2, recs: vec![] }]),
+        (
+            "an empty later page",
+            vec![Response::StatsPage { total: 2, recs: vec![rec(0)] }, Response::StatsPage { total: 2, recs: vec![] }],
+        ),
+        (
+            "a total that changes",
+            vec![
+                Response::StatsPage { total: 2, recs: vec![rec(0)] },
+                Response::StatsPage { total: 3, recs: vec![rec(1)] },
+            ],
+        ),
+        (
+            "a page past the total",
+            vec![
+                Response::StatsPage { total: 2, recs: vec![rec(0)] },
+                Response::StatsPage { total: 2, recs: vec![rec(1), rec(2)] },
+            ],
+        ),
+        (
+            "a whole list for a later page",
+            vec![Response::StatsPage { total: 2, recs: vec![rec(0)] }, Response::Stats(vec![rec(1)])],
+        ),
+    ];
+    for (i, (what, answers)) in cases.into_iter().enumerate() {
+        let mut answers = answers.into_iter();
+        let (path, h) = fake_daemon(&format!("pages-{i}"), move |q| match q {
+            Request::Stats | Request::StatsFrom { .. } => answers.next().map(|r| (r, vec![])),
+            _ => None,
+        });
+        let dev = Device::open(&path).expect("the fake daemon's Hello");
+        match dev.stats() {
+            Err(Error::Protocol(m)) => assert!(!m.contains('\n') && m.contains("Stats"), "{what}: {m}"),
+            r => panic!("{what}: {:?}", r.map(|v| v.len())),
+        }
+        drop(dev);
+        h.join().unwrap();
+    }
+    // An honest two-page answer is taken whole.
+    let mut answers = vec![
+        Response::StatsPage { total: 2, recs: vec![rec(0)] },
+        Response::StatsPage { total: 2, recs: vec![rec(1)] },
+    ]
+    .into_iter();
+    let (path, h) = fake_daemon("pages-ok", move |q| match q {
+        Request::Stats | Request::StatsFrom { .. } => answers.next().map(|r| (r, vec![])),
+        _ => None,
+    });
+    let dev = Device::open(&path).unwrap();
+    assert_eq!(dev.stats().unwrap(), vec![rec(0), rec(1)]);
+    drop(dev);
+    h.join().unwrap();
+}
