@@ -692,6 +692,13 @@ impl Engine {
     /// engine never panics on frame contents.
     pub fn handle_rx(&mut self, now: Instant, frame: &[u8], _meta: RxMeta) {
         self.stats.rx_frames += 1;
+        if vlan_id(frame).is_some_and(|vid| vid != 0) {
+            // Tagged for a VLAN: a frame of another network, as for ARP/ND (neigh.rs). The port has no VLAN and every
+            // QP sends untagged, so no QP's peer is there (and an answer would leave on the untagged network). A
+            // priority tag (VID 0, IEEE 802.1Q: priority only, no VLAN) is the untagged network's and is taken.
+            self.stats.rx_drop_vlan += 1;
+            return;
+        }
         // Borrowed in place: moving the parsed headers out of the Result would copy them once more per frame.
         let parsed = wire::parse_rx(frame);
         let f = match &parsed {
@@ -1050,6 +1057,14 @@ impl Engine {
 #[inline(never)]
 fn queue_timer(heap: &mut BinaryHeap<Reverse<(Instant, u32, u8)>>, d: Instant, i: u32, k: u8) {
     heap.push(Reverse((d, i, k)));
+}
+
+/// The VLAN ID of an 802.1Q-tagged Ethernet frame (TPID 0x8100), None if untagged or too short to tell.
+fn vlan_id(frame: &[u8]) -> Option<u16> {
+    match frame.get(12..16)? {
+        [0x81, 0x00, hi, lo] => Some(u16::from_be_bytes([*hi, *lo]) & 0x0fff),
+        _ => None,
+    }
 }
 
 /// True if a frame from `src` comes from the QP's peer.

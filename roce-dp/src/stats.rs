@@ -49,6 +49,8 @@ counters! {
         rx_drop_icrc,
         /// Dropped: destination IP is not this engine's.
         rx_drop_not_for_us,
+        /// Dropped: 802.1Q-tagged for a VLAN (VID != 0): another network; the port has none and QPs send untagged.
+        rx_drop_vlan,
         /// Dropped: no QP with the BTH destination QP number.
         rx_drop_unknown_qp,
         /// Dropped: source address is not the QP's peer.

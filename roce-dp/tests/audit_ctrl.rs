@@ -608,3 +608,154 @@ fn a_multicast_or_zero_peer_mac_is_refused() {
     let m = ModifyQp { attr: rtr, gid: Some(gid), mac: Some([2, 0, 0, 0, 0, 9]) };
     assert_eq!(s.call(&Request::ModifyQp { qpn, m }), Response::Ok);
 }
+
+// ============================================================================ session 10: RegMr of a huge sparse memfd
+
+/// This process's virtual size (`VmSize` in /proc/self/status), in bytes.
+fn vm_size() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmSize:")).expect("VmSize");
+    l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+/// A client may pass a memfd far larger than the window it registers (sparse: it costs the client nothing). The
+/// daemon maps only the window's pages: registering 4 KiB at the end of a 16 TiB memfd must not cost the daemon
+/// 16 TiB of its 128 TiB address space (eight such registrations took all of it, after which the daemon's own
+/// allocations failed). The daemon here is the loopback one in this process, so this process's VmSize is its.
+/// The memfd's seals still hold (no shrink under the mapping: SIGBUS) and a window past the end is still refused.
+#[test]
+fn a_small_window_of_a_huge_sparse_memfd_maps_only_its_pages() {
+    let d = daemon("sparse");
+    let mut s = Raw::open(&d);
+    let pd = s.pd();
+    const HUGE: u64 = 16 << 40;
+    let fd = memfd(&format!("audit-sparse-{}", std::process::id()), HUGE as i64, SHRINK_GROW);
+    let before = vm_size();
+    let q = Request::RegMr { pd, va: 0x10000, len: 4096, offset: HUGE - 6000, access: AccessFlags::ALL.0 };
+    let r = s.call_fds(&q, &[fd.as_fd()]).0;
+    assert!(matches!(r, Response::Mr { .. }), "{r:?}");
+    let grew = vm_size().saturating_sub(before);
+    assert!(grew < 1 << 30, "registering 4 KiB of a 16 TiB memfd grew the daemon by {grew} bytes");
+    // The client cannot shrink the memfd under the daemon's mapping.
+    // SAFETY: plain system call on our descriptor.
+    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, -1);
+    // Past the end: refused, naming the memfd's size.
+    let q = Request::RegMr { pd, va: 0x10000, len: 4096, offset: HUGE - 100, access: AccessFlags::ALL.0 };
+    let msg = refused(&s.call_fds(&q, &[fd.as_fd()]).0, ErrorCode::Invalid);
+    assert!(msg.contains(&format!("{HUGE}-byte buffer")), "{msg}");
+    assert_eq!(s.stat("mrs"), 1);
+}
+
+// ============================================================================ session 10: statistics in pages
+
+/// roce-stat's `Stats` must never fail for size: a daemon's records beyond one frame (8 MiB: ~5 000 QPs, six
+/// loaded workers) come in pages of one snapshot. Shown on a small daemon whose page is 1 KiB: the client library
+/// reads every page (the same records, each once, as the daemon's own single-frame answer has); a session that
+/// makes a QP between two pages does not change the snapshot it is reading; a StatsFrom without a snapshot, or
+/// past its end, is one line. Before, a list too large for one frame was sent anyway and the client refused it as
+/// "frame length out of range", so roce-stat could not read a busy daemon at all.
+#[test]
+fn statistics_beyond_one_frame_come_in_pages_of_one_snapshot() {
+    let mut cfg = LoopbackConfig::new(sock("pages"));
+    cfg.stats_page_bytes = 1024;
+    let d = LoopbackDaemon::start(cfg).expect("loopback daemon");
+    let p = roce_dp::ctrl::loopback::LoopPair::open(d.path(), 1 << 16, 16, 1024).expect("a QP pair");
+    let recs = p.dev.stats().expect("paged statistics");
+    let keys: std::collections::BTreeSet<(String, u32, String)> =
+        recs.iter().map(|r| (r.scope.clone(), r.id, r.name.clone())).collect();
+    assert_eq!(keys.len(), recs.len(), "a record came twice");
+    for qp in [p.a.qpn(), p.b.qpn()] {
+        let state = recs.iter().find(|r| r.scope == "qp" && r.id == qp && r.name == "state");
+        assert_eq!(state.map(|r| r.value), Some(QpState::Rts as u64), "QP {qp:#x}");
+    }
+    assert!(recs.iter().any(|r| r.scope == "daemon" && r.name == "workers" && r.value == 1));
+
+    // By hand: the first page, a QP made meanwhile, the rest of the same snapshot.
+    let mut s = Raw::open(&d);
+    let Response::StatsPage { total, recs: first } = s.call(&Request::Stats) else { panic!("not paged") };
+    assert!(!first.is_empty() && first.len() < total as usize, "{} of {total}", first.len());
+    let pd = s.pd();
+    let cq = s.cq(None);
+    s.qp(pd, cq).expect("a QP between two pages");
+    let mut all = first;
+    while all.len() < total as usize {
+        match s.call(&Request::StatsFrom { first: all.len() as u32 }) {
+            Response::StatsPage { total: t, recs } if t == total && !recs.is_empty() => all.extend(recs),
+            r => panic!("StatsFrom {}: {r:?}", all.len()),
+        }
+    }
+    assert_eq!(all.len(), total as usize);
+    let qps =
+        |v: &[roce_dp::ctrl::proto::StatRecord]| v.iter().filter(|r| r.scope == "qp" && r.name == "state").count();
+    assert_eq!(qps(&all), 2, "the snapshot changed while it was read");
+    // The snapshot is gone once read; asking on, or past its end, is one line.
+    let msg = refused(&s.call(&Request::StatsFrom { first: 1 }), ErrorCode::Invalid);
+    assert!(msg.contains("send Stats first"), "{msg}");
+    let Response::StatsPage { total, .. } = s.call(&Request::Stats) else { panic!("not paged") };
+    refused(&s.call(&Request::StatsFrom { first: total }), ErrorCode::Invalid);
+    // The next reading sees the new QP.
+    assert_eq!(qps(&p.dev.stats().unwrap()), 3);
+}
+
+/// The client library against a hostile daemon's statistics pages: a total beyond any daemon's (which would make
+/// it gather records without bound, one page at a time), a page that does not move on, a total that changes, and a
+/// page longer than what is left are each one Protocol error, never a hang or an unbounded allocation.
+#[test]
+fn the_client_refuses_statistics_pages_that_do_not_add_up() {
+    use roce_dp::ctrl::proto::StatRecord;
+    let rec = |i: u32| StatRecord { scope: "qp".into(), id: i, name: "state".into(), value: 3 };
+    let cases: Vec<(&str, Vec<Response>)> = vec![
+        ("a total of 2^32 - 1", vec![Response::StatsPage { total: u32::MAX, recs: vec![rec(0)] }]),
+        ("an empty first page", vec![Response::StatsPage { total: 2, recs: vec![] }]),
+        (
+            "an empty later page",
+            vec![Response::StatsPage { total: 2, recs: vec![rec(0)] }, Response::StatsPage { total: 2, recs: vec![] }],
+        ),
+        (
+            "a total that changes",
+            vec![
+                Response::StatsPage { total: 2, recs: vec![rec(0)] },
+                Response::StatsPage { total: 3, recs: vec![rec(1)] },
+            ],
+        ),
+        (
+            "a page past the total",
+            vec![
+                Response::StatsPage { total: 2, recs: vec![rec(0)] },
+                Response::StatsPage { total: 2, recs: vec![rec(1), rec(2)] },
+            ],
+        ),
+        (
+            "a whole list for a later page",
+            vec![Response::StatsPage { total: 2, recs: vec![rec(0)] }, Response::Stats(vec![rec(1)])],
+        ),
+    ];
+    for (i, (what, answers)) in cases.into_iter().enumerate() {
+        let mut answers = answers.into_iter();
+        let (path, h) = fake_daemon(&format!("pages-{i}"), move |q| match q {
+            Request::Stats | Request::StatsFrom { .. } => answers.next().map(|r| (r, vec![])),
+            _ => None,
+        });
+        let dev = Device::open(&path).expect("the fake daemon's Hello");
+        match dev.stats() {
+            Err(Error::Protocol(m)) => assert!(!m.contains('\n') && m.contains("Stats"), "{what}: {m}"),
+            r => panic!("{what}: {:?}", r.map(|v| v.len())),
+        }
+        drop(dev);
+        h.join().unwrap();
+    }
+    // An honest two-page answer is taken whole.
+    let mut answers = vec![
+        Response::StatsPage { total: 2, recs: vec![rec(0)] },
+        Response::StatsPage { total: 2, recs: vec![rec(1)] },
+    ]
+    .into_iter();
+    let (path, h) = fake_daemon("pages-ok", move |q| match q {
+        Request::Stats | Request::StatsFrom { .. } => answers.next().map(|r| (r, vec![])),
+        _ => None,
+    });
+    let dev = Device::open(&path).unwrap();
+    assert_eq!(dev.stats().unwrap(), vec![rec(0), rec(1)]);
+    drop(dev);
+    h.join().unwrap();
+}

@@ -86,6 +86,7 @@ fn start(tag: &str) -> Daemon {
         max_depth: 4096,
         limits: Default::default(),
         log: false,
+        stats_page_bytes: roce_dp::ctrl::proto::STATS_PAGE_BYTES,
     };
     let server = Server::start(cfg, tx.clone()).expect("server starts");
     Daemon { server: Some(server), stop, worker: Some(worker), jobs: tx, path }
@@ -474,6 +475,7 @@ fn open_errors_are_one_actionable_line() {
         max_depth: 64,
         limits: Default::default(),
         log: false,
+        stats_page_bytes: roce_dp::ctrl::proto::STATS_PAGE_BYTES,
     };
     let e = Server::start(cfg.clone(), tx.clone()).err().unwrap();
     assert!(e.0.contains("in use by a running daemon"), "{e}");

@@ -399,7 +399,7 @@ fn client_connect() -> (UnixStream, ClientQpRegion, ClientCqRegion) {
     // SAFETY: FD names the socket the parent made inheritable for us; nothing else in this process owns it.
     let sock = UnixStream::from(unsafe { OwnedFd::from_raw_fd(env_u64(FD) as i32) });
     let mut fds = Vec::new();
-    let n = recv_with_fds(&sock, &mut [0u8; 16], &mut fds).expect("regions from the daemon");
+    let (n, _) = recv_with_fds(&sock, &mut [0u8; 16], &mut fds).expect("regions from the daemon");
     assert!(n > 0 && fds.len() == 2, "expected a QP and a CQ region");
     let cq = fds.pop().unwrap();
     let qp = fds.pop().unwrap();
@@ -546,7 +546,7 @@ fn client_killed_mid_stream_leaves_the_daemon_side_sound() {
     assert_eq!(serve(&mut qp, &mut cq), 0);
     // The daemon learns of the death from its socket: end of stream.
     let mut fds = Vec::new();
-    assert_eq!(recv_with_fds(&sock, &mut [0u8; 8], &mut fds), Ok(0), "EOF on the client's socket");
+    assert_eq!(recv_with_fds(&sock, &mut [0u8; 8], &mut fds), Ok((0, false)), "EOF on the client's socket");
     // Reclaiming the client's queues releases everything this process held of them.
     assert_eq!(open_memfds("roce-dp-it-qp") + open_memfds("roce-dp-it-cq"), 2);
     assert_eq!(mapped("roce-dp-it-qp") + mapped("roce-dp-it-cq"), 2);

@@ -140,3 +140,119 @@ fn length_fields_claiming_gigabytes_are_truncated_files() {
     assert_eq!((code, out.lines().last()), (0, Some("frames=1 roce=0 icrc_ok=0 icrc_bad=0 malformed=0")));
     let _ = std::fs::remove_file(path);
 }
+
+// ============================================================================ session 10: rdp-client's out-of-band peer
+//
+// The other rdp-client is not trusted (README, threat model: hostile input never panics a tool, hangs it or grows
+// it without bound). A hostile active side against a real passive one (on an in-process loopback daemon): an endless
+// line, a length past the message slot, and silence. Each gives one line and exit 2; before, the endless line grew
+// the passive's memory for as long as it was fed, the length panicked it (exit 101) and silence blocked it for ever.
+
+mod oob_peer {
+    use roce_dp::ctrl::loopback::{LoopbackConfig, LoopbackDaemon};
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    use std::path::PathBuf;
+    use std::process::{Child, Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    fn temp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("rdp-client-audit-{}-{name}", std::process::id()))
+    }
+
+    /// A passive rdp-client with `--timeout timeout` on its own loopback daemon, and a connection to its
+    /// out-of-band socket that has read its QP line.
+    fn passive(tag: &str, timeout: u32) -> (LoopbackDaemon, Child, UnixStream, String) {
+        let sock = temp(&format!("{tag}-daemon.sock"));
+        let oob = temp(&format!("{tag}-oob.sock"));
+        let d = LoopbackDaemon::start(LoopbackConfig::new(&sock)).expect("loopback daemon starts");
+        let child = Command::new(env!("CARGO_BIN_EXE_rdp-client"))
+            .args(["passive", "--daemon", sock.to_str().unwrap(), "--oob", oob.to_str().unwrap()])
+            .args(["--timeout", &timeout.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn rdp-client passive");
+        let until = Instant::now() + Duration::from_secs(20);
+        let s = loop {
+            match UnixStream::connect(&oob) {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => panic!("the passive side never listened on {}: {e}", oob.display()),
+            }
+        };
+        let mut line = String::new();
+        BufReader::new(s.try_clone().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("QP "), "{line:?}");
+        (d, child, s, line)
+    }
+
+    /// Waits at most `secs` for the child; kills it (and fails) if it is still running.
+    fn finish(mut child: Child, secs: u64, what: &str) -> (Option<i32>, String) {
+        let until = Instant::now() + Duration::from_secs(secs);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > until {
+                child.kill().unwrap();
+                let o = child.wait_with_output().unwrap();
+                panic!("{what}: the passive side still runs after {secs} s: {}", String::from_utf8_lossy(&o.stderr));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    }
+
+    #[test]
+    fn an_endless_line_is_refused_at_the_line_limit() {
+        let (d, child, s, _) = passive("endless", 60);
+        // 8 MiB without a newline, from a thread (the passive stops reading at its limit); the connection stays open.
+        let mut w = s.try_clone().unwrap();
+        let feeder = std::thread::spawn(move || {
+            let chunk = vec![b'A'; 64 << 10];
+            for _ in 0..128 {
+                if w.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let (code, err) = finish(child, 20, "endless line");
+        assert_eq!(
+            (code, err.as_str()),
+            (Some(2), "rdp-client: out-of-band: a line longer than 1024 bytes from the other client\n")
+        );
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        feeder.join().unwrap();
+        drop(d);
+    }
+
+    #[test]
+    fn a_length_past_the_message_slot_is_refused() {
+        for cmd in ["CHECK 1 99999999999", "CHECKRECV 1 1048577", "FILL 1 18446744073709551615", "RECV 1 4294967296"] {
+            let (d, child, mut s, mine) = passive("length", 60);
+            // Our QP line: the passive's own GID (the same daemon), any QPN.
+            let gid = mine.split_whitespace().nth(3).unwrap();
+            writeln!(s, "QP 1 0 {gid} 0 0").unwrap();
+            writeln!(s, "{cmd}").unwrap();
+            let (code, err) = finish(child, 20, cmd);
+            assert_eq!(code, Some(2), "{cmd}: {err}");
+            assert_eq!(err.lines().count(), 1, "{cmd}: {err}");
+            assert!(
+                err.starts_with("rdp-client: out-of-band: length ") && err.contains("message slot"),
+                "{cmd}: {err}"
+            );
+            drop(d);
+        }
+    }
+
+    #[test]
+    fn a_silent_peer_ends_at_the_timeout() {
+        let (d, child, s, _) = passive("silent", 2);
+        let (code, err) = finish(child, 20, "silent peer");
+        assert_eq!(
+            (code, err.as_str()),
+            (Some(2), "rdp-client: out-of-band: the other client sent or took nothing within --timeout 2 s\n")
+        );
+        drop(s);
+        drop(d);
+    }
+}

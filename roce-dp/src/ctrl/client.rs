@@ -524,10 +524,28 @@ impl Device {
 
     /// Every counter of the daemon (see [`super::proto`]'s statistics section).
     pub fn stats(&self) -> Result<Vec<StatRecord>, Error> {
-        match self.inner.call(&Request::Stats, &[])? {
-            (Response::Stats(v), _) => Ok(v),
-            (r, _) => Err(Error::Protocol(format!("{r:?} to Stats"))),
+        let (mut all, total) = match self.inner.call(&Request::Stats, &[])? {
+            (Response::Stats(v), _) => return Ok(v),
+            // A daemon claiming more records than any daemon has (16 workers x 4096 QPs x ~50 counters is ~3.3
+            // million) is not believed: it could make us allocate without bound, one small page at a time.
+            (Response::StatsPage { total, recs }, _) if !recs.is_empty() && total <= MAX_STAT_RECORDS => {
+                (recs, total as usize)
+            }
+            (r, _) => return Err(Error::Protocol(format!("{} to Stats", short(&r)))),
+        };
+        // The rest of the daemon's snapshot, page by page; every page must move on and agree on the total.
+        while all.len() < total {
+            let first = all.len() as u32;
+            match self.inner.call(&Request::StatsFrom { first }, &[])? {
+                (Response::StatsPage { total: t, recs }, _)
+                    if t as usize == total && !recs.is_empty() && recs.len() <= total - all.len() =>
+                {
+                    all.extend(recs)
+                }
+                (r, _) => return Err(Error::Protocol(format!("{} to StatsFrom {first} of {total}", short(&r)))),
+            }
         }
+        Ok(all)
     }
 
     /// Closes the connection without destroying anything, as the kernel does when the process dies: for tests of
@@ -540,6 +558,18 @@ impl Device {
     /// Without blocking: an error if the daemon has closed the connection or announced its shutdown.
     pub fn check_alive(&self) -> Result<(), Error> {
         self.inner.check_alive()
+    }
+}
+
+/// The most statistics records [`Device::stats`] takes from a daemon in pages.
+pub const MAX_STAT_RECORDS: u32 = 1 << 22;
+
+/// A response for an error message: its kind and, for statistics, only the record count (not megabytes of them).
+fn short(r: &Response) -> String {
+    match r {
+        Response::Stats(v) => format!("Stats ({} records)", v.len()),
+        Response::StatsPage { total, recs } => format!("StatsPage ({} of {total} records)", recs.len()),
+        r => format!("{r:?}"),
     }
 }
 

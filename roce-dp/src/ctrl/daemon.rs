@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use super::abi::{self, SendRequest, SgeList, ABI_VERSION};
 use super::proto::{Conn, DeviceInfo, ErrorCode, ModifyQp, ProtoError, Request, Response, StatRecord};
-use super::shm::{Backing, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmBytes, ShmRegion};
+use super::shm::{Backing, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmBytes, ShmError, ShmRegion};
 use super::wq::WqError;
 pub use super::SessionLimits;
 use crate::engine::Engine;
@@ -1008,6 +1008,46 @@ struct Router {
 }
 
 /// The one-line refusal when a session holds `limit` objects of a kind already.
+/// True for the errors of a full descriptor table (this process's EMFILE, the system's ENFILE).
+fn out_of_fds(errno: i32) -> bool {
+    errno == libc::EMFILE || errno == libc::ENFILE
+}
+
+/// One line for a request the daemon cannot serve because its descriptor table is full: Exhausted, naming the
+/// limit, so that the client that asked (and only it) is told, and the daemon and every other session go on.
+fn fds_exhausted(what: &str) -> Response {
+    err(
+        ErrorCode::Exhausted,
+        format!(
+            "{what}: roce-dpd is out of file descriptors (RLIMIT_NOFILE {}): close other sessions or objects, or \
+             raise the daemon's limit (ulimit -n, LimitNOFILE=)",
+            super::shm::nofile_limit()
+        ),
+    )
+}
+
+/// A region or channel the daemon could not create: Exhausted if for lack of descriptors or memory, else `code`.
+fn create_failed(what: &str, e: &ShmError, code: ErrorCode) -> Response {
+    match e {
+        ShmError::Os { errno, .. } if out_of_fds(*errno) => fds_exhausted(what),
+        ShmError::Os { errno: libc::ENOMEM | libc::ENOSPC, .. } => err(ErrorCode::Exhausted, format!("{what}: {e}")),
+        _ => err(code, format!("{what}: {e}")),
+    }
+}
+
+/// Answers a connection the daemon cannot take for lack of descriptors: its Hello (waited for at most 100 ms) gets
+/// one Exhausted line, which the client library's `Device::open` returns, then the connection closes. Without
+/// this the connection waited in the listen backlog and the client's open timed out after its call timeout.
+fn refuse_session_for_fds(sock: UnixStream) {
+    let _ = sock.set_nonblocking(false);
+    let _ = sock.set_read_timeout(Some(Duration::from_millis(100)));
+    let _ = sock.set_write_timeout(Some(Duration::from_millis(100)));
+    let mut conn = Conn::new(sock);
+    // The client library's Hello is request 1.
+    let seq = conn.recv_request().map_or(1, |f| f.seq);
+    let _ = conn.send_response(seq, &fds_exhausted("a new session"), &[]);
+}
+
 fn over_limit(what: &str, key: &str, limit: u32) -> Response {
     err(
         ErrorCode::Exhausted,
@@ -1385,6 +1425,9 @@ pub struct ServerConfig {
     pub limits: SessionLimits,
     /// Print one line per session event (refused open, end of a session) to stderr, prefixed `roce-dpd: `.
     pub log: bool,
+    /// Bytes of statistics records per frame ([`proto::STATS_PAGE_BYTES`](super::proto::STATS_PAGE_BYTES));
+    /// tests lower it to page small daemons.
+    pub stats_page_bytes: usize,
 }
 
 /// Why the server could not start.
@@ -1487,13 +1530,19 @@ impl Server {
         let (cfg, router, sessions, stop, threads) =
             (self.cfg.clone(), self.router.clone(), self.sessions.clone(), self.stop.clone(), self.threads.clone());
         let next = Arc::new(AtomicU32::new(1));
+        // A descriptor kept in reserve: when the table is full, it is given up to accept the waiting connection
+        // and tell it so (refuse_session_for_fds), then taken again.
+        let mut spare = std::fs::File::open("/dev/null").ok();
         self.accept = Some(std::thread::Builder::new().name("roce-dpd-accept".into()).spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((sock, _)) => {
                         let _ = sock.set_nonblocking(false);
                         let id = next.fetch_add(1, Ordering::Relaxed);
-                        let (Ok(w), Ok(cut)) = (sock.try_clone(), sock.try_clone()) else { continue };
+                        let (Ok(w), Ok(cut)) = (sock.try_clone(), sock.try_clone()) else {
+                            refuse_session_for_fds(sock);
+                            continue;
+                        };
                         let sess = Arc::new(Session { writer: Mutex::new(Conn::new(w)), sock: cut });
                         sessions.lock().expect("sessions").insert(id, sess.clone());
                         let (cfg, router, sessions) = (cfg.clone(), router.clone(), sessions.clone());
@@ -1508,7 +1557,19 @@ impl Server {
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         std::thread::sleep(Duration::from_millis(20))
                     }
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    Err(e) if e.raw_os_error().is_some_and(out_of_fds) && spare.is_some() => {
+                        drop(spare.take());
+                        if let Ok((sock, _)) = listener.accept() {
+                            refuse_session_for_fds(sock);
+                        }
+                        spare = std::fs::File::open("/dev/null").ok();
+                    }
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        if spare.is_none() {
+                            spare = std::fs::File::open("/dev/null").ok();
+                        }
+                    }
                 }
             }
         })?);
@@ -1583,6 +1644,8 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, router: 
     };
     let mut opened = false;
     let mut objects = 0u32;
+    // The statistics snapshot this session is reading in pages (empty when none is under way).
+    let mut snapshot: Vec<StatRecord> = Vec::new();
     loop {
         let f = match conn.recv_request() {
             Ok(f) => f,
@@ -1621,7 +1684,17 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, router: 
             }
         }
         objects += 1;
-        let (r, fd) = handle(id, objects, f.msg, f.fds, cfg, router);
+        let (r, fd) = match f.msg {
+            _ if f.fds_lost => (fds_exhausted(&format!("the descriptor sent with {}", f.msg.name())), None),
+            Request::Stats => match router.stats() {
+                Response::Stats(all) => (stats_page(&mut snapshot, all, 0, cfg.stats_page_bytes), None),
+                r => (r, None),
+            },
+            Request::StatsFrom { first } => {
+                (stats_page(&mut snapshot, Vec::new(), first as usize, cfg.stats_page_bytes), None)
+            }
+            msg => handle(id, objects, msg, f.fds, cfg, router),
+        };
         let ok = reply(seq, &r, fd.as_ref().map(|f| f.as_fd()));
         if !ok {
             break;
@@ -1634,6 +1707,35 @@ fn session(id: u32, mut conn: Conn, sess: &Session, cfg: &ServerConfig, router: 
             eprintln!("roce-dpd: session {id} ended after {objects} requests, {how}");
         }
     }
+}
+
+/// The answer to `Stats` (`fresh` = every record now, `first` = 0) or `StatsFrom { first }` (`fresh` empty: the
+/// session's `snapshot` goes on): all of them in one [`Response::Stats`] when they fit `budget` bytes, else the page
+/// of the snapshot from `first` on. The snapshot is kept until its last page has gone, so the pages of one reading
+/// are one consistent list (a QP created meanwhile neither shifts nor repeats records).
+fn stats_page(snapshot: &mut Vec<StatRecord>, fresh: Vec<StatRecord>, first: usize, budget: usize) -> Response {
+    if first == 0 {
+        if super::proto::stats_page_len(&fresh, budget) == fresh.len() {
+            snapshot.clear();
+            return Response::Stats(fresh);
+        }
+        *snapshot = fresh;
+    } else if snapshot.is_empty() || first >= snapshot.len() {
+        return err(
+            ErrorCode::Invalid,
+            format!(
+                "StatsFrom {first}: no statistics snapshot has a record {first} ({} records taken; send Stats first)",
+                snapshot.len()
+            ),
+        );
+    }
+    let n = super::proto::stats_page_len(&snapshot[first..], budget);
+    let total = snapshot.len() as u32;
+    let recs = snapshot[first..first + n].to_vec();
+    if first + n == snapshot.len() {
+        *snapshot = Vec::new();
+    }
+    Response::StatsPage { total, recs }
 }
 
 /// Serves one request: maps the client's memfd or creates a ring region here (off the workers), routes the command
@@ -1655,22 +1757,35 @@ fn handle(
             if fds.len() != 1 {
                 return (err(ErrorCode::Protocol, "RegMr needs exactly one memfd"), None);
             }
-            let region = match ShmRegion::map(fds.remove(0)) {
-                Ok(r) => Arc::new(r),
+            // Only the window's pages are mapped: the client's memfd may be far larger (and sparse).
+            let (region, at) = match ShmRegion::map_window(fds.remove(0), offset, len) {
+                Ok(Ok((r, at))) => (Arc::new(r), at),
+                Ok(Err(size)) => {
+                    return (
+                        err(
+                            ErrorCode::Invalid,
+                            format!(
+                                "memory registration: {len} bytes at offset {offset} exceed the {size}-byte buffer"
+                            ),
+                        ),
+                        None,
+                    )
+                }
+                Err(ShmError::Os { op: "mmap", errno: libc::ENOMEM }) => {
+                    return (
+                        err(
+                            ErrorCode::Exhausted,
+                            format!(
+                                "memory registration: the daemon cannot map {len} more bytes (out of address space)"
+                            ),
+                        ),
+                        None,
+                    )
+                }
                 Err(e) => return (err(ErrorCode::Invalid, format!("memory registration: {e}")), None),
             };
-            let window = usize::try_from(offset).ok().zip(usize::try_from(len).ok());
-            let Some(mem) = window.and_then(|(o, l)| region.window(o, l)) else {
-                return (
-                    err(
-                        ErrorCode::Invalid,
-                        format!(
-                            "memory registration: {len} bytes at offset {offset} exceed the {}-byte buffer",
-                            region.len()
-                        ),
-                    ),
-                    None,
-                );
+            let Some(mem) = usize::try_from(len).ok().and_then(|l| region.window(at, l)) else {
+                return (err(ErrorCode::Invalid, format!("memory registration: {len} bytes do not fit")), None);
             };
             router.reg_mr(id, pd, va, mem, AccessFlags(access & AccessFlags::ALL.0))
         }
@@ -1681,7 +1796,7 @@ fn handle(
                     Ok(channel) => (Response::Channel { channel }, Some(client_end)),
                     Err(r) => (r, None),
                 },
-                Err(e) => (err(ErrorCode::Os, format!("completion channel: {e}")), None),
+                Err(e) => (create_failed("completion channel", &e, ErrorCode::Os), None),
             };
         }
         Request::DestroyCompChannel { channel } => router.destroy_channel(id, channel),
@@ -1691,10 +1806,14 @@ fn handle(
             }
             let region = match DaemonCqRegion::create(&format!("roce-dpd-cq-s{id}-{n}"), depth, cfg.backing) {
                 Ok(r) => r,
-                Err(e) => return (err(ErrorCode::Exhausted, format!("CQ region: {e}")), None),
+                Err(e) => return (create_failed("CQ region", &e, ErrorCode::Exhausted), None),
             };
-            // The region's descriptor goes back with the reply (a duplicate: the region stays the daemon's).
-            let fd = region.fd().try_clone_to_owned().ok();
+            // The region's descriptor goes back with the reply (a duplicate: the region stays the daemon's), made
+            // before the CQ exists: an answer without it would leave the client a CQ it cannot map.
+            let fd = match region.fd().try_clone_to_owned() {
+                Ok(fd) => Some(fd),
+                Err(_) => return (fds_exhausted("CQ region"), None),
+            };
             let r = router.create_cq(id, Box::new(region), channel);
             let fd = if matches!(r, Response::Cq { .. }) { fd } else { None };
             return (r, fd);
@@ -1724,9 +1843,12 @@ fn handle(
             };
             let region = match DaemonQpRegion::create(&format!("roce-dpd-qp-s{id}-{n}"), caps, cfg.backing) {
                 Ok(region) => region,
-                Err(e) => return (err(ErrorCode::Invalid, format!("QP region: {e}")), None),
+                Err(e) => return (create_failed("QP region", &e, ErrorCode::Invalid), None),
             };
-            let fd = region.fd().try_clone_to_owned().ok();
+            let fd = match region.fd().try_clone_to_owned() {
+                Ok(fd) => Some(fd),
+                Err(_) => return (fds_exhausted("QP region"), None),
+            };
             let r = router.create_qp(id, pd, send_cq, recv_cq, Box::new(region));
             let fd = if matches!(r, Response::Qp { .. }) { fd } else { None };
             return (r, fd);
@@ -1734,7 +1856,8 @@ fn handle(
         Request::ModifyQp { qpn, m } => router.modify_qp(id, qpn, m),
         Request::QueryQp { qpn } => router.on_qp(id, qpn, Cmd::QueryQp(qpn)),
         Request::DestroyQp { qpn } => router.destroy_qp(id, qpn),
-        Request::Stats => router.stats(),
+        // Answered by the session (stats_page), which keeps the snapshot.
+        Request::Stats | Request::StatsFrom { .. } => router.stats(),
     };
     (r, None)
 }

@@ -52,6 +52,8 @@ pub struct LoopbackConfig {
     pub idle_sleep_us: Option<u64>,
     /// Workers, each on its own thread with its own engine (1..=16; [`LoopbackDaemon::start_stepped`] runs one).
     pub workers: usize,
+    /// Bytes of statistics records per frame (tests lower it to see a small daemon's statistics in pages).
+    pub stats_page_bytes: usize,
 }
 
 impl LoopbackConfig {
@@ -65,6 +67,7 @@ impl LoopbackConfig {
             limits: super::daemon::SessionLimits::default(),
             idle_sleep_us: Some(20),
             workers: 1,
+            stats_page_bytes: super::proto::STATS_PAGE_BYTES,
         }
     }
 }
@@ -130,6 +133,7 @@ fn server_config(cfg: &LoopbackConfig) -> ServerConfig {
         max_depth: cfg.max_depth,
         limits: cfg.limits,
         log: false,
+        stats_page_bytes: cfg.stats_page_bytes,
     }
 }
 

@@ -36,6 +36,10 @@
 //! loop's counters and its own `qps`, `cqs`, `wqes_posted`, ...), `engine` (id = worker: the engine's cause-named
 //! counters) and `qp` (id = QPN: the QP's counters, `state`, `rate_kbps`, `client`, `worker`). A tool such as `roce-stat` sends `Hello` then
 //! `Stats` on a fresh connection and prints or diffs the records; new counters appear without a protocol change.
+//! Records that do not fit one frame ([`MAX_FRAME`]: ~200 000 records, ~5 000 QPs) come in pages: `Stats` then
+//! answers the first [`Response::StatsPage`] of a snapshot the session keeps, and `StatsFrom { first }` the next
+//! ones, until `total` records have come ([`Device::stats`](super::client::Device::stats) does this). A single
+//! frame of them would have been refused by the client as out of range.
 
 use core::fmt;
 use std::io::Write;
@@ -48,8 +52,8 @@ use crate::mr::AccessFlags;
 use crate::qp::{QpAttr, QpState};
 
 /// Version of this framing and of the messages; bumped on any change (2: `CreateQp` carries `max_inline`; 3:
-/// completion channels, `CreateCq` carries the channel).
-pub const PROTO_VERSION: u16 = 3;
+/// completion channels, `CreateCq` carries the channel; 4: statistics in pages, `StatsFrom` and `StatsPage`).
+pub const PROTO_VERSION: u16 = 4;
 
 /// Largest frame accepted (statistics of many QPs are the big ones).
 pub const MAX_FRAME: usize = 8 << 20;
@@ -200,8 +204,15 @@ pub enum Request {
         /// QP number.
         qpn: u32,
     },
-    /// Every counter of the daemon.
+    /// Every counter of the daemon: [`Response::Stats`] when they fit one frame, else the first
+    /// [`Response::StatsPage`] of a snapshot this session keeps for [`Request::StatsFrom`].
     Stats,
+    /// The records of the session's statistics snapshot from index `first` on (after a `Stats` answered with a
+    /// page).
+    StatsFrom {
+        /// Index of the first record wanted.
+        first: u32,
+    },
 }
 
 /// What the daemon tells a client at `Hello`.
@@ -276,6 +287,14 @@ pub enum Response {
     QpInfo(QpInfo),
     /// Counters.
     Stats(Vec<StatRecord>),
+    /// Part of a snapshot of counters too large for one frame ([`MAX_FRAME`]): `total` records in all, these from
+    /// the index the request named; the next page is `StatsFrom { first: first + recs.len() }`.
+    StatsPage {
+        /// Records in the whole snapshot.
+        total: u32,
+        /// This page's records.
+        recs: Vec<StatRecord>,
+    },
     /// A completion channel; the client's end of its socket comes with the frame.
     Channel {
         /// Handle.
@@ -487,6 +506,7 @@ impl Request {
             Request::QueryQp { .. } => "QueryQp",
             Request::DestroyQp { .. } => "DestroyQp",
             Request::Stats => "Stats",
+            Request::StatsFrom { .. } => "StatsFrom",
             Request::CreateCompChannel => "CreateCompChannel",
             Request::DestroyCompChannel { .. } => "DestroyCompChannel",
         }
@@ -552,6 +572,10 @@ impl Request {
                 w.u32(*channel);
                 14
             }
+            Request::StatsFrom { first } => {
+                w.u32(*first);
+                15
+            }
         }
     }
 
@@ -580,6 +604,7 @@ impl Request {
             12 => Request::Stats,
             13 => Request::CreateCompChannel,
             14 => Request::DestroyCompChannel { channel: r.u32()? },
+            15 => Request::StatsFrom { first: r.u32()? },
             _ => return Err(ProtoError::Malformed("unknown request kind")),
         };
         r.end()?;
@@ -631,14 +656,13 @@ impl Response {
                 0x107
             }
             Response::Stats(recs) => {
-                w.u32(recs.len() as u32);
-                for s in recs {
-                    w.str(&s.scope);
-                    w.u32(s.id);
-                    w.str(&s.name);
-                    w.u64(s.value);
-                }
+                put_stats(w, recs);
                 0x108
+            }
+            Response::StatsPage { total, recs } => {
+                w.u32(*total);
+                put_stats(w, recs);
+                0x10b
             }
             Response::Shutdown { reason } => {
                 w.str(reason);
@@ -678,15 +702,8 @@ impl Response {
                 sq_outstanding: r.u32()?,
                 rq_posted: r.u32()?,
             }),
-            0x108 => {
-                let n = r.u32()? as usize;
-                // Each record takes at least 20 bytes: a bogus count cannot make us allocate.
-                let mut v = Vec::with_capacity(n.min(r.0.len() / 20));
-                for _ in 0..n {
-                    v.push(StatRecord { scope: r.str()?, id: r.u32()?, name: r.str()?, value: r.u64()? });
-                }
-                Response::Stats(v)
-            }
+            0x108 => Response::Stats(get_stats(r)?),
+            0x10b => Response::StatsPage { total: r.u32()?, recs: get_stats(r)? },
             0x109 => Response::Shutdown { reason: r.str()? },
             0x10a => Response::Channel { channel: r.u32()? },
             _ => return Err(ProtoError::Malformed("unknown response kind")),
@@ -694,6 +711,47 @@ impl Response {
         r.end()?;
         Ok(v)
     }
+}
+
+fn put_stats(w: &mut Writer, recs: &[StatRecord]) {
+    w.u32(recs.len() as u32);
+    for s in recs {
+        w.str(&s.scope);
+        w.u32(s.id);
+        w.str(&s.name);
+        w.u64(s.value);
+    }
+}
+
+fn get_stats(r: &mut Reader<'_>) -> R<Vec<StatRecord>> {
+    let n = r.u32()? as usize;
+    // Each record takes at least 20 bytes: a bogus count cannot make us allocate.
+    let mut v = Vec::with_capacity(n.min(r.0.len() / 20));
+    for _ in 0..n {
+        v.push(StatRecord { scope: r.str()?, id: r.u32()?, name: r.str()?, value: r.u64()? });
+    }
+    Ok(v)
+}
+
+/// Bytes a record takes in a `Stats` or `StatsPage` body.
+fn stat_len(s: &StatRecord) -> usize {
+    4 + s.scope.len() + 4 + 4 + s.name.len() + 8
+}
+
+/// Room for records in one statistics frame: [`MAX_FRAME`] less the header and the counts, with a margin.
+pub const STATS_PAGE_BYTES: usize = MAX_FRAME - 4096;
+
+/// How many records from the start of `recs` fit in `budget` bytes of a statistics frame (at least one, so that
+/// paging always moves on; a single record is far below any budget).
+pub fn stats_page_len(recs: &[StatRecord], budget: usize) -> usize {
+    let mut used = 0;
+    for (i, s) in recs.iter().enumerate() {
+        used += stat_len(s);
+        if used > budget {
+            return i.max(1);
+        }
+    }
+    recs.len()
 }
 
 // ------------------------------------------------------------------------------------------------ the socket
@@ -706,6 +764,9 @@ pub struct Frame<T> {
     pub msg: T,
     /// Descriptors that came with it.
     pub fds: Vec<OwnedFd>,
+    /// The frame's descriptors were sent but could not be received: this process's descriptor table is full
+    /// (RLIMIT_NOFILE). `fds` is empty then.
+    pub fds_lost: bool,
 }
 
 struct RawFrame {
@@ -713,6 +774,7 @@ struct RawFrame {
     seq: u32,
     body: Vec<u8>,
     fds: Vec<OwnedFd>,
+    fds_lost: bool,
 }
 
 /// How long a read waits for a whole frame.
@@ -731,12 +793,15 @@ pub struct Conn {
     sock: UnixStream,
     buf: Vec<u8>,
     fds: Vec<OwnedFd>,
+    /// Descriptors sent to us were lost (our descriptor table was full): the next frame that announces more
+    /// descriptors than arrived gets none and [`Frame::fds_lost`], instead of breaking the connection.
+    fds_lost: bool,
 }
 
 impl Conn {
     /// Wraps a connected socket.
     pub fn new(sock: UnixStream) -> Conn {
-        Conn { sock, buf: Vec::new(), fds: Vec::new() }
+        Conn { sock, buf: Vec::new(), fds: Vec::new(), fds_lost: false }
     }
 
     /// The socket.
@@ -802,13 +867,14 @@ impl Conn {
                     let kind = u16::from_le_bytes([self.buf[6], self.buf[7]]);
                     let seq = u32::from_le_bytes(self.buf[8..12].try_into().expect("4 bytes"));
                     let nfds = usize::from(self.buf[12]);
-                    if nfds > self.fds.len() {
+                    let fds_lost = nfds > self.fds.len() && std::mem::take(&mut self.fds_lost);
+                    if nfds > self.fds.len() && !fds_lost {
                         return Err(ProtoError::Malformed("frame announces descriptors that did not come"));
                     }
                     let body = self.buf[HEADER..len + 4].to_vec();
                     self.buf.drain(..len + 4);
-                    let fds = self.fds.drain(..nfds).collect();
-                    return Ok(Some(RawFrame { kind, seq, body, fds }));
+                    let fds = if fds_lost { Vec::new() } else { self.fds.drain(..nfds).collect() };
+                    return Ok(Some(RawFrame { kind, seq, body, fds, fds_lost }));
                 }
             }
             // Without blocking past the deadline: wait for the socket to be readable (or closed) first; a read
@@ -829,10 +895,11 @@ impl Conn {
                 }
             }
             let mut chunk = [0u8; 16 * 1024];
-            let n = match shm::recv_with_fds(&self.sock, &mut chunk, &mut self.fds) {
+            let (n, lost) = match shm::recv_with_fds(&self.sock, &mut chunk, &mut self.fds) {
                 Err(ShmError::Os { errno: libc::EINTR, .. }) => continue,
                 r => r?,
             };
+            self.fds_lost |= lost;
             if n == 0 {
                 return Err(ProtoError::Io(None));
             }
@@ -845,16 +912,16 @@ impl Conn {
 
     /// Receives the next request (daemon side).
     pub fn recv_request(&mut self) -> R<Frame<Request>> {
-        let RawFrame { kind, seq, body, fds } = self.recv_frame()?;
+        let RawFrame { kind, seq, body, fds, fds_lost } = self.recv_frame()?;
         let msg = Request::decode(kind, &mut Reader(&body))?;
-        Ok(Frame { seq, msg, fds })
+        Ok(Frame { seq, msg, fds, fds_lost })
     }
 
     /// Receives the next response or notice (client side).
     pub fn recv_response(&mut self) -> R<Frame<Response>> {
-        let RawFrame { kind, seq, body, fds } = self.recv_frame()?;
+        let RawFrame { kind, seq, body, fds, fds_lost } = self.recv_frame()?;
         let msg = Response::decode(kind, &mut Reader(&body))?;
-        Ok(Frame { seq, msg, fds })
+        Ok(Frame { seq, msg, fds, fds_lost })
     }
 
     /// Receives the next response or notice, waiting at most until `deadline` (`None`: forever): `Ok(None)` when
@@ -870,9 +937,9 @@ impl Conn {
         self.recv_frame_wait(Wait::Never)?.map(Self::response).transpose()
     }
 
-    fn response(RawFrame { kind, seq, body, fds }: RawFrame) -> R<Frame<Response>> {
+    fn response(RawFrame { kind, seq, body, fds, fds_lost }: RawFrame) -> R<Frame<Response>> {
         let msg = Response::decode(kind, &mut Reader(&body))?;
-        Ok(Frame { seq, msg, fds })
+        Ok(Frame { seq, msg, fds, fds_lost })
     }
 
     /// Without blocking: has the peer closed the socket or sent a frame (or has one been buffered already)?
@@ -903,6 +970,44 @@ pub fn send_raw_frame(sock: &UnixStream, version: u16, kind: u16, nfds: u8, body
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 300 000 counters (~7 500 QPs' worth) do not fit one frame: the receiver refuses such a frame as out of
+    /// range, which is what a client got before statistics came in pages. Paged with the daemon's budget, every
+    /// page's frame fits, decodes to what was sent, and the pages together are the list, in order.
+    #[test]
+    fn statistics_too_large_for_one_frame_go_in_pages_that_each_fit() {
+        let recs: Vec<StatRecord> = (0..300_000u32)
+            .map(|i| StatRecord {
+                scope: "qp".into(),
+                id: 0x100 + i / 40,
+                name: format!("a_counter_name_{}", i % 40),
+                value: u64::from(i) << 20,
+            })
+            .collect();
+        let mut w = Writer::default();
+        Response::Stats(recs.clone()).encode(&mut w);
+        assert!(HEADER - 4 + w.0.len() > MAX_FRAME, "the test's records fit one frame");
+        let (mut first, mut pages, mut got) = (0, 0, Vec::new());
+        while first < recs.len() {
+            let n = stats_page_len(&recs[first..], STATS_PAGE_BYTES);
+            assert!(n > 0);
+            let page = Response::StatsPage { total: recs.len() as u32, recs: recs[first..first + n].to_vec() };
+            let mut w = Writer::default();
+            let kind = page.encode(&mut w);
+            assert!(HEADER - 4 + w.0.len() <= MAX_FRAME, "page {pages}: {} bytes", w.0.len());
+            let back = Response::decode(kind, &mut Reader(&w.0)).unwrap();
+            let Response::StatsPage { total, recs: r } = back else { panic!("not a page") };
+            assert_eq!(total as usize, recs.len());
+            got.extend(r);
+            first += n;
+            pages += 1;
+        }
+        assert!(pages >= 2, "{pages}");
+        assert!(got == recs, "the pages differ from the list");
+        // A budget below one record still moves on one record at a time.
+        assert_eq!(stats_page_len(&recs[..3], 1), 1);
+        assert_eq!(stats_page_len(&[], 100), 0);
+    }
 
     fn requests() -> Vec<Request> {
         let m = ModifyQp {
@@ -945,6 +1050,7 @@ mod tests {
             Request::QueryQp { qpn: 0x100 },
             Request::DestroyQp { qpn: 0x100 },
             Request::Stats,
+            Request::StatsFrom { first: 77 },
         ]
     }
 
@@ -976,6 +1082,10 @@ mod tests {
                 rq_posted: 9,
             }),
             Response::Stats(vec![StatRecord { scope: "qp".into(), id: 0x100, name: "tx_packets".into(), value: 5 }]),
+            Response::StatsPage {
+                total: 9,
+                recs: vec![StatRecord { scope: "engine".into(), id: 1, name: "rx_frames".into(), value: 6 }],
+            },
             Response::Shutdown { reason: "SIGTERM".into() },
             Response::Channel { channel: 4 },
         ]

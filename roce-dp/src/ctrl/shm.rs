@@ -145,6 +145,16 @@ pub fn hugepages_available() -> u64 {
     read("free_hugepages").saturating_sub(read("resv_hugepages"))
 }
 
+/// This process's descriptor limit (RLIMIT_NOFILE's soft value; 0 if it cannot be read), for messages.
+pub fn nofile_limit() -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: r is a valid out-pointer for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 0;
+    }
+    r.rlim_cur
+}
+
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
@@ -202,6 +212,49 @@ impl ShmRegion {
 
     /// Maps a region received from the peer. Its size is `fstat`'s; it must carry the shrink and grow seals.
     pub fn map(fd: OwnedFd) -> Result<ShmRegion, ShmError> {
+        let st = Self::sealed_stat(&fd)?;
+        let size = usize::try_from(st.st_size).map_err(|_| ShmError::BadSize(0))?;
+        Self::mmap(fd, size)
+    }
+
+    /// Maps only the pages of a peer's region that hold `len` bytes at `offset` (a memory registration's window)
+    /// and returns the mapping with the window's offset inside it; `Ok(Err(size))` if the window does not fit the
+    /// descriptor's `size`. The same seals as [`map`](Self::map) are required, so the peer cannot shrink the file
+    /// under the mapping (a shrink would turn the daemon's accesses into SIGBUS). Mapping the whole descriptor, as
+    /// `map` does, let a client make the daemon map a huge sparse memfd (terabytes of address space for a window
+    /// of a few bytes at its end) until the daemon's own allocations failed.
+    #[allow(clippy::type_complexity)]
+    pub fn map_window(fd: OwnedFd, offset: u64, len: u64) -> Result<Result<(ShmRegion, usize), u64>, ShmError> {
+        let st = Self::sealed_stat(&fd)?;
+        let size = u64::try_from(st.st_size).map_err(|_| ShmError::BadSize(0))?;
+        let Some(end) = offset.checked_add(len).filter(|&e| e <= size) else { return Ok(Err(size)) };
+        // The mapping's granule: the page size for memfd pages, the huge page size on hugetlbfs (whose mappings
+        // must start and end at huge page boundaries).
+        let page = u64::try_from(st.st_blksize).ok().filter(|b| b.is_power_of_two() && *b >= 4096).unwrap_or(4096);
+        let start = offset & !(page - 1);
+        let stop = end.max(offset + 1).next_multiple_of(page).min(size.next_multiple_of(page));
+        let map_len = usize::try_from(stop - start).map_err(|_| ShmError::BadSize(usize::MAX))?;
+        let map_off = libc::off_t::try_from(start).map_err(|_| ShmError::BadSize(usize::MAX))?;
+        // SAFETY: a fresh shared mapping of our descriptor at an address the kernel picks; nothing is aliased.
+        let p = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                map_off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(os("mmap"));
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::Os { op: "mmap", errno: libc::EINVAL })?;
+        Ok(Ok((ShmRegion { ptr, len: map_len, fd }, (offset - start) as usize)))
+    }
+
+    /// `fstat` of a peer's descriptor, which must carry the shrink and grow seals and have a non-zero size.
+    fn sealed_stat(fd: &OwnedFd) -> Result<libc::stat, ShmError> {
         // SAFETY: plain syscall on a descriptor we own.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         let need = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
@@ -214,11 +267,10 @@ impl ShmRegion {
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(os("fstat"));
         }
-        let size = usize::try_from(st.st_size).map_err(|_| ShmError::BadSize(0))?;
-        if size == 0 {
+        if st.st_size <= 0 {
             return Err(ShmError::BadSize(0));
         }
-        Self::mmap(fd, size)
+        Ok(st)
     }
 
     /// Reopens a region descriptor inherited from the parent (see [`share_with_child`](Self::share_with_child))
@@ -884,8 +936,10 @@ fn sendmsg_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> Result
 
 /// Receives into `buf` and appends the descriptors that came with the message to `fds` (close-on-exec set).
 /// A message whose descriptors did not all fit (more than [`MAX_FDS`]) is an error and every descriptor of it is
-/// closed: a peer cannot make this process leak descriptors. Returns the data bytes (0 at end of stream).
-pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize, ShmError> {
+/// closed: a peer cannot make this process leak descriptors. Returns the data bytes (0 at end of stream) and
+/// whether descriptors of the message were lost because this process could not install them (its descriptor
+/// table full: RLIMIT_NOFILE): the data is intact then, and only the descriptors are missing.
+pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<(usize, bool), ShmError> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut cbuf = CmsgBuf([0; 64]);
     // SAFETY: an all-zero msghdr is valid; the fields are set below.
@@ -917,11 +971,20 @@ pub fn recv_with_fds(sock: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) 
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 || got.len() > MAX_FDS {
+    // The control buffer's room: a truncation with fewer descriptors than that was not for lack of room but
+    // because the kernel could not install them here (EMFILE: it installs what it can and sets MSG_CTRUNC).
+    // SAFETY: CMSG_LEN only computes a size.
+    let room = (size_of::<CmsgBuf>() - unsafe { libc::CMSG_LEN(0) } as usize) / size_of::<RawFd>();
+    let truncated = msg.msg_flags & libc::MSG_CTRUNC != 0;
+    if got.len() > MAX_FDS || (truncated && got.len() >= room) {
         return Err(ShmError::Fds("the peer sent more descriptors than MAX_FDS; all of them were closed"));
     }
+    if truncated {
+        // The descriptors that did arrive belong to a message that cannot be served whole: close them.
+        return Ok((n as usize, true));
+    }
     fds.extend(got);
-    Ok(n as usize)
+    Ok((n as usize, false))
 }
 
 #[cfg(test)]
@@ -951,6 +1014,38 @@ mod tests {
             assert_eq!(libc::ftruncate(b.fd().as_raw_fd(), 1 << 20), -1);
             assert_eq!(errno(), libc::EPERM);
             assert_eq!(libc::fcntl(b.fd().as_raw_fd(), libc::F_GET_SEALS), SEALS);
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd and mmap are system calls Miri does not emulate")]
+    fn map_window_maps_the_windows_pages_at_their_file_offset() {
+        // A 1 MiB sealed region with a known byte at every offset; windows at unaligned offsets, at the end, and
+        // of length 0 read what the file holds there, and writes land at the same file offsets.
+        let r = ShmRegion::create("window-test", 1 << 20, Backing::Pages).unwrap();
+        let file = std::fs::File::from(r.fd().try_clone_to_owned().unwrap());
+        let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+        std::os::unix::fs::FileExt::write_all_at(&file, &bytes, 0).unwrap();
+        for (off, len) in [(0u64, 4096u64), (6000, 5000), (4095, 2), ((1 << 20) - 7, 7), (8192, 0), (12345, 0)] {
+            let fd = r.fd().try_clone_to_owned().unwrap();
+            let (m, at) = ShmRegion::map_window(fd, off, len).unwrap().unwrap();
+            assert!(m.len() <= (len as usize).next_multiple_of(4096) + 4096, "{off} {len}: {} mapped", m.len());
+            let w = Arc::new(m).window(at, len as usize).expect("the window fits its mapping");
+            let mut got = vec![0u8; len as usize];
+            assert!(w.read(0, &mut got));
+            assert_eq!(got, bytes[off as usize..(off + len) as usize], "{off} {len}");
+            if len > 0 {
+                assert!(w.write(len as usize - 1, &[0xee]));
+                let mut b = [0u8];
+                std::os::unix::fs::FileExt::read_exact_at(&file, &mut b, off + len - 1).unwrap();
+                assert_eq!(b[0], 0xee, "{off} {len}");
+                std::os::unix::fs::FileExt::write_all_at(&file, &bytes[(off + len - 1) as usize..][..1], off + len - 1)
+                    .unwrap();
+            }
+        }
+        for (off, len) in [(0u64, (1 << 20) + 1), (1 << 20, 1), (u64::MAX, 2)] {
+            let fd = r.fd().try_clone_to_owned().unwrap();
+            assert_eq!(ShmRegion::map_window(fd, off, len).unwrap().err(), Some(1 << 20), "{off} {len}");
         }
     }
 
@@ -986,7 +1081,7 @@ mod tests {
         assert_eq!(send_with_fds(&a, b"qp", &[r1.fd(), r2.fd()]), Ok(2));
         let mut buf = [0u8; 16];
         let mut fds = Vec::new();
-        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok(2));
+        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok((2, false)));
         assert_eq!(&buf[..2], b"qp");
         assert_eq!(fds.len(), 2);
         let m2 = ShmRegion::map(fds.pop().unwrap()).unwrap();
@@ -995,7 +1090,7 @@ mod tests {
         assert_eq!(m1.read::<u64>(64), Some(0xfeed));
         // Plain data without descriptors.
         assert_eq!(send_with_fds(&a, b"x", &[]), Ok(1));
-        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok(1));
+        assert_eq!(recv_with_fds(&b, &mut buf, &mut fds), Ok((1, false)));
         assert!(fds.is_empty());
         let nine: Vec<_> = (0..9).map(|_| r1.fd()).collect();
         assert!(matches!(send_with_fds(&a, b"x", &nine), Err(ShmError::Fds(_))));

@@ -256,7 +256,7 @@ impl Qp {
             return;
         };
         if w.wr.opcode != crate::verbs::WrOpcode::RdmaRead || psn.before(w.first_psn) || psn.after(w.last_psn) {
-            self.cnt.bad_responses += 1;
+            self.unexpected_response(ctx, &w, psn);
             return;
         }
         if psn != self.comp_psn {
@@ -304,10 +304,11 @@ impl Qp {
             return;
         };
         if !w.wr.opcode.is_atomic() || w.first_psn != psn {
-            if w.wr.opcode.is_rd_atomic() && psn.after(w.first_psn) {
+            if w.wr.opcode.is_rd_atomic() && psn.after(w.last_psn) {
+                // Beyond a pending READ/atomic: its responses were lost (as for an ACK or READ response).
                 self.retry(ctx, false);
             } else {
-                self.cnt.bad_responses += 1;
+                self.unexpected_response(ctx, &w, psn);
             }
             return;
         }
@@ -319,6 +320,18 @@ impl Qp {
         self.comp_psn = psn.add(1);
         self.progress(ctx);
         self.retire_head(ctx, WcStatus::Success);
+    }
+
+    /// A READ response or atomic ACK that does not answer the head WQE. One whose PSN is one of the head's own
+    /// PSNs is the wrong response for that request (an ATOMIC_ACKNOWLEDGE at an outstanding READ's PSN, a READ
+    /// response at an atomic's or a SEND/WRITE's): an unexpected transport opcode from the responder, which fails
+    /// the WQE with IBV_WC_BAD_RESP_ERR and moves the QP to ERR (rxe `check_ack` fails the WQE and errors the QP
+    /// the same way). Anything else (no head started, a PSN outside it) is counted and dropped.
+    fn unexpected_response(&mut self, ctx: &mut Ctx<'_>, w: &super::SendWqe, psn: Psn) {
+        self.cnt.bad_responses += 1;
+        if !psn.before(w.first_psn) && !psn.after(w.last_psn) {
+            self.fail_head(ctx, WcStatus::BadRespErr);
+        }
     }
 
     /// Forward progress: retry counters reset (rxe `reset_retry_counters`), the retransmit timer restarts if

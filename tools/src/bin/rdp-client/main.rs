@@ -14,7 +14,7 @@
 //! the setup fails (daemon absent, permission denied, ABI mismatch, ...). `open` only opens the device (and with
 //! `--abi-version` claims another shared-memory ABI) to show those errors.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -204,23 +204,58 @@ fn parse_peer(l: &str) -> Option<Peer> {
     Some(Peer { r: Remote { qpn, psn, gid: gid.octets(), mac: None }, rkey, addr })
 }
 
+/// The longest out-of-band line either side sends is the QP line (under 100 bytes); anything past this is garbage.
+const MAX_OOB_LINE: usize = 1024;
+
+/// The out-of-band connection to the other client, which is not trusted: a line is read up to [`MAX_OOB_LINE`]
+/// bytes (an endless line would otherwise grow without bound) and within --timeout (no answer would otherwise
+/// block for ever).
 struct Oob {
     r: BufReader<UnixStream>,
     w: UnixStream,
+    timeout: u64,
 }
 
 impl Oob {
+    fn new(s: UnixStream, timeout: u64) -> Result<Oob, Fail> {
+        let t = Some(Duration::from_secs(timeout.max(1)));
+        s.set_read_timeout(t)?;
+        s.set_write_timeout(t)?;
+        Ok(Oob { r: BufReader::new(s.try_clone()?), w: s, timeout })
+    }
+    fn io(&self, e: std::io::Error) -> Fail {
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                Fail(format!("out-of-band: the other client sent or took nothing within --timeout {} s", self.timeout))
+            }
+            _ => Fail(format!("out-of-band: {e}")),
+        }
+    }
     fn send(&mut self, l: &str) -> Result<(), Fail> {
-        writeln!(self.w, "{l}").map_err(|e| Fail(format!("out-of-band: {e}")))
+        writeln!(self.w, "{l}").map_err(|e| self.io(e))
     }
     fn line(&mut self) -> Result<String, Fail> {
-        let mut l = String::new();
-        let n = self.r.read_line(&mut l).map_err(|e| Fail(format!("out-of-band: {e}")))?;
+        let mut l = Vec::new();
+        let limit = MAX_OOB_LINE as u64 + 1;
+        let n = (&mut self.r).take(limit).read_until(b'\n', &mut l).map_err(|e| self.io(e))?;
         if n == 0 {
             return Err(Fail("out-of-band: the other client closed the connection".into()));
         }
+        if l.last() != Some(&b'\n') && n > MAX_OOB_LINE {
+            return Err(Fail(format!("out-of-band: a line longer than {MAX_OOB_LINE} bytes from the other client")));
+        }
+        let l = String::from_utf8(l).map_err(|_| Fail("out-of-band: a line that is not UTF-8".into()))?;
         Ok(l.trim_end().to_owned())
     }
+}
+
+/// The first `len` bytes of the message slot (the buffer is never smaller), for a length the other client named; a
+/// clear error if they do not fit.
+fn span(len: usize) -> Result<std::ops::Range<usize>, Fail> {
+    if len > ATOMIC_OFF {
+        return Err(Fail(format!("out-of-band: length {len} is more than the {ATOMIC_OFF}-byte message slot")));
+    }
+    Ok(0..len)
 }
 
 fn oob_path(c: &Common) -> Result<&PathBuf, Fail> {
@@ -294,7 +329,7 @@ fn passive(c: &Common) -> Result<bool, Fail> {
     };
     s.set_nonblocking(false)?;
     let _ = std::fs::remove_file(path);
-    let mut oob = Oob { r: BufReader::new(s.try_clone()?), w: s };
+    let mut oob = Oob::new(s, c.timeout)?;
     let mtu = n.dev.info().mtu;
     connect(&n, &mut oob, mtu)?;
     let mut ok = true;
@@ -306,15 +341,16 @@ fn passive(c: &Common) -> Result<bool, Fail> {
         match w.first().copied() {
             // The next SEND will be message k of `len` bytes: post a receive for it.
             Some("RECV") => {
-                let len = num(2) as u32;
+                let len = span(num(2) as usize)?.end as u32;
                 n.qp.post_recv(num(1), &[n.mr.sge(0, len)])?;
                 oob.send("READY")?;
             }
             Some("CHECKRECV") => {
                 let (k, len) = (num(1), num(2) as usize);
+                let r = span(len)?;
                 let cqe = wait(&mut n)?;
                 let good = cqe.status == WcStatus::Success && cqe.opcode == WcOpcode::Recv && cqe.wr_id == k;
-                let diff = first_diff(k, &n.mr.as_slice()[..len]);
+                let diff = first_diff(k, &n.mr.as_slice()[r]);
                 let pass = good && cqe.byte_len as usize == len && diff.is_none();
                 verified += if pass { len as u64 } else { 0 };
                 oob.send(&format!(
@@ -327,14 +363,16 @@ fn passive(c: &Common) -> Result<bool, Fail> {
             }
             Some("CHECK") => {
                 let (k, len) = (num(1), num(2) as usize);
-                let diff = first_diff(k, &n.mr.as_slice()[..len]);
+                let r = span(len)?;
+                let diff = first_diff(k, &n.mr.as_slice()[r]);
                 verified += if diff.is_none() { len as u64 } else { 0 };
                 oob.send(&format!("{} diff={diff:?}", if diff.is_none() { "OK" } else { "BAD" }))?;
                 ok &= diff.is_none();
             }
             Some("FILL") => {
                 let (k, len) = (num(1), num(2) as usize);
-                pattern(k, &mut n.mr.as_mut_slice()[..len]);
+                let r = span(len)?;
+                pattern(k, &mut n.mr.as_mut_slice()[r]);
                 oob.send("OK")?;
             }
             Some("SET") => {
@@ -376,7 +414,7 @@ fn active(c: &Common, op: Op, size: u32, iters: u64, inline: u32) -> Result<bool
             }
         }
     };
-    let mut oob = Oob { r: BufReader::new(s.try_clone()?), w: s };
+    let mut oob = Oob::new(s, c.timeout)?;
     let mut n = node(c, 0x1000, inline)?;
     // The inline payload's buffer: plain memory, not a registered region.
     let mut plain = vec![0u8; if inline > 0 { size as usize } else { 0 }];

@@ -22,6 +22,9 @@ enum Stream {
     Unix(UnixStream),
 }
 
+/// The longest line either side sends is a QP line (under 200 bytes); a longer one is garbage.
+const MAX_LINE: usize = 4096;
+
 pub(crate) struct Oob {
     stream: Stream,
     buf: Vec<u8>,
@@ -122,7 +125,12 @@ impl Oob {
             Ok(0) => Err(SetupError("out-of-band: the peer closed the connection".into())),
             Ok(n) => {
                 self.buf.extend_from_slice(&tmp[..n]);
-                Ok(self.take_line())
+                let l = self.take_line();
+                if l.is_none() && self.buf.len() > MAX_LINE {
+                    // The peer is not trusted: a line without an end must not grow our buffer without bound.
+                    return Err(SetupError(format!("out-of-band: a line longer than {MAX_LINE} bytes from the peer")));
+                }
+                Ok(l)
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => Ok(None),
             Err(e) => Err(oob_err("receive", e)),
@@ -181,5 +189,38 @@ impl Listener {
                 Err(e) => return Err(oob_err("accept", e)),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endless_line_is_refused_at_the_limit() {
+        // Session-10 audit: the buffer grew by every byte the peer sent until a newline or the deadline.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut oob = Oob { stream: Stream::Unix(a), buf: Vec::new() };
+        let feeder = std::thread::spawn(move || {
+            let chunk = [b'A'; 1024];
+            for _ in 0..64 {
+                if b.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+            b
+        });
+        let e = oob.line(Instant::now() + Duration::from_secs(30)).err().map(|e| e.0);
+        assert_eq!(e.as_deref(), Some("out-of-band: a line longer than 4096 bytes from the peer"));
+        assert!(oob.buf.len() <= MAX_LINE + 512, "{}", oob.buf.len());
+        drop(oob);
+        drop(feeder.join().unwrap());
+        // Lines up to the limit still arrive whole.
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut oob = Oob { stream: Stream::Unix(a), buf: Vec::new() };
+        b.write_all(b"QP 1 2 3\nADDR 10.0.0.1\n").unwrap();
+        let t = Instant::now() + Duration::from_secs(5);
+        let mut next = || oob.line(t).map_err(|e| e.0);
+        assert_eq!((next(), next()), (Ok("QP 1 2 3".to_owned()), Ok("ADDR 10.0.0.1".to_owned())));
     }
 }

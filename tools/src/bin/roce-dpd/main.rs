@@ -286,6 +286,7 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
             max_depth: d.max_depth,
             limits: d.limits(),
             log: true,
+            stats_page_bytes: roce_dp::ctrl::proto::STATS_PAGE_BYTES,
         };
         let server = cfg_tx
             .send(scfg)
