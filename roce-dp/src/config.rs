@@ -103,6 +103,10 @@ pub struct DaemonSection {
     /// Completion channels one session may hold (default 64; each is a socket pair).
     #[serde(default = "session_max_channels")]
     pub session_max_channels: u32,
+    /// Bytes one session may have registered at once, over all its MRs (default 1 TiB: each MR is a window of
+    /// the client's memory the daemon maps, so this bounds the daemon's address space a client can take).
+    #[serde(default = "session_max_mr_bytes")]
+    pub session_max_mr_bytes: u64,
 }
 
 impl DaemonSection {
@@ -114,6 +118,7 @@ impl DaemonSection {
             mrs: self.session_max_mrs,
             pds: self.session_max_pds,
             channels: self.session_max_channels,
+            mr_bytes: self.session_max_mr_bytes,
         }
     }
 
@@ -130,6 +135,10 @@ impl DaemonSection {
         )
     }
 }
+
+/// Bounds of `[daemon] session_max_mr_bytes`: 1 MiB, and 64 TiB (half of x86-64's 128 TiB user address space).
+const MIN_SESSION_MR_BYTES: u64 = 1 << 20;
+const MAX_SESSION_MR_BYTES: u64 = 1 << 46;
 
 fn socket_mode() -> u32 {
     0o600
@@ -151,6 +160,9 @@ fn session_max_pds() -> u32 {
 }
 fn session_max_channels() -> u32 {
     crate::ctrl::SessionLimits::default().channels
+}
+fn session_max_mr_bytes() -> u64 {
+    crate::ctrl::SessionLimits::default().mr_bytes
 }
 
 /// The DPDK driver of the port.
@@ -514,6 +526,16 @@ impl Profile {
                 if !(1..=1 << 16).contains(&v) {
                     return Err((key, format!("{v} is not in 1..=65536 (objects one client session may hold)")));
                 }
+            }
+            if !(MIN_SESSION_MR_BYTES..=MAX_SESSION_MR_BYTES).contains(&d.session_max_mr_bytes) {
+                return Err((
+                    "daemon.session_max_mr_bytes",
+                    format!(
+                        "{} is not in {MIN_SESSION_MR_BYTES}..={MAX_SESSION_MR_BYTES} (bytes one client session may \
+                         have registered: 1 MiB to 64 TiB)",
+                        d.session_max_mr_bytes
+                    ),
+                ));
             }
         }
         Ok(())
@@ -922,6 +944,21 @@ mod tests {
             err(&format!("{d}session_max_mrs = 0\n")),
             "t.toml: daemon.session_max_mrs: 0 is not in 1..=65536 (objects one client session may hold)"
         );
+        // 1 TiB by default; 1 MiB and 64 TiB are the bounds.
+        assert_eq!(crate::ctrl::SessionLimits::default().mr_bytes, 1 << 40);
+        for ok in [1u64 << 20, 1 << 46] {
+            let p = Profile::parse("t.toml", &format!("{d}session_max_mr_bytes = {ok}\n")).unwrap();
+            assert_eq!(p.daemon.unwrap().limits().mr_bytes, ok);
+        }
+        for bad in [0u64, (1 << 20) - 1, (1 << 46) + 1] {
+            assert_eq!(
+                err(&format!("{d}session_max_mr_bytes = {bad}\n")),
+                format!(
+                    "t.toml: daemon.session_max_mr_bytes: {bad} is not in 1048576..=70368744177664 (bytes one client \
+                     session may have registered: 1 MiB to 64 TiB)"
+                )
+            );
+        }
     }
 
     #[test]

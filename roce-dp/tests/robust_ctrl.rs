@@ -253,7 +253,7 @@ fn each_session_has_its_own_limits_of_pds_mrs_cqs_qps_and_channels() {
     use roce_dp::ctrl::SessionLimits;
     use roce_dp::AccessFlags;
     let mut cfg = roce_dp::ctrl::loopback::LoopbackConfig::new(sock("quota"));
-    cfg.limits = SessionLimits { qps: 2, cqs: 3, mrs: 2, pds: 2, channels: 1 };
+    cfg.limits = SessionLimits { qps: 2, cqs: 3, mrs: 2, pds: 2, channels: 1, mr_bytes: 1 << 40 };
     let d = roce_dp::ctrl::loopback::LoopbackDaemon::start(cfg).unwrap();
     let dev = Device::open(d.path()).unwrap();
     let over = |e: Error, key: &str| {
@@ -285,4 +285,39 @@ fn each_session_has_its_own_limits_of_pds_mrs_cqs_qps_and_channels() {
     let opd = other.alloc_pd().unwrap();
     let ocq = other.create_cq(8).unwrap();
     other.create_qp(&opd, &ocq, &ocq, QpInit::default()).expect("its own quota");
+}
+
+/// `[daemon] session_max_mr_bytes`: the bytes a session has registered at once, over all its MRs, are capped (each
+/// MR is a window of the client's memory that the daemon maps: its address space). Past the cap: one Exhausted line
+/// naming the key, the sizes and the limit; a dereg gives the bytes back; another session has its own room.
+#[test]
+fn a_session_may_register_at_most_session_max_mr_bytes_at_once() {
+    use roce_dp::client::ErrorCode;
+    use roce_dp::ctrl::SessionLimits;
+    use roce_dp::AccessFlags;
+    const MIB: usize = 1 << 20;
+    let mut cfg = roce_dp::ctrl::loopback::LoopbackConfig::new(sock("mrbytes"));
+    cfg.limits = SessionLimits { mr_bytes: MIB as u64, ..SessionLimits::default() };
+    let d = roce_dp::ctrl::loopback::LoopbackDaemon::start(cfg).unwrap();
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let a = pd.reg_mr(MIB / 2, AccessFlags::ALL).unwrap();
+    let b = pd.reg_mr(MIB / 4, AccessFlags::ALL).unwrap();
+    let _c = pd.reg_mr(MIB / 4, AccessFlags::ALL).expect("exactly the limit is allowed");
+    let e = pd.reg_mr(4096, AccessFlags::ALL).err().unwrap();
+    let msg = e.to_string();
+    assert!(matches!(e, Error::Refused { code: ErrorCode::Exhausted, .. }), "{e:?}");
+    assert!(!msg.contains('\n'), "{msg}");
+    for part in ["registering 4096 bytes", "1052672 bytes", "limit of 1048576", "session_max_mr_bytes"] {
+        assert!(msg.contains(part), "{part:?} not in {msg}");
+    }
+    // Another session is not affected.
+    let other = Device::open(d.path()).unwrap();
+    let _o = other.alloc_pd().unwrap().reg_mr(MIB, AccessFlags::ALL).expect("its own room");
+    // A dereg gives its bytes back: a quarter fits again, a half does not.
+    drop(b);
+    let _b = pd.reg_mr(MIB / 4, AccessFlags::ALL).expect("room again after a dereg");
+    assert!(pd.reg_mr(4096, AccessFlags::ALL).is_err());
+    drop(a);
+    let _a = pd.reg_mr(MIB / 2, AccessFlags::ALL).expect("the half again");
 }

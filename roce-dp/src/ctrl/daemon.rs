@@ -992,6 +992,8 @@ struct Routes {
     qps: HashMap<u32, (u32, usize, u32)>,
     /// Per session: its PDs and MRs (the workers hold them; counted here for the quotas).
     pds_mrs: HashMap<u32, (u32, u32)>,
+    /// Per session: the bytes each of its MRs registers (by lkey), for `session_max_mr_bytes`.
+    mr_bytes: HashMap<u32, HashMap<u32, u64>>,
     /// CQs by handle.
     cqs: HashMap<u32, RouteCq>,
     next_cq: u32,
@@ -1129,6 +1131,20 @@ impl Router {
         if rt.pds_mrs.get(&client).map_or(0, |c| c.1) >= self.limits.mrs {
             return over_limit("memory regions", "session_max_mrs", self.limits.mrs);
         }
+        let len = mem.len() as u64;
+        let held: u64 = rt.mr_bytes.get(&client).map_or(0, |m| m.values().sum());
+        if held.saturating_add(len) > self.limits.mr_bytes {
+            return err(
+                ErrorCode::Exhausted,
+                format!(
+                    "registering {len} bytes would give this session {} bytes of memory regions, past the daemon's \
+                     per-session limit of {} ([daemon] session_max_mr_bytes): deregister some first, or raise the \
+                     limit in the daemon's config",
+                    held.saturating_add(len),
+                    self.limits.mr_bytes
+                ),
+            );
+        }
         let r = self.ask(0, client, Cmd::RegMr { pd, va, mem: mem.clone(), access });
         let Response::Mr { lkey, .. } = r else { return r };
         for w in 1..self.workers.len() {
@@ -1141,6 +1157,7 @@ impl Router {
             }
         }
         rt.pds_mrs.entry(client).or_default().1 += 1;
+        rt.mr_bytes.entry(client).or_default().insert(lkey, len);
         r
     }
 
@@ -1156,6 +1173,9 @@ impl Router {
         }
         if let Some(c) = rt.pds_mrs.get_mut(&client) {
             c.1 = c.1.saturating_sub(1);
+        }
+        if let Some(m) = rt.mr_bytes.get_mut(&client) {
+            m.remove(&lkey);
         }
         r
     }
@@ -1394,6 +1414,7 @@ impl Router {
         // The daemon's ends of the session's channels close here (the workers dropped their CQs' copies).
         rt.channels.retain(|_, c| c.client != client);
         rt.pds_mrs.remove(&client);
+        rt.mr_bytes.remove(&client);
         r
     }
 

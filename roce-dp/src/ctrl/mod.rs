@@ -75,11 +75,14 @@ pub struct SessionLimits {
     pub pds: u32,
     /// Completion channels.
     pub channels: u32,
+    /// Bytes of memory registered at once (the sum of the session's MR lengths: each is a window of the client's
+    /// memfd the daemon maps, i.e. the daemon's address space; verbs caps the same with RLIMIT_MEMLOCK).
+    pub mr_bytes: u64,
 }
 
 impl Default for SessionLimits {
     /// The defaults of the daemon's config (`roce_dp::config::DaemonSection`).
     fn default() -> Self {
-        SessionLimits { qps: 256, cqs: 512, mrs: 1024, pds: 256, channels: 64 }
+        SessionLimits { qps: 256, cqs: 512, mrs: 1024, pds: 256, channels: 64, mr_bytes: 1 << 40 }
     }
 }
