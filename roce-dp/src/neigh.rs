@@ -50,6 +50,10 @@ fn be16(b: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
 }
 
+/// The longest priority-tagged ARP/ND frame [`Neighbours::handle`] takes, untagged (a standard Ethernet frame
+/// without its FCS; ND messages are far shorter).
+const UNTAG_MAX: usize = 1514;
+
 /// Classify an Ethernet frame (optionally 802.1Q-tagged) by looking at as few bytes as possible.
 pub fn classify(frame: &[u8]) -> FrameKind {
     let Some(mut ethertype) = be16(frame, 12) else { return FrameKind::Other };
@@ -189,8 +193,11 @@ impl Neighbours {
     }
 
     /// Handle a received ARP or ND frame: learn the sender, and if it asks for our address write the reply into
-    /// `out` and return its length (`out` must hold at least 86 bytes). An 802.1Q-tagged frame is ignored: the
-    /// port has no VLAN and its answers carry no tag (an untagged answer would go to another network).
+    /// `out` and return its length (`out` must hold at least 86 bytes). A frame tagged for a VLAN (VID 1-4095) is
+    /// ignored: the port has no VLAN and its answers carry no tag (an untagged answer would go to another network).
+    /// A priority tag (VID 0: IEEE 802.1Q's PCP without a VLAN, as PFC-configured RoCE hosts send) belongs to the
+    /// untagged network, as in the engine's receive path and Linux: the frame is handled as if untagged and the
+    /// answer goes out untagged.
     pub fn handle(&mut self, frame: &[u8], out: &mut [u8]) -> Option<usize> {
         let kind = classify(frame);
         match kind {
@@ -201,10 +208,21 @@ impl Neighbours {
                 return None;
             }
         }
-        if be16(frame, 12) == Some(ETH_VLAN) {
-            self.stats.ignored += 1;
-            return None;
-        }
+        let mut untagged = [0u8; UNTAG_MAX];
+        let frame = if be16(frame, 12) == Some(ETH_VLAN) {
+            // The tag's VID (its low 12 bits); `classify` saw the ethertype after it, so the tag is whole.
+            let vid = be16(frame, 14).map_or(1, |t| t & 0x0fff);
+            if vid != 0 || frame.len() - 4 > UNTAG_MAX {
+                self.stats.ignored += 1;
+                return None;
+            }
+            let n = frame.len() - 4;
+            untagged[..12].copy_from_slice(&frame[..12]);
+            untagged[12..n].copy_from_slice(&frame[16..]);
+            &untagged[..n]
+        } else {
+            frame
+        };
         if kind == FrameKind::Arp {
             self.handle_arp(frame, out)
         } else {

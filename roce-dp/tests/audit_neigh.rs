@@ -137,6 +137,36 @@ fn tagged_arp_and_nd_frames_are_not_answered_untagged() {
     assert_eq!((n.stats.arp_replies, n.stats.nd_adverts), (0, 0));
 }
 
+/// IEEE 802.1Q: a priority tag (VID 0, only the PCP set, as hosts with PFC for RoCE send) is the untagged network's
+/// (Linux takes it as untagged; so does the engine for RoCE frames): an ARP request or NS for our address in one is
+/// answered as the untagged one is (the same bytes, untagged) and teaches its sender. A VLAN tag with the same PCP
+/// (VID 5) still gets nothing.
+#[test]
+fn priority_tagged_arp_and_nd_frames_are_the_untagged_networks() {
+    let req = arp(1, PEER_MAC, PEER_V4, MacAddr::default(), OUR_V4, MacAddr([0xff; 6]));
+    let sol = ns(PEER_MAC, v6(2), v6(1), true, 255);
+    for pcp in [0u16, 3 << 13, 7 << 13] {
+        let mut n = ours();
+        let plain = handle(&mut ours(), &req).expect("the untagged request is answered");
+        assert_eq!(handle(&mut n, &tagged(&req, pcp)).as_deref(), Some(&plain[..]), "PCP {}", pcp >> 13);
+        assert_eq!(n.lookup(NeighIp::V4(PEER_V4)), Some(PEER_MAC));
+        let plain = handle(&mut ours(), &sol).expect("the untagged NS is answered");
+        assert_eq!(handle(&mut n, &tagged(&sol, pcp)).as_deref(), Some(&plain[..]), "PCP {}", pcp >> 13);
+        assert_eq!(n.lookup(NeighIp::V6(v6(2))), Some(PEER_MAC));
+        assert_eq!((n.stats.arp_replies, n.stats.nd_adverts, n.stats.ignored), (1, 1, 0));
+        let mut n = ours();
+        assert_eq!(handle(&mut n, &tagged(&req, pcp | 5)), None, "VLAN 5");
+        assert_eq!(handle(&mut n, &tagged(&sol, pcp | 5)), None, "VLAN 5");
+        assert_eq!((n.stats.learned, n.stats.ignored), (0, 2));
+    }
+    // Cut anywhere, a priority-tagged request never panics, and is answered only while its 28-byte ARP packet
+    // (RFC 826, after the 14-byte header and the 4-byte tag) is whole: the padding to 60 bytes is not needed.
+    let t = tagged(&req, 0);
+    for len in 0..t.len() {
+        assert_eq!(handle(&mut ours(), &t[..len]).is_some(), len >= 18 + 28, "cut at {len}");
+    }
+}
+
 /// RFC 5227: an ARP probe (sender address 0.0.0.0) for our address is answered (that is how the prober learns of
 /// the conflict) but no entry is made for 0.0.0.0, which is what the zero sender address is for.
 #[test]
