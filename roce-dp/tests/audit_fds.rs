@@ -149,12 +149,80 @@ fn a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked() {
     assert!(d.alive());
 }
 
-fn main() {
-    if std::env::var(ROLE).as_deref() == Ok("daemon") {
-        return child_daemon();
+/// The client's side (in a child: it lowers its own limit): with its descriptor table full, a CQ, QP or channel
+/// whose descriptor the answer carried cannot be received; the call fails with one line saying this process is out
+/// of descriptors (EMFILE), not "answer without its region" (a protocol error for a resource shortage), the object
+/// the daemon made for it is destroyed again, and with one descriptor free the same call works.
+fn child_client() {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    let path = PathBuf::from(std::env::var_os(SOCK).unwrap());
+    let dev = Device::open(&path).expect("the client's session");
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(8).unwrap();
+    let lim = libc::rlimit { rlim_cur: LIMIT, rlim_max: LIMIT };
+    // SAFETY: plain system call with a valid rlimit.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    // Fill the table with copies of stdin.
+    let mut fill: Vec<OwnedFd> = Vec::new();
+    loop {
+        // SAFETY: dup of an open descriptor; the result is owned here.
+        let fd = unsafe { libc::dup(std::io::stdin().as_raw_fd()) };
+        if fd < 0 {
+            break;
+        }
+        // SAFETY: fd is a new descriptor nobody else owns.
+        fill.push(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
     }
-    own_main::run_tests(&[(
-        "a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked",
-        a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked,
-    )]);
+    let daemon_cqs = |dev: &Device| {
+        let s = dev.stats().unwrap();
+        s.iter().find(|r| r.scope == "daemon" && r.name == "cqs").map_or(0, |r| r.value)
+    };
+    let before = daemon_cqs(&dev);
+    let expect_emfile = |r: Result<(), Error>, what: &str| match r {
+        Err(e @ Error::Shm(roce_dp::ctrl::shm::ShmError::Os { errno: libc::EMFILE, .. })) => {
+            let msg = e.to_string();
+            assert!(msg.contains("this process is out of file descriptors") && !msg.contains('\n'), "{what}: {msg}");
+        }
+        r => panic!("{what}: expected this process's out-of-descriptors error, got {r:?}"),
+    };
+    expect_emfile(dev.create_cq(8).map(drop), "CreateCq");
+    expect_emfile(dev.create_qp(&pd, &cq, &cq, QpInit::default()).map(drop), "CreateQp");
+    expect_emfile(dev.create_comp_channel().map(drop), "CreateCompChannel");
+    assert_eq!(daemon_cqs(&dev), before, "the CQ made for the failed call was not destroyed");
+    fill.pop();
+    let _cq = dev.create_cq(8).expect("a CQ with one descriptor free");
+    assert_eq!(daemon_cqs(&dev), before + 1);
+    println!("client ok");
+}
+
+fn this_process_out_of_descriptors_is_one_clear_line_and_leaks_nothing() {
+    let path = std::env::temp_dir().join(format!("roce-dp-audit-fds-{}-client.sock", std::process::id()));
+    let d = LoopbackDaemon::start(LoopbackConfig::new(&path)).expect("daemon");
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env(ROLE, "client")
+        .env(SOCK, &path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn the client");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("client ok"), "{text}");
+    drop(d);
+}
+
+fn main() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("daemon") => return child_daemon(),
+        Ok("client") => return child_client(),
+        _ => {}
+    }
+    own_main::run_tests(&[
+        (
+            "a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked",
+            a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked,
+        ),
+        (
+            "this_process_out_of_descriptors_is_one_clear_line_and_leaks_nothing",
+            this_process_out_of_descriptors_is_one_clear_line_and_leaks_nothing,
+        ),
+    ]);
 }

@@ -279,6 +279,16 @@ impl Inner {
     /// One request, its answer and the descriptors that came with it, waiting at most the call timeout for the
     /// answer ([`Error::Timeout`]; a late answer is recognised by its sequence number and discarded).
     fn call(&self, q: &Request, fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<(Response, Vec<OwnedFd>), Error> {
+        self.call_fds(q, fds).map(|(r, fds, _)| (r, fds))
+    }
+
+    /// [`call`](Self::call), also saying whether descriptors the answer carried were lost for lack of room in
+    /// this process's descriptor table (RLIMIT_NOFILE).
+    fn call_fds(
+        &self,
+        q: &Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(Response, Vec<OwnedFd>, bool), Error> {
         if let Some(r) = self.gone.lock().expect("gone").clone() {
             return Err(Error::DaemonGone { path: self.path.clone(), reason: r });
         }
@@ -314,7 +324,7 @@ impl Inner {
                 Response::Error { code: ErrorCode::Abi, msg } => return Err(Error::AbiMismatch(msg)),
                 Response::Error { code: ErrorCode::ShuttingDown, msg } => return Err(self.gone(msg)),
                 Response::Error { code, msg } => return Err(Error::Refused { code, msg }),
-                r => return Ok((r, f.fds)),
+                r => return Ok((r, f.fds, f.fds_lost)),
             }
         }
     }
@@ -472,10 +482,10 @@ impl Device {
 
     fn make_cq(&self, depth: u32, channel: Option<&CompChannel>) -> Result<Cq, Error> {
         let q = Request::CreateCq { depth, channel: channel.map(|c| c.inner.id) };
-        let (r, mut fds) = self.inner.call(&q, &[])?;
+        let (r, mut fds, lost) = self.inner.call_fds(&q, &[])?;
         let Response::Cq { cq } = r else { return Err(Error::Protocol(format!("{r:?} to CreateCq"))) };
         let guard = Guard(&self.inner, Some(Request::DestroyCq { cq }));
-        let fd = fds.pop().ok_or_else(|| Error::Protocol("CreateCq answer without its region".into()))?;
+        let fd = answer_fd(fds.pop(), lost, "CreateCq answer without its region")?;
         // SAFETY: the daemon sent this region for this new CQ; this is its only ClientCqRegion in the process.
         let region = unsafe { ClientCqRegion::open(fd)? };
         guard.disarm();
@@ -489,12 +499,12 @@ impl Device {
 
     /// Creates a completion channel (`ibv_create_comp_channel`): see the module documentation.
     pub fn create_comp_channel(&self) -> Result<CompChannel, Error> {
-        let (r, mut fds) = self.inner.call(&Request::CreateCompChannel, &[])?;
+        let (r, mut fds, lost) = self.inner.call_fds(&Request::CreateCompChannel, &[])?;
         let Response::Channel { channel } = r else {
             return Err(Error::Protocol(format!("{r:?} to CreateCompChannel")));
         };
         let guard = Guard(&self.inner, Some(Request::DestroyCompChannel { channel }));
-        let fd = fds.pop().ok_or_else(|| Error::Protocol("CreateCompChannel answer without its socket".into()))?;
+        let fd = answer_fd(fds.pop(), lost, "CreateCompChannel answer without its socket")?;
         guard.disarm();
         let state = Mutex::new(ChannelState { cqs: Vec::new(), ready: VecDeque::new() });
         Ok(CompChannel { inner: Arc::new(ChannelInner { dev: self.inner.clone(), id: channel, fd, state }) })
@@ -512,10 +522,10 @@ impl Device {
             max_recv_sge: init.max_recv_sge,
             max_inline: init.max_inline,
         };
-        let (r, mut fds) = self.inner.call(&q, &[])?;
+        let (r, mut fds, lost) = self.inner.call_fds(&q, &[])?;
         let Response::Qp { qpn } = r else { return Err(Error::Protocol(format!("{r:?} to CreateQp"))) };
         let guard = Guard(&self.inner, Some(Request::DestroyQp { qpn }));
-        let fd = fds.pop().ok_or_else(|| Error::Protocol("CreateQp answer without its region".into()))?;
+        let fd = answer_fd(fds.pop(), lost, "CreateQp answer without its region")?;
         // SAFETY: the daemon sent this region for this new QP; this is its only ClientQpRegion in the process.
         let region = unsafe { ClientQpRegion::open(fd)? };
         guard.disarm();
@@ -1053,5 +1063,20 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         self.dev.destroy(Request::DestroyQp { qpn: self.qpn });
+    }
+}
+
+/// The descriptor an answer carried (a CQ's or QP's region, a channel's socket): if it was lost because this
+/// process's descriptor table is full, an error saying so (the object is destroyed again by the caller's guard);
+/// if the daemon sent none, a protocol error naming `missing`.
+fn answer_fd(fd: Option<OwnedFd>, lost: bool, missing: &str) -> Result<OwnedFd, Error> {
+    match fd {
+        Some(fd) => Ok(fd),
+        None if lost => Err(Error::Shm(ShmError::Os {
+            op: "receiving the daemon's descriptor (this process is out of file descriptors: close some, or raise \
+                 its limit, ulimit -n)",
+            errno: libc::EMFILE,
+        })),
+        None => Err(Error::Protocol(missing.into())),
     }
 }
