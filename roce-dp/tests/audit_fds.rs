@@ -2,7 +2,8 @@
 //! memory region keeps the client's memfd open, every completion channel is a socket and every session a socket:
 //! under a low limit (`ulimit -n`), the request that finds the table full must get one clear Exhausted line naming
 //! the limit, never a crash of the daemon or a broken other session. The daemon is a loopback daemon in a child
-//! process (this binary, spawned again) that lowers its own RLIMIT_NOFILE to 128 once started.
+//! process (this binary, spawned again) that lowers its own RLIMIT_NOFILE to 128 once started. The client's side
+//! too: a client process whose own table is full gets one line saying so, and the daemon's object is destroyed.
 #![cfg(target_os = "linux")]
 
 mod own_main;
