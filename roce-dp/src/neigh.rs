@@ -208,21 +208,29 @@ impl Neighbours {
                 return None;
             }
         }
+        if be16(frame, 12) == Some(ETH_VLAN) {
+            return self.handle_tagged(kind, frame, out);
+        }
+        self.handle_untagged(kind, frame, out)
+    }
+
+    /// A tagged ARP/ND frame: a priority tag's frame handled without its tag (copied into a stack buffer), a VLAN's
+    /// ignored.
+    fn handle_tagged(&mut self, kind: FrameKind, frame: &[u8], out: &mut [u8]) -> Option<usize> {
+        // The tag's VID (its low 12 bits); `classify` saw the ethertype after it, so the tag is whole.
+        let vid = be16(frame, 14).map_or(1, |t| t & 0x0fff);
+        if vid != 0 || frame.len() - 4 > UNTAG_MAX {
+            self.stats.ignored += 1;
+            return None;
+        }
+        let n = frame.len() - 4;
         let mut untagged = [0u8; UNTAG_MAX];
-        let frame = if be16(frame, 12) == Some(ETH_VLAN) {
-            // The tag's VID (its low 12 bits); `classify` saw the ethertype after it, so the tag is whole.
-            let vid = be16(frame, 14).map_or(1, |t| t & 0x0fff);
-            if vid != 0 || frame.len() - 4 > UNTAG_MAX {
-                self.stats.ignored += 1;
-                return None;
-            }
-            let n = frame.len() - 4;
-            untagged[..12].copy_from_slice(&frame[..12]);
-            untagged[12..n].copy_from_slice(&frame[16..]);
-            &untagged[..n]
-        } else {
-            frame
-        };
+        untagged[..12].copy_from_slice(&frame[..12]);
+        untagged[12..n].copy_from_slice(&frame[16..]);
+        self.handle_untagged(kind, &untagged[..n], out)
+    }
+
+    fn handle_untagged(&mut self, kind: FrameKind, frame: &[u8], out: &mut [u8]) -> Option<usize> {
         if kind == FrameKind::Arp {
             self.handle_arp(frame, out)
         } else {
