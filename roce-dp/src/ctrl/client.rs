@@ -300,8 +300,8 @@ impl Inner {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = conn.send_request(seq, q, fds) {
             // The daemon may have said why before it closed the socket.
-            if let Ok(Some(Frame { msg: Response::Shutdown { reason }, .. })) = conn.try_recv_response() {
-                return Err(self.gone(format!("it is shutting down: {reason}")));
+            if let Some(why) = conn.try_recv_response().ok().flatten().and_then(|f| notice(&f.msg)) {
+                return Err(self.gone(why));
             }
             // The socket's send timeout (the call timeout) ran out: a request this small only waits when the
             // daemon has stopped reading.
@@ -319,7 +319,9 @@ impl Inner {
             };
             self.stalled.store(false, Ordering::Relaxed);
             match f.msg {
-                Response::Shutdown { reason } => return Err(self.gone(format!("it is shutting down: {reason}"))),
+                Response::Shutdown { .. } | Response::Closed { .. } => {
+                    return Err(self.gone(notice(&f.msg).unwrap_or_default()))
+                }
                 _ if f.seq != seq => continue,
                 Response::Error { code: ErrorCode::Abi, msg } => return Err(Error::AbiMismatch(msg)),
                 Response::Error { code: ErrorCode::ShuttingDown, msg } => return Err(self.gone(msg)),
@@ -341,8 +343,8 @@ impl Inner {
         // rest.
         let r = match self.conn.try_lock() {
             Ok(mut conn) => match conn.try_recv_response() {
-                Ok(Some(Frame { msg: Response::Shutdown { reason }, .. })) => {
-                    Err(self.gone(format!("it is shutting down: {reason}")))
+                Ok(Some(Frame { msg, .. })) if notice(&msg).is_some() => {
+                    Err(self.gone(notice(&msg).unwrap_or_default()))
                 }
                 Ok(_) => Ok(()),
                 Err(e) => Err(self.proto(e)),
@@ -1078,5 +1080,14 @@ fn answer_fd(fd: Option<OwnedFd>, lost: bool, missing: &str) -> Result<OwnedFd, 
             errno: libc::EMFILE,
         })),
         None => Err(Error::Protocol(missing.into())),
+    }
+}
+
+/// What the daemon's unsolicited notice says, as the reason of [`Error::DaemonGone`].
+fn notice(msg: &Response) -> Option<String> {
+    match msg {
+        Response::Shutdown { reason } => Some(format!("it is shutting down: {reason}")),
+        Response::Closed { reason } => Some(format!("it closed this session: {reason}")),
+        _ => None,
     }
 }

@@ -1395,6 +1395,12 @@ impl Router {
             name: "workers".into(),
             value: self.workers.len() as u64,
         });
+        daemon.push(StatRecord {
+            scope: "daemon".into(),
+            id: 0,
+            name: "shm_pages_replaced".into(),
+            value: super::sigbus::poisoned_count(),
+        });
         daemon.extend(rest);
         Response::Stats(daemon)
     }
@@ -1528,6 +1534,8 @@ impl Server {
             }
             std::fs::remove_file(path).map_err(|e| ServeError(format!("remove stale socket {shown}: {e}")))?;
         }
+        // Before any client's memory is mapped: a hole a client punches in it must not kill the daemon.
+        super::sigbus::install().map_err(|e| ServeError(format!("cannot guard shared memory: {e}")))?;
         let listener = UnixListener::bind(path).map_err(|e| ServeError(format!("bind {shown}: {e}")))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.mode))
             .map_err(|e| ServeError(format!("chmod {:o} {shown}: {e}", cfg.mode)))?;
@@ -1554,8 +1562,13 @@ impl Server {
         // A descriptor kept in reserve: when the table is full, it is given up to accept the waiting connection
         // and tell it so (refuse_session_for_fds), then taken again.
         let mut spare = std::fs::File::open("/dev/null").ok();
+        let mut replaced = super::sigbus::poisoned_count();
         self.accept = Some(std::thread::Builder::new().name("roce-dpd-accept".into()).spawn(move || {
             while !stop.load(Ordering::Relaxed) {
+                if super::sigbus::poisoned_count() != replaced {
+                    replaced = super::sigbus::poisoned_count();
+                    close_poisoned(&sessions, cfg.log);
+                }
                 match listener.accept() {
                     Ok((sock, _)) => {
                         let _ = sock.set_nonblocking(false);
@@ -1568,6 +1581,8 @@ impl Server {
                         sessions.lock().expect("sessions").insert(id, sess.clone());
                         let (cfg, router, sessions) = (cfg.clone(), router.clone(), sessions.clone());
                         let h = std::thread::Builder::new().name(format!("roce-dpd-s{id}")).spawn(move || {
+                            // The regions this thread maps are the session's (see close_poisoned).
+                            super::sigbus::set_owner(id);
                             session(id, Conn::new(sock), &sess, &cfg, &router);
                             sessions.lock().expect("sessions").remove(&id);
                         });
@@ -1643,6 +1658,31 @@ impl Server {
     /// The socket path.
     pub fn path(&self) -> &Path {
         &self.cfg.path
+    }
+}
+
+/// Closes every session a page of whose shared memory the SIGBUS guard replaced ([`super::sigbus`]): the client
+/// punched a hole in a memory region or ring on hugetlbfs while the pool had no page to fill it. The session is
+/// told why ([`Response::Closed`]) and its socket shut down, so its thread reclaims everything it held (and so
+/// unmaps the replaced pages); the other sessions carry on.
+fn close_poisoned(sessions: &Mutex<HashMap<u32, Arc<Session>>>, log: bool) {
+    const WHY: &str = "a page of this session's shared memory (a memory region or a ring) vanished under the daemon: \
+                       a hole was punched in it (fallocate PUNCH_HOLE or madvise MADV_REMOVE) while the huge-page pool \
+                       had no free page to fill it";
+    for owner in super::sigbus::take_poisoned() {
+        let sess = sessions.lock().expect("sessions").get(&owner).cloned();
+        if log {
+            match &sess {
+                Some(_) => eprintln!("roce-dpd: session {owner} closed: {WHY}"),
+                None => eprintln!("roce-dpd: a page of shared memory of no open session vanished (replaced by zeros)"),
+            }
+        }
+        let Some(s) = sess else { continue };
+        let _ = s.sock.set_write_timeout(Some(Duration::from_millis(100)));
+        if let Some(w) = lock_within(&s.writer, Duration::from_millis(100)) {
+            let _ = w.send_response(0, &Response::Closed { reason: WHY.into() }, &[]);
+        }
+        let _ = s.sock.shutdown(std::net::Shutdown::Both);
     }
 }
 

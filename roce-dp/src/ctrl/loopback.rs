@@ -54,10 +54,12 @@ pub struct LoopbackConfig {
     pub workers: usize,
     /// Bytes of statistics records per frame (tests lower it to see a small daemon's statistics in pages).
     pub stats_page_bytes: usize,
+    /// What the rings and the clients' memory-region buffers are made of (`[daemon] backing`).
+    pub backing: Backing,
 }
 
 impl LoopbackConfig {
-    /// Defaults for tests: mode 0o600, MTU 1024, depth 4096, 20 us sleeps when idle, one worker.
+    /// Defaults for tests: mode 0o600, MTU 1024, depth 4096, 20 us sleeps when idle, one worker, memfd pages.
     pub fn new(path: impl Into<PathBuf>) -> LoopbackConfig {
         LoopbackConfig {
             path: path.into(),
@@ -68,6 +70,7 @@ impl LoopbackConfig {
             idle_sleep_us: Some(20),
             workers: 1,
             stats_page_bytes: super::proto::STATS_PAGE_BYTES,
+            backing: Backing::Pages,
         }
     }
 }
@@ -123,12 +126,12 @@ fn server_config(cfg: &LoopbackConfig) -> ServerConfig {
         ipv4: Some(IPV4),
         ipv6: None,
         mtu: cfg.mtu,
-        hugetlb: false,
+        hugetlb: cfg.backing == Backing::Hugetlb,
     };
     ServerConfig {
         path: cfg.path.clone(),
         mode: cfg.mode,
-        backing: Backing::Pages,
+        backing: cfg.backing,
         info,
         max_depth: cfg.max_depth,
         limits: cfg.limits,

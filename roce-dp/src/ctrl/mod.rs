@@ -4,8 +4,8 @@
 //!
 //! Trust: the daemon treats every byte in shared memory as hostile. Indices are masked and checked, entries are
 //! copied out before they are validated, and nothing read from shared memory is ever used as a pointer or offset.
-//! `unsafe` is confined to `ring.rs` and `shm.rs` (and two calls in `client.rs` that attach a ring region's client
-//! side).
+//! `unsafe` is confined to `ring.rs`, `shm.rs` and `sigbus.rs` (the daemon's guard against a client punching holes
+//! in shared memory) and two calls in `client.rs` that attach a ring region's client side.
 //!
 //! # Pieces and who uses them
 //! - Daemon: [`shm::DaemonQpRegion`] / [`shm::DaemonCqRegion`] create a sealed memfd per QP and CQ with its
@@ -58,6 +58,8 @@ pub mod proto;
 pub mod ring;
 #[cfg(target_os = "linux")]
 pub mod shm;
+#[cfg(target_os = "linux")]
+pub mod sigbus;
 pub mod wq;
 
 /// What one session may hold at once (`[daemon] session_max_*`), as a device's `max_qp`, `max_cq`, `max_mr`,

@@ -17,7 +17,8 @@
 //! | 16 | body | the message's fields in order: integers little-endian, `Option` as a 0/1 byte then the value, strings and lists as a `u32` count then the items |
 //!
 //! The socket is strictly request/reply: the client sends one request and reads frames until the reply with its
-//! `seq`; the only unsolicited frame is [`Response::Shutdown`] (seq 0), after which the daemon closes the socket.
+//! `seq`; the only unsolicited frames are [`Response::Shutdown`] (the daemon is stopping) and [`Response::Closed`]
+//! (the daemon closed this session), both with seq 0, after which the daemon closes the socket.
 //!
 //! # Session
 //! 1. `Hello { abi }` first: the daemon compares the client's shared-memory [`ABI_VERSION`](super::abi::ABI_VERSION)
@@ -52,8 +53,9 @@ use crate::mr::AccessFlags;
 use crate::qp::{QpAttr, QpState};
 
 /// Version of this framing and of the messages; bumped on any change (2: `CreateQp` carries `max_inline`; 3:
-/// completion channels, `CreateCq` carries the channel; 4: statistics in pages, `StatsFrom` and `StatsPage`).
-pub const PROTO_VERSION: u16 = 4;
+/// completion channels, `CreateCq` carries the channel; 4: statistics in pages, `StatsFrom` and `StatsPage`; 5: the
+/// `Closed` notice).
+pub const PROTO_VERSION: u16 = 5;
 
 /// Largest frame accepted (statistics of many QPs are the big ones).
 pub const MAX_FRAME: usize = 8 << 20;
@@ -302,6 +304,11 @@ pub enum Response {
     },
     /// Unsolicited: the daemon is stopping (every QP of the session was moved to the error state and flushed).
     Shutdown {
+        /// Why.
+        reason: String,
+    },
+    /// Unsolicited: the daemon closed this session (and reclaims everything it held), the daemon carrying on.
+    Closed {
         /// Why.
         reason: String,
     },
@@ -672,6 +679,10 @@ impl Response {
                 w.u32(*channel);
                 0x10a
             }
+            Response::Closed { reason } => {
+                w.str(reason);
+                0x10c
+            }
         }
     }
 
@@ -706,6 +717,7 @@ impl Response {
             0x10b => Response::StatsPage { total: r.u32()?, recs: get_stats(r)? },
             0x109 => Response::Shutdown { reason: r.str()? },
             0x10a => Response::Channel { channel: r.u32()? },
+            0x10c => Response::Closed { reason: r.str()? },
             _ => return Err(ProtoError::Malformed("unknown response kind")),
         };
         r.end()?;
@@ -1088,6 +1100,7 @@ mod tests {
             },
             Response::Shutdown { reason: "SIGTERM".into() },
             Response::Channel { channel: 4 },
+            Response::Closed { reason: "a page vanished".into() },
         ]
     }
 

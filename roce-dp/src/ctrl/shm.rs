@@ -134,6 +134,12 @@ impl From<LayoutError> for ShmError {
     }
 }
 
+/// The granule of a mapping of the file `st` describes: the page size for memfd pages, the huge page size on
+/// hugetlbfs (whose mappings must start and end at huge page boundaries).
+fn granule(st: &libc::stat) -> u64 {
+    u64::try_from(st.st_blksize).ok().filter(|b| b.is_power_of_two() && *b >= 4096).unwrap_or(4096)
+}
+
 /// 2 MiB pages in the kernel's pool that are neither in use nor reserved (0 if sysfs cannot be read).
 pub fn hugepages_available() -> u64 {
     let read = |f: &str| {
@@ -168,6 +174,8 @@ pub struct ShmRegion {
     ptr: NonNull<u8>,
     len: usize,
     fd: OwnedFd,
+    /// The mapping's entry in the SIGBUS guard's registry, in a process that installed the guard (the daemon).
+    guard: Option<super::sigbus::Guard>,
 }
 
 // SAFETY: the region hands out only raw pointers and volatile copies; it has no interior state besides the
@@ -202,7 +210,7 @@ impl ShmRegion {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
             return Err(os("fcntl(F_ADD_SEALS)"));
         }
-        Self::mmap(fd, size).map_err(|e| match e {
+        Self::mmap(fd, size, page).map_err(|e| match e {
             ShmError::Os { errno: libc::ENOMEM, .. } if backing == Backing::Hugetlb => {
                 ShmError::NoHugepages { bytes: size, free: hugepages_available() }
             }
@@ -214,7 +222,7 @@ impl ShmRegion {
     pub fn map(fd: OwnedFd) -> Result<ShmRegion, ShmError> {
         let st = Self::sealed_stat(&fd)?;
         let size = usize::try_from(st.st_size).map_err(|_| ShmError::BadSize(0))?;
-        Self::mmap(fd, size)
+        Self::mmap(fd, size, granule(&st) as usize)
     }
 
     /// Maps only the pages of a peer's region that hold `len` bytes at `offset` (a memory registration's window)
@@ -228,9 +236,7 @@ impl ShmRegion {
         let st = Self::sealed_stat(&fd)?;
         let size = u64::try_from(st.st_size).map_err(|_| ShmError::BadSize(0))?;
         let Some(end) = offset.checked_add(len).filter(|&e| e <= size) else { return Ok(Err(size)) };
-        // The mapping's granule: the page size for memfd pages, the huge page size on hugetlbfs (whose mappings
-        // must start and end at huge page boundaries).
-        let page = u64::try_from(st.st_blksize).ok().filter(|b| b.is_power_of_two() && *b >= 4096).unwrap_or(4096);
+        let page = granule(&st);
         let start = offset & !(page - 1);
         let stop = end.max(offset + 1).next_multiple_of(page).min(size.next_multiple_of(page));
         let map_len = usize::try_from(stop - start).map_err(|_| ShmError::BadSize(usize::MAX))?;
@@ -249,8 +255,7 @@ impl ShmRegion {
         if p == libc::MAP_FAILED {
             return Err(os("mmap"));
         }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::Os { op: "mmap", errno: libc::EINVAL })?;
-        Ok(Ok((ShmRegion { ptr, len: map_len, fd }, (offset - start) as usize)))
+        Ok(Ok((ShmRegion::guarded(p, map_len, fd, page as usize)?, (offset - start) as usize)))
     }
 
     /// `fstat` of a peer's descriptor, which must carry the shrink and grow seals and have a non-zero size.
@@ -284,7 +289,7 @@ impl ShmRegion {
         Self::map(OwnedFd::from(file))
     }
 
-    fn mmap(fd: OwnedFd, size: usize) -> Result<ShmRegion, ShmError> {
+    fn mmap(fd: OwnedFd, size: usize, granule: usize) -> Result<ShmRegion, ShmError> {
         // SAFETY: a fresh shared mapping of our descriptor at an address the kernel picks; nothing is aliased.
         let p = unsafe {
             libc::mmap(ptr::null_mut(), size, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0)
@@ -292,8 +297,29 @@ impl ShmRegion {
         if p == libc::MAP_FAILED {
             return Err(os("mmap"));
         }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or(ShmError::Os { op: "mmap", errno: libc::EINVAL })?;
-        Ok(ShmRegion { ptr, len: size, fd })
+        ShmRegion::guarded(p, size, fd, granule)
+    }
+
+    /// The region for the fresh mapping `p` of `len` bytes, registered with the SIGBUS guard where the process
+    /// installed it ([`super::sigbus`]); unmapped again if the registry is full.
+    fn guarded(p: *mut libc::c_void, len: usize, fd: OwnedFd, granule: usize) -> Result<ShmRegion, ShmError> {
+        let Some(ptr) = NonNull::new(p.cast::<u8>()) else {
+            return Err(ShmError::Os { op: "mmap", errno: libc::EINVAL });
+        };
+        match super::sigbus::register(ptr.as_ptr(), len, granule) {
+            Ok(guard) => Ok(ShmRegion { ptr, len, fd, guard }),
+            Err(()) => {
+                // SAFETY: our own fresh mapping of `len` bytes, not handed out.
+                unsafe { libc::munmap(p, len) };
+                Err(ShmError::Os { op: "mmap (the SIGBUS guard's registry is full)", errno: libc::ENOMEM })
+            }
+        }
+    }
+
+    /// Whether a page of this mapping vanished under it (a hole the peer punched, with no page left to fill it)
+    /// and the SIGBUS guard replaced it with private zeros ([`super::sigbus`]). Always false without the guard.
+    pub fn poisoned(&self) -> bool {
+        self.guard.as_ref().is_some_and(super::sigbus::Guard::poisoned)
     }
 
     /// Base address of the mapping (page aligned).
@@ -576,6 +602,8 @@ unsafe fn copy_out(dst: *mut u8, src: &[u8]) {
 
 impl Drop for ShmRegion {
     fn drop(&mut self) {
+        // Out of the SIGBUS guard's registry before the address range can be reused.
+        drop(self.guard.take());
         // SAFETY: the mapping was made by `mmap` with this length; every ring half and table view holds an Arc of
         // the region (or promised, in their unsafe constructors, not to outlive it), so nothing uses it any more.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
@@ -1172,6 +1200,76 @@ mod tests {
         // SAFETY: the open fails before attaching anything.
         let e = unsafe { ClientQpRegion::open(dc.fd().try_clone_to_owned().unwrap()) }.err().unwrap();
         assert!(matches!(e, ShmError::Abi(AbiError::Kind { .. })), "{e}");
+    }
+
+    /// An unsealed memfd of `pages` 4 KiB pages, for making faults (a peer's region is always sealed).
+    fn unsealed(pages: usize) -> OwnedFd {
+        // SAFETY: the name is NUL-terminated; the descriptor is fresh and ours.
+        let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(c"roce-dp-sigbus".as_ptr(), libc::MFD_CLOEXEC)) };
+        // SAFETY: plain syscall on our descriptor.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), (pages * 4096) as libc::off_t) }, 0);
+        fd
+    }
+
+    /// The SIGBUS guard (sigbus.rs): a fault in a registered mapping reads zeros and is reported to the mapping's
+    /// owner; the rest of the mapping is still the file's. A file truncated under a mapping is the simplest fault to
+    /// make; the hole in a hugetlbfs region the guard exists for is tests/audit_sigbus.rs.
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd, mmap and signals are system calls Miri does not emulate")]
+    fn a_fault_in_a_guarded_mapping_reads_zeros_and_is_reported() {
+        use crate::ctrl::sigbus;
+        sigbus::install().unwrap();
+        sigbus::set_owner(4242);
+        let fd = unsealed(3);
+        let mut r = ShmRegion::mmap(fd.try_clone().unwrap(), 3 * 4096, 4096).unwrap();
+        sigbus::set_owner(0);
+        assert!(r.guard.is_some(), "registered");
+        assert_eq!(r.write(0, 0x1111u64), Some(()));
+        assert_eq!(r.write(4096, 0x2222u64), Some(()));
+        assert!(!r.poisoned());
+        let before = sigbus::poisoned_count();
+        // SAFETY: plain syscall on our descriptor: pages 1 and 2 of the mapping are now past the file's end.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) }, 0);
+        assert_eq!(r.read::<u64>(4096), Some(0), "the vanished page reads zeros");
+        assert!(r.poisoned());
+        assert_eq!(sigbus::poisoned_count(), before + 1);
+        assert_eq!(r.read::<u64>(0), Some(0x1111), "the page still in the file is the file's");
+        assert_eq!(r.write(8192, 7u64), Some(()), "a write into another vanished page");
+        assert_eq!(r.read::<u64>(8192), Some(7));
+        assert_eq!(sigbus::poisoned_count(), before + 2);
+        assert!(sigbus::take_poisoned().contains(&4242), "reported to its owner");
+        assert!(!sigbus::take_poisoned().contains(&4242), "once");
+        drop(r);
+    }
+
+    /// A SIGBUS outside every registered mapping is not swallowed: the process dies of it as without the guard
+    /// (checked in a child: this test binary run again for this test alone).
+    #[test]
+    #[cfg_attr(miri, ignore = "memfd, mmap and signals are system calls Miri does not emulate")]
+    fn a_fault_outside_guarded_mappings_still_kills_the_process() {
+        use std::os::unix::process::ExitStatusExt;
+        const NAME: &str = "ctrl::shm::tests::a_fault_outside_guarded_mappings_still_kills_the_process";
+        if std::env::var_os("ROCE_DP_SIGBUS_CHILD").is_some() {
+            crate::ctrl::sigbus::install().unwrap();
+            let fd = unsealed(2);
+            // SAFETY: a fresh shared mapping of our descriptor, not registered with the guard.
+            let p = unsafe { libc::mmap(ptr::null_mut(), 8192, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+            assert_ne!(p, libc::MAP_FAILED);
+            // SAFETY: plain syscall on our descriptor.
+            assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 0) }, 0);
+            // SAFETY: inside the mapping; past the file's end, so this is the SIGBUS under test.
+            let v = unsafe { ptr::read_volatile(p.cast::<u64>()) };
+            println!("survived the fault, read {v}");
+            std::process::exit(0);
+        }
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads", "1", "--nocapture"])
+            .env("ROCE_DP_SIGBUS_CHILD", "1")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}: {said}", out.status);
+        assert!(!said.contains("survived"), "{said}");
     }
 
     #[test]
