@@ -8,15 +8,16 @@
 # Packages (measured minimal set, see ../shared/docs/DPDK-NOTES.md): libdpdk-dev (DPDK 22.11 LTS, all PMDs),
 # libclang1-14 + libclang-common-14-dev (bindgen: libclang and its stddef.h), pkg-config, build-essential (cc for
 # the C shim), iproute2 (network namespaces and veth pairs for the af_packet tier), ca-certificates (cargo fetches
-# crates over https), tshark (tier 1 checks how Wireshark decodes the CNPs the engine builds; Debian 12 ships
-# 4.0.17, bookworm-backports has no Wireshark, and no Debian Wireshark up to 4.6.9 names opcode 0x81), curl (rustup,
-# only when Rust is missing). Rust >= 1.89 (rust-version in Cargo.toml) comes from rustup: Debian 12 ships 1.63.
+# crates over https), time (GNU time: tier 9 reads a client's context switches), tshark (tier 1 checks how
+# Wireshark decodes the CNPs the engine builds; Debian 12 ships 4.0.17, bookworm-backports has no Wireshark, and no
+# Debian Wireshark up to 4.6.9 names opcode 0x81), curl (rustup, only when Rust is missing). Rust >= 1.89
+# (rust-version in Cargo.toml) comes from rustup: Debian 12 ships 1.63.
 # For the QEMU guest of tier 12 (scripts/interop/guest.sh; Debian's kernel and qemu-system-x86 .debs are fetched
 # with apt-get download and unpacked, never installed): busybox-static, cpio and kmod (the initramfs) and the
 # shared libraries qemu-system-x86_64 7.2 links (its package's Depends that a minimal system lacks).
 set -euo pipefail
 
-PACKAGES=(libdpdk-dev libclang1-14 libclang-common-14-dev pkg-config build-essential iproute2 ca-certificates tshark
+PACKAGES=(libdpdk-dev libclang1-14 libclang-common-14-dev pkg-config build-essential iproute2 ca-certificates time tshark
     busybox-static cpio kmod
     libaio1 libcapstone4 libfdt1 libfuse3-3 libglib2.0-0 libgnutls30 libjpeg62-turbo libnuma1 libpixman-1-0 libpmem1
     libpng16-16 librdmacm1 libsasl2-2 libseccomp2 libslirp0 liburing2 libvdeplug2 libzstd1)
