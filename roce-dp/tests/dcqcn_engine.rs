@@ -217,3 +217,43 @@ fn a_cnp_for_marked_read_responses_paces_the_responder() {
     let p = wire::parse_frame(&tx(&mut e[1], deadline).expect("due")).unwrap().repr;
     assert_eq!(p.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_MIDDLE);
 }
+
+/// Every frame `e` sends at `now`.
+fn drain(e: &mut Engine, now: Instant) -> Vec<Vec<u8>> {
+    std::iter::from_fn(|| tx(e, now)).collect()
+}
+
+#[test]
+fn a_qp_in_err_ignores_cnps_sends_none_and_keeps_no_cc_timer() {
+    let (mut e, q) = pair(dcqcn(4), dcqcn(4));
+    let cnp = ce_stream(&mut e, 1).pop().expect("a CNP").1;
+    e[0].handle_rx(Instant::from_micros(10), &cnp, RxMeta::default());
+    assert!(e[0].qp_cc_state(q[0]).unwrap().limited);
+    // The error state stops every timer (the CC timer and the pacer's with the others): an idle engine.
+    e[0].modify_qp(q[0], &QpAttr { state: Some(roce_dp::QpState::Err), ..QpAttr::default() }).unwrap();
+    assert_eq!(e[0].poll_timeout(), None, "a QP in ERR keeps a congestion-control timer");
+    // A CNP for the QP in ERR is counted as ignored and arms nothing.
+    let before = e[0].qp_counters(q[0]).unwrap().cnp_rcvd;
+    e[0].handle_rx(Instant::from_micros(20), &cnp, RxMeta::default());
+    assert_eq!(e[0].qp_counters(q[0]).unwrap().cnp_rcvd, before, "a QP in ERR acted on a CNP");
+    assert_eq!((e[0].stats().rx_cnp, e[0].stats().rx_cnp_ignored), (2, 1));
+    assert_eq!(e[0].poll_timeout(), None);
+
+    // The notification point of a QP in ERR sends no CNP for a CE-marked frame (the QP sends nothing).
+    let (mut e, q) = pair(CcConfig::default(), CcConfig::default());
+    let mut f = tx(&mut e[0], Instant::ZERO).expect("a WRITE frame");
+    assert!(mark_ce(&mut f));
+    e[1].modify_qp(q[1], &QpAttr { state: Some(roce_dp::QpState::Err), ..QpAttr::default() }).unwrap();
+    e[1].handle_rx(Instant::from_micros(1), &f, RxMeta::default());
+    let out = drain(&mut e[1], Instant::from_micros(1));
+    assert!(out.is_empty(), "a QP in ERR sent {} frame(s), the first {:?}", out.len(), wire::parse_frame(&out[0]));
+    let c = e[1].qp_counters(q[1]).unwrap();
+    assert_eq!((c.ecn_ce_rcvd, c.cnp_sent, c.cnp_suppressed), (1, 0, 1));
+    // Nor a CNP it queued before it entered ERR.
+    let (mut e, q) = pair(CcConfig::default(), CcConfig::default());
+    let mut f = tx(&mut e[0], Instant::ZERO).expect("a WRITE frame");
+    assert!(mark_ce(&mut f));
+    e[1].handle_rx(Instant::from_micros(1), &f, RxMeta::default());
+    e[1].modify_qp(q[1], &QpAttr { state: Some(roce_dp::QpState::Err), ..QpAttr::default() }).unwrap();
+    assert!(drain(&mut e[1], Instant::from_micros(1)).is_empty(), "a QP in ERR sent the CNP it had queued");
+}
