@@ -257,3 +257,39 @@ fn a_qp_in_err_ignores_cnps_sends_none_and_keeps_no_cc_timer() {
     e[1].modify_qp(q[1], &QpAttr { state: Some(roce_dp::QpState::Err), ..QpAttr::default() }).unwrap();
     assert!(drain(&mut e[1], Instant::from_micros(1)).is_empty(), "a QP in ERR sent the CNP it had queued");
 }
+
+#[test]
+fn timers_at_the_end_of_time_do_not_spin() {
+    // A configuration under which the rate can never climb back (target clamped on every cut, no additive or
+    // hyper increase, no byte counter): the rate-increase timer stays armed while the QP is limited.
+    let cc = CcConfig {
+        dcqcn: DcqcnConfig {
+            rp_clamp_tgt_rate: true,
+            rp_ai_rate: 0,
+            rp_hai_rate: 0,
+            rp_byte_reset: 0,
+            ..DcqcnConfig::default()
+        },
+        ..dcqcn(4)
+    };
+    cc.validate().unwrap();
+    let (mut e, q) = pair(cc, CcConfig::default());
+    let cnp = ce_stream(&mut e, 1).pop().expect("a CNP").1;
+    // Two cuts: the second clamps the target to the rate the first one set, below the line rate.
+    e[0].handle_rx(Instant::from_micros(10), &cnp, RxMeta::default());
+    e[0].handle_rx(Instant::from_micros(20), &cnp, RxMeta::default());
+    let st = e[0].qp_cc_state(q[0]).unwrap();
+    assert!(st.limited && st.target_kbps < 25_000_000, "{st:?}");
+    // Time jumps to the last representable instant: every timer due runs once; none may re-arm itself at a
+    // deadline that is already due (now + period saturates at Instant::MAX), or handle_timeout never returns.
+    let [mut e0, _] = e;
+    let (done, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        e0.handle_timeout(Instant::MAX);
+        let next = e0.poll_timeout();
+        let _ = done.send(next);
+    });
+    let next = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("handle_timeout(Instant::MAX) spins");
+    // Nothing can be due after the last instant: a timer still armed would be due at once, and run again.
+    assert_eq!(next, None, "a timer due at the end of time");
+}

@@ -337,7 +337,11 @@ impl Dcqcn {
                 if self.limited {
                     let period =
                         if self.hyper() { Duration::from_nanos(self.p.t_reset.as_nanos() / 2) } else { self.p.t_reset };
-                    self.t_next = Some(now + period);
+                    // At the end of representable time `now + period` saturates to `now`: a deadline already due
+                    // would run again at once, for ever (the engine's handle_timeout would never return). The
+                    // timer stops there instead.
+                    let next = now + period;
+                    self.t_next = (next > now).then_some(next);
                 }
             }
         }
