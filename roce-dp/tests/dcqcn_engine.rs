@@ -293,3 +293,118 @@ fn timers_at_the_end_of_time_do_not_spin() {
     // Nothing can be due after the last instant: a timer still armed would be due at once, and run again.
     assert_eq!(next, None, "a timer due at the end of time");
 }
+
+/// `f` (untagged IPv4) with `extra` bytes inserted before the ICRC, the IP and UDP lengths, the IP checksum and the
+/// ICRC made to match.
+fn with_extra_bytes(f: &[u8], extra: usize) -> Vec<u8> {
+    let mut g = f[..f.len() - 4].to_vec();
+    g.extend(std::iter::repeat_n(0u8, extra + 4));
+    let ip_len = (g.len() - 14) as u16;
+    g[16..18].copy_from_slice(&ip_len.to_be_bytes());
+    g[38..40].copy_from_slice(&(ip_len - 20).to_be_bytes());
+    wire::Ipv4Packet::new_unchecked(&mut g[14..34]).fill_checksum();
+    wire::icrc::fill(&mut g[14..]).unwrap();
+    g
+}
+
+#[test]
+fn hostile_cnps_are_counted_and_never_take_the_rate_out_of_its_bounds() {
+    let (mut e, q) = pair(dcqcn(4), CcConfig::default());
+    let cnp = ce_stream(&mut e, 1).pop().expect("a CNP").1;
+    assert_eq!(with_extra_bytes(&cnp, 0), cnp, "the helper reseals a frame it did not change to itself");
+    // Each frame a microsecond after the previous one.
+    let t = std::cell::Cell::new(Instant::from_micros(10));
+    let rx = |e: &mut Engine, f: &[u8]| {
+        t.set(t.get() + roce_dp::Duration::from_micros(1));
+        e.handle_rx(t.get(), f, RxMeta::default());
+    };
+    // Malformed CNPs never reach the CNP counters: a bad ICRC, every truncation, 4 bytes too many in the packet.
+    let mut bad = cnp.clone();
+    *bad.last_mut().unwrap() ^= 1;
+    rx(&mut e[0], &bad);
+    for n in 0..cnp.len() {
+        rx(&mut e[0], &cnp[..n]);
+    }
+    rx(&mut e[0], &with_extra_bytes(&cnp, 4));
+    let s = e[0].stats();
+    assert_eq!((s.rx_cnp, s.rx_cnp_ignored, s.rx_drop_icrc, s.rx_drop_length_mismatch), (0, 0, 1, 1), "{s:?}");
+    assert!(!e[0].qp_cc_state(q[0]).unwrap().limited);
+    // Well formed but not the peer's (another source address), or for a QP in INIT: counted, ignored.
+    let mut r = wire::parse_frame(&cnp).unwrap().repr;
+    r.ip.addrs = IpAddrs::V4 { src: [10, 0, 0, 99], dst: IP[0] };
+    let mut buf = vec![0u8; 128];
+    let n = wire::emit_frame(&mut buf, &r, 0, |_| {}).unwrap();
+    rx(&mut e[0], &buf[..n]);
+    let pd = e[0].alloc_pd();
+    let cq = e[0].create_cq(4).unwrap();
+    let idle = e[0].create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+    e[0].modify_qp(idle, &QpAttr { state: Some(roce_dp::QpState::Init), ..QpAttr::default() }).unwrap();
+    let mut r = wire::parse_frame(&cnp).unwrap().repr;
+    r.bth = wire::BthRepr::cnp(idle);
+    let n = wire::emit_frame(&mut buf, &r, 0, |_| {}).unwrap();
+    rx(&mut e[0], &buf[..n]);
+    let s = e[0].stats();
+    assert_eq!((s.rx_cnp, s.rx_cnp_ignored), (2, 2), "{s:?}");
+    assert!(!e[0].qp_cc_state(q[0]).unwrap().limited && e[0].qp_cc_state(idle).unwrap().rate_kbps == 25_000_000);
+    // Ethernet padding after the IP packet is not part of the CNP: it is taken.
+    let mut padded = cnp.clone();
+    padded.extend([0u8; 6]);
+    rx(&mut e[0], &padded);
+    assert_eq!(e[0].qp_counters(q[0]).unwrap().cnp_rcvd, 1);
+    // A flood: 20000 CNPs, a microsecond apart, then the same at once; the rate stays at or above rp_min_rate
+    // (1 Mb/s) and every CNP is counted as received and acted on.
+    for k in 0..40_000u64 {
+        if k < 20_000 {
+            rx(&mut e[0], &cnp);
+        } else {
+            e[0].handle_rx(t.get(), &cnp, RxMeta::default());
+        }
+        if k % 1000 == 0 {
+            e[0].handle_timeout(t.get());
+        }
+        let st = e[0].qp_cc_state(q[0]).unwrap();
+        assert!(st.rate_kbps >= 1_000 && st.rate_kbps <= st.target_kbps && st.target_kbps <= 25_000_000, "{st:?}");
+    }
+    let s = e[0].stats();
+    assert_eq!((s.rx_cnp, s.rx_cnp_ignored), (40_003, 2));
+    assert_eq!(e[0].qp_counters(q[0]).unwrap().cnp_rcvd, 40_001);
+    assert_eq!(e[0].qp_cc_state(q[0]).unwrap().rate_kbps, 1_000, "a flood of CNPs ends at the minimum rate");
+}
+
+#[test]
+fn an_ipv6_cnp_has_the_cnp_format_too() {
+    use roce_dp::sim::{LinkConfig, Sim, NODE_IP6};
+    let sim = Sim::new(EngineConfig::default(), [LinkConfig::default(); 2], 1);
+    let mut e = sim.nodes;
+    let mut qpn = [0; 2];
+    let mut keys = Vec::new();
+    for n in 0..2 {
+        let pd = e[n].alloc_pd();
+        let cq = e[n].create_cq(16).unwrap();
+        keys.push(e[n].reg_mr(pd, VA, 4096, AccessFlags::ALL).unwrap());
+        qpn[n] = e[n].create_qp(pd, cq, cq, QpCaps::default()).unwrap();
+    }
+    for n in 0..2 {
+        connect(&mut e[n], qpn[n], qpn[1 - n], Sim::peer6_of(1 - n), 1024).unwrap();
+    }
+    let wr = SendWr::new(1, WrOpcode::RdmaWrite).remote(VA, keys[1].rkey);
+    e[0].post_send(qpn[0], &wr, &[Sge { addr: VA, len: 100, lkey: keys[0].lkey }]).unwrap();
+    let mut f = tx(&mut e[0], Instant::ZERO).unwrap();
+    assert_eq!(wire::parse_frame(&f).unwrap().repr.ip.ecn, Ecn::Ect0);
+    // CE: the two low bits of the traffic class (byte 15's 0x30); the ICRC masks the traffic class.
+    f[15] |= 0x30;
+    let p = wire::parse_frame(&f).unwrap();
+    assert!(p.icrc_ok && p.repr.ip.ecn == Ecn::Ce);
+    e[1].handle_rx(Instant::from_micros(1), &f, RxMeta::default());
+    let cnp = tx(&mut e[1], Instant::from_micros(1)).expect("a CNP first");
+    let p = wire::parse_frame(&cnp).unwrap();
+    let r = p.repr;
+    assert!(p.icrc_ok && p.payload.is_empty());
+    assert_eq!((r.bth.opcode, r.bth.becn, r.bth.fecn, r.bth.ack_req), (Opcode::CNP, true, false, false));
+    assert_eq!((r.bth.dest_qp, r.bth.pkey, r.bth.psn.value()), (qpn[0], 0xffff, 0));
+    assert_eq!((r.ip.dscp, r.ip.ecn), (48, Ecn::NotEct));
+    assert_eq!(r.ip.addrs, IpAddrs::V6 { src: NODE_IP6[1], dst: NODE_IP6[0] });
+    // Ethernet 14 + IPv6 40 + UDP 8 + BTH 12 + 16 reserved zero bytes + ICRC 4.
+    assert_eq!(cnp.len(), 94);
+    assert_eq!(&cnp[74..90], &[0u8; 16]);
+}
