@@ -408,3 +408,39 @@ fn an_ipv6_cnp_has_the_cnp_format_too() {
     assert_eq!(cnp.len(), 94);
     assert_eq!(&cnp[74..90], &[0u8; 16]);
 }
+
+#[test]
+fn a_destroyed_or_idle_limited_qp_leaves_no_timer_behind() {
+    // Destroyed: its timers go with it, and a QP created in its place (the same QP number) starts unlimited with
+    // no timer.
+    let (mut e, q) = pair(dcqcn(4), dcqcn(4));
+    let cnp = ce_stream(&mut e, 1).pop().expect("a CNP").1;
+    e[0].handle_rx(Instant::from_micros(10), &cnp, RxMeta::default());
+    assert!(e[0].poll_timeout().is_some());
+    e[0].destroy_qp(q[0]).unwrap();
+    assert_eq!(e[0].poll_timeout(), None);
+    let pd = e[0].alloc_pd();
+    let cq = e[0].create_cq(4).unwrap();
+    assert_eq!(e[0].create_qp(pd, cq, cq, QpCaps::default()).unwrap(), q[0]);
+    assert!(!e[0].qp_cc_state(q[0]).unwrap().limited);
+    assert_eq!(e[0].poll_timeout(), None);
+    // Idle (nothing polled out): the rate-increase timer raises the rate back to the line rate, 300 µs at a time,
+    // and then stops. Every deadline lies after the previous one (no timer re-armed in the past, no spin).
+    let (mut e, q) = pair(dcqcn(4), CcConfig::default());
+    let cnp = ce_stream(&mut e, 1).pop().expect("a CNP").1;
+    e[0].handle_rx(Instant::from_micros(10), &cnp, RxMeta::default());
+    let mut last = Instant::from_micros(10);
+    let mut expiries = 0;
+    while e[0].qp_cc_state(q[0]).unwrap().limited {
+        let t = e[0].poll_timeout().expect("a limited QP keeps its rate-increase timer");
+        assert!(t > last, "deadline {t} not after {last}");
+        e[0].handle_timeout(t);
+        last = t;
+        expiries += 1;
+        assert!(expiries < 100, "the rate never recovers");
+    }
+    assert_eq!(e[0].qp_cc_state(q[0]).unwrap().rate_kbps, 25_000_000);
+    // Fast recovery halves the distance to the line rate every 300 µs: ~25 steps from 12.5 Gb/s to 25 Gb/s (the
+    // data frame's retransmission timer, 4.2 ms, is among the expiries).
+    assert!(last <= Instant::from_micros(10 + 30 * 300), "recovered at {last} after {expiries} expiries");
+}

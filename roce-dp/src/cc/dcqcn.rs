@@ -500,6 +500,114 @@ mod tests {
     }
 
     #[test]
+    fn unvalidated_extremes_from_the_api_never_overflow_and_keep_the_rate_in_bounds() {
+        // EngineConfig::cc is not validated: every field at 0 and at its maximum, with line rates of 1 Mb/s and
+        // u32::MAX Mb/s. Debug builds panic on an arithmetic overflow, so reaching the end is the check.
+        let lo = DcqcnConfig {
+            rp_clamp_tgt_rate: false,
+            rp_clamp_tgt_rate_ati: false,
+            rp_time_reset: 0,
+            rp_byte_reset: 0,
+            rp_threshold: 0,
+            rp_ai_rate: 0,
+            rp_hai_rate: 0,
+            rp_gd: 0,
+            rp_min_dec_fac: 0,
+            rp_min_rate: 0,
+            rp_rate_to_set_on_first_cnp: 0,
+            rp_dce_tcp_g: 0,
+            rp_dce_tcp_rtt: 0,
+            rp_rate_reduce_monitor_period: 0,
+            rp_initial_alpha_value: 0,
+            rp_max_rate: 0,
+            np_min_time_between_cnps: 0,
+            np_cnp_dscp: 0,
+            np_cnp_prio: 0,
+        };
+        let m = u32::MAX;
+        let hi = DcqcnConfig {
+            rp_clamp_tgt_rate: true,
+            rp_clamp_tgt_rate_ati: true,
+            rp_time_reset: m,
+            rp_byte_reset: m,
+            rp_threshold: m,
+            rp_ai_rate: m,
+            rp_hai_rate: m,
+            rp_gd: m,
+            rp_min_dec_fac: m,
+            rp_min_rate: m,
+            rp_rate_to_set_on_first_cnp: m,
+            rp_dce_tcp_g: m,
+            rp_dce_tcp_rtt: m,
+            rp_rate_reduce_monitor_period: m,
+            rp_initial_alpha_value: m,
+            rp_max_rate: m,
+            np_min_time_between_cnps: m,
+            np_cnp_dscp: u8::MAX,
+            np_cnp_prio: u8::MAX,
+        };
+        let mut rng = crate::sim::SimRng::new(7);
+        for base in [lo, hi] {
+            for flip in 0..16u32 {
+                // One field at a time from the other extreme (15 cases), and the base itself.
+                let mut c = base;
+                let o = if base == lo { hi } else { lo };
+                match flip {
+                    0 => c.rp_time_reset = o.rp_time_reset,
+                    1 => c.rp_byte_reset = o.rp_byte_reset,
+                    2 => c.rp_threshold = o.rp_threshold,
+                    3 => c.rp_ai_rate = o.rp_ai_rate,
+                    4 => c.rp_hai_rate = o.rp_hai_rate,
+                    5 => c.rp_gd = o.rp_gd,
+                    6 => c.rp_min_dec_fac = o.rp_min_dec_fac,
+                    7 => c.rp_min_rate = o.rp_min_rate,
+                    8 => c.rp_rate_to_set_on_first_cnp = o.rp_rate_to_set_on_first_cnp,
+                    9 => c.rp_dce_tcp_g = o.rp_dce_tcp_g,
+                    10 => c.rp_dce_tcp_rtt = o.rp_dce_tcp_rtt,
+                    11 => c.rp_rate_reduce_monitor_period = o.rp_rate_reduce_monitor_period,
+                    12 => c.rp_initial_alpha_value = o.rp_initial_alpha_value,
+                    13 => c.rp_max_rate = o.rp_max_rate,
+                    14 => c.rp_clamp_tgt_rate = o.rp_clamp_tgt_rate,
+                    _ => {}
+                }
+                for line in [1, 25_000, u32::MAX] {
+                    let mut d = Dcqcn::new(&c, line);
+                    let (min, max) = (d.p.min_kbps, d.p.max_kbps);
+                    assert!(1_000 <= min && min <= max && max <= u64::from(line) * 1000, "{c:?} {line}");
+                    let mut now = Instant::ZERO;
+                    for _ in 0..300 {
+                        now += Duration::from_nanos(rng.below(20_000_000));
+                        let mut n = 0;
+                        while let Some(t) = d.next_timer().filter(|&t| t <= now) {
+                            d.on_timer(t);
+                            n += 1;
+                            assert!(n < 100_000, "{c:?}: the timer does not advance");
+                        }
+                        match rng.below(3) {
+                            0 => d.on_cnp(now),
+                            _ => {
+                                let at = d.earliest_departure(now).max(now);
+                                d.on_sent(at, 64 + rng.below(9000));
+                            }
+                        }
+                        let s = d.state();
+                        assert!(
+                            min <= s.rate_kbps && s.rate_kbps <= s.target_kbps && s.target_kbps <= max,
+                            "{c:?} {s:?}"
+                        );
+                    }
+                    // The end of representable time as well.
+                    d.on_cnp(Instant::MAX);
+                    d.on_timer(Instant::MAX);
+                    d.on_sent(Instant::MAX, 9000);
+                    let s = d.state();
+                    assert!(min <= s.rate_kbps && s.rate_kbps <= s.target_kbps && s.target_kbps <= max, "{c:?} {s:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn recovers_to_line_rate_and_releases_the_limiter() {
         let mut d = Dcqcn::new(&DcqcnConfig::default(), 25_000);
         d.on_cnp(us(0));
