@@ -178,6 +178,18 @@ fn rdp_sim_refuses_flags_it_would_ignore_and_runs_it_could_not_finish() {
         &format!("rdp-sim: --cc-config {conf_s}: line 3: np_cnp_dscp: invalid value: integer `300`, expected u8"),
     );
     let _ = std::fs::remove_file(&conf);
+    // A device that never ends is not read to its end; one output file for two outputs is refused.
+    one_line(
+        &run_bounded(sim, &["--incast", "2", "--cc-config", "/dev/zero"]),
+        "rdp-sim: --cc-config /dev/zero: longer than 1048576 bytes: not a congestion-control file",
+    );
+    let out = temp("same.out");
+    let out_s = out.to_str().unwrap();
+    one_line(
+        &run_bounded(sim, &["--incast", "2", "--trace", out_s, "--plot", out_s]),
+        "rdp-sim: --trace and --plot name the same file: the plot would overwrite the trace",
+    );
+    assert!(!out.exists(), "refused before any file is made");
 }
 
 #[test]

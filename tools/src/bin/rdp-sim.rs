@@ -181,10 +181,23 @@ const WQ_BYTES_PER_DEPTH: u64 = 512;
 const QP_PAIR_BYTES: u64 = 32 << 10;
 /// The most payload bytes (--size x --msgs x --qps) a two-node run moves and verifies.
 const MAX_PAYLOAD: u64 = 16 << 30;
+/// The longest --cc-config file read.
+const MAX_CC_CONFIG: u64 = 1 << 20;
 
 /// Reads a congestion-control configuration from TOML; unknown keys and bad values are errors naming the key.
 fn read_cc_config(path: &PathBuf) -> Result<CcConfig, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
+    // At most 1 MiB: the file is a few hundred bytes, and reading a device such as /dev/zero to its end would take
+    // all the memory there is.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| std::io::Read::read_to_string(&mut std::io::Read::take(f, MAX_CC_CONFIG + 1), &mut text))
+        .map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_CC_CONFIG {
+        return Err(format!(
+            "--cc-config {}: longer than {MAX_CC_CONFIG} bytes: not a congestion-control file",
+            path.display()
+        ));
+    }
     let cfg: CcConfig = toml::from_str(&text).map_err(|e| {
         // toml's own text quotes the line and marks the column over several lines: one line instead.
         let msg = e.message().lines().next().unwrap_or("syntax error").trim().to_owned();
@@ -293,6 +306,10 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if a.trace.is_some() && a.trace == a.plot {
+        eprintln!("rdp-sim: --trace and --plot name the same file: the plot would overwrite the trace");
+        return ExitCode::from(2);
+    }
     // An output file that cannot be created fails now, not after the whole run.
     for (flag, p) in [("--trace", &a.trace), ("--plot", &a.plot)] {
         if let Some(p) = p {
