@@ -879,7 +879,9 @@ impl Engine {
                 qp.cnt.tx_local_access_errors += 1;
             }
             if let (Ok(n), true) = (res, plan.data_frame) {
-                if !matches!(qp.rc, RateController::LineRate) {
+                // Without an active limiter a sent frame changes nothing in the rate controller (no pacing, no
+                // byte counter, no timer): DCQCN on without congestion costs what congestion control off does.
+                if qp.rc.limited() {
                     qp.rc.on_sent(now, n);
                     qp.sync_cc(now);
                 }

@@ -169,6 +169,12 @@ impl Dcqcn {
         self.t_next = None;
     }
 
+    /// A rate limiter is active (a CNP arrived and the rate has not climbed back to the line rate).
+    #[inline]
+    pub fn limited(&self) -> bool {
+        self.limited
+    }
+
     /// The earliest time the next data frame may leave.
     #[inline]
     pub fn earliest_departure(&self, now: Instant) -> Instant {
