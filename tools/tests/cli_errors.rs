@@ -29,7 +29,13 @@ fn one_line(o: &Output, want: &str) {
 fn rdp_sim_bad_arguments_and_files_are_one_line() {
     let sim = env!("CARGO_BIN_EXE_rdp-sim");
     one_line(&run(sim, &["--op", "foo"]), "rdp-sim: invalid value 'foo' for '--op <OP>' (see --help)");
-    one_line(&run(sim, &["--size", "-1"]), "rdp-sim: unexpected argument '-1' found (see --help)");
+    // A negative number is the flag's value, refused by that flag (clap took "-0.1" for a flag "-0" before).
+    one_line(
+        &run(sim, &["--size", "-1"]),
+        "rdp-sim: invalid value '-1' for '--size <SIZE>': invalid digit found in string (see --help)",
+    );
+    one_line(&run(sim, &["--incast", "2", "--pmax", "-0.1"]), "rdp-sim: --pmax -0.1 is not a probability in 0..1");
+    one_line(&run(sim, &["--loss", "-0.5"]), "rdp-sim: --loss -0.5 is not a probability in 0..1");
     one_line(
         &run(sim, &["--seed", "x"]),
         "rdp-sim: invalid value 'x' for '--seed <SEED>': invalid digit found in string (see --help)",

@@ -53,7 +53,7 @@ enum Op {
 
 /// Run RoCEv2 RC traffic between two roce-dp engines over a simulated link (deterministic, seeded).
 #[derive(Parser, Debug)]
-#[command(name = "rdp-sim", version)]
+#[command(name = "rdp-sim", version, allow_negative_numbers = true)]
 struct Args {
     /// Operation.
     #[arg(long, value_enum, default_value = "write")]
