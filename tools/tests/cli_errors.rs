@@ -127,6 +127,17 @@ fn rdp_sim_refuses_flags_it_would_ignore_and_runs_it_could_not_finish() {
         (&["--incast", "2", "--mtu", "3"], "rdp-sim: --mtu applies to the two-node run, not to --incast"),
         (&["--link-gbps", "25"], "rdp-sim: --link-gbps applies to the incast only: add --incast N"),
         (&["--dcqcn", "on", "--msgs", "3"], "rdp-sim: --dcqcn applies to the incast only: add --incast N"),
+        (
+            &[
+                "--incast",
+                "2",
+                "--dcqcn-preset",
+                "ns3",
+                "--cc-config",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../conf/dcqcn.toml"),
+            ],
+            "rdp-sim: --dcqcn-preset and --cc-config both give the DCQCN parameters: give one of them",
+        ),
         // Rates below 1 Mb/s (the simulators' unit) and sample periods below 1 ns (0: nothing sampled).
         (&["--gbps", "0.0001"], "rdp-sim: --gbps 0.0001 must be in [0.001, 1600]"),
         (&["--incast", "2", "--link-gbps", "1e-9"], "rdp-sim: --link-gbps 0.000000001 must be in [0.001, 1600]"),

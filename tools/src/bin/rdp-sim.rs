@@ -466,9 +466,10 @@ fn check(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// A flag of the mode not running, given on the command line: it would be ignored, and the run would not be the
-/// one asked for (`--incast 8 --loss 0.1` has no loss; `--link-gbps 25` without --incast runs at --gbps).
-fn other_modes_flag(a: &Args, m: &clap::ArgMatches) -> Result<(), String> {
+/// A flag given on the command line that the run would ignore, so that it would not be the run asked for: one of
+/// the mode not running (`--incast 8 --loss 0.1` has no loss; `--link-gbps 25` without --incast runs at --gbps),
+/// or --dcqcn-preset beside --cc-config.
+fn ignored_flags(a: &Args, m: &clap::ArgMatches) -> Result<(), String> {
     use clap::CommandFactory;
     for arg in Args::command().get_arguments() {
         let id = arg.get_id().as_str();
@@ -482,6 +483,10 @@ fn other_modes_flag(a: &Args, m: &clap::ArgMatches) -> Result<(), String> {
             _ => {}
         }
     }
+    // Both name the DCQCN parameter set; the file would win without a word.
+    if a.cc_config.is_some() && m.value_source("dcqcn_preset") == Some(clap::parser::ValueSource::CommandLine) {
+        return Err("--dcqcn-preset and --cc-config both give the DCQCN parameters: give one of them".into());
+    }
     Ok(())
 }
 
@@ -490,7 +495,7 @@ fn main() -> ExitCode {
         Ok(a) => a,
         Err(code) => return code,
     };
-    if let Err(e) = other_modes_flag(&a, &m) {
+    if let Err(e) = ignored_flags(&a, &m) {
         eprintln!("rdp-sim: {e}");
         return ExitCode::from(2);
     }
