@@ -258,30 +258,29 @@ fn a_qp_in_err_ignores_cnps_sends_none_and_keeps_no_cc_timer() {
     assert!(drain(&mut e[1], Instant::from_micros(1)).is_empty(), "a QP in ERR sent the CNP it had queued");
 }
 
-#[test]
-fn timers_at_the_end_of_time_do_not_spin() {
-    // A configuration under which the rate can never climb back (target clamped on every cut, no additive or
-    // hyper increase, no byte counter): the rate-increase timer stays armed while the QP is limited.
-    let cc = CcConfig {
-        dcqcn: DcqcnConfig {
-            rp_clamp_tgt_rate: true,
-            rp_ai_rate: 0,
-            rp_hai_rate: 0,
-            rp_byte_reset: 0,
-            ..DcqcnConfig::default()
-        },
-        ..dcqcn(4)
-    };
+/// Node 0 under DCQCN `d` with the target clamped on every cut (rp_clamp_tgt_rate), cut by two CNPs at 10 and 20 µs:
+/// the second clamps the target to the rate the first one set, below the line rate. Returns the engines, the QP
+/// numbers and the CNP.
+fn cut_twice(d: DcqcnConfig) -> ([Engine; 2], [u32; 2], Vec<u8>) {
+    let cc = CcConfig { dcqcn: DcqcnConfig { rp_clamp_tgt_rate: true, ..d }, ..dcqcn(4) };
     cc.validate().unwrap();
     let (mut e, q) = pair(cc, CcConfig::default());
     let cnp = ce_stream(&mut e, 1).pop().expect("a CNP").1;
-    // Two cuts: the second clamps the target to the rate the first one set, below the line rate.
     e[0].handle_rx(Instant::from_micros(10), &cnp, RxMeta::default());
     e[0].handle_rx(Instant::from_micros(20), &cnp, RxMeta::default());
     let st = e[0].qp_cc_state(q[0]).unwrap();
     assert!(st.limited && st.target_kbps < 25_000_000, "{st:?}");
+    (e, q, cnp)
+}
+
+#[test]
+fn timers_at_the_end_of_time_do_not_spin() {
+    // No additive increase and an idle QP (so no byte-counter event reaches the hyper stage): the target stays
+    // below the line rate and the rate-increase timer stays armed while the QP is limited.
+    let (e, _, _) = cut_twice(DcqcnConfig { rp_ai_rate: 0, ..DcqcnConfig::default() });
     // Time jumps to the last representable instant: every timer due runs once; none may re-arm itself at a
     // deadline that is already due (now + period saturates at Instant::MAX), or handle_timeout never returns.
+    // (The rate controller's own check: cc::dcqcn::tests::no_timer_is_left_due_after_it_ran_at_the_end_of_time.)
     let [mut e0, _] = e;
     let (done, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -443,4 +442,28 @@ fn a_destroyed_or_idle_limited_qp_leaves_no_timer_behind() {
     // Fast recovery halves the distance to the line rate every 300 µs: ~25 steps from 12.5 Gb/s to 25 Gb/s (the
     // data frame's retransmission timer, 4.2 ms, is among the expiries).
     assert!(last <= Instant::from_micros(10 + 30 * 300), "recovered at {last} after {expiries} expiries");
+}
+
+#[test]
+fn a_rate_that_cannot_rise_again_stops_its_timer() {
+    // No additive or hyper increase (rp_ai_rate 0, no byte counter), the target clamped on every cut, a 1 µs
+    // rate-increase timer: after two cuts, fast recovery brings Rc to Rt below the line rate, where no timer event
+    // can change it before the next CNP. The timer must stop there, not fire every microsecond for ever.
+    let (mut e, q, cnp) =
+        cut_twice(DcqcnConfig { rp_ai_rate: 0, rp_byte_reset: 0, rp_time_reset: 1, ..DcqcnConfig::default() });
+    // Run every timer due in the first 2 ms; the one data frame's retransmission timer (4.2 ms) is the only one
+    // left after them.
+    let mut expiries = 0;
+    while let Some(t) = e[0].poll_timeout().filter(|&t| t < Instant::from_micros(2_000)) {
+        e[0].handle_timeout(t);
+        expiries += 1;
+        assert!(expiries < 10_000, "the rate-increase timer runs for ever (at {t})");
+    }
+    assert!(e[0].poll_timeout().is_some_and(|t| t > Instant::from_micros(4_000)), "{:?}", e[0].poll_timeout());
+    let st = e[0].qp_cc_state(q[0]).unwrap();
+    assert!(st.limited && st.rate_kbps == st.target_kbps && st.target_kbps < 25_000_000, "{st:?}");
+    // The next CNP cuts and starts the timer again.
+    e[0].handle_rx(Instant::from_micros(2_000), &cnp, RxMeta::default());
+    assert!(e[0].qp_cc_state(q[0]).unwrap().rate_kbps < st.rate_kbps);
+    assert!(e[0].poll_timeout().is_some_and(|t| t < Instant::from_micros(2_010)));
 }

@@ -347,10 +347,18 @@ impl Dcqcn {
                     // would run again at once, for ever (the engine's handle_timeout would never return). The
                     // timer stops there instead.
                     let next = now + period;
-                    self.t_next = (next > now).then_some(next);
+                    self.t_next = (next > now && !self.stuck()).then_some(next);
                 }
             }
         }
+    }
+
+    /// True if no increase event can change the rate again before the next CNP: Rc has reached Rt, and Rt cannot
+    /// grow (no additive step, and no hyper step: rp_hai_rate 0 or no byte counter to reach the hyper stage). The
+    /// rate-increase timer then stops: it would fire every T (T/2) for ever and change nothing (with
+    /// rp_time_reset = 1 a limited QP, idle or not, woke its engine twice a microsecond for good).
+    fn stuck(&self) -> bool {
+        self.rc == self.rt && self.p.ai_kbps == 0 && (self.p.hai_kbps == 0 || self.p.byte_reset == 0)
     }
 
     /// When `on_timer` has work next.
@@ -611,6 +619,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn no_timer_is_left_due_after_it_ran_at_the_end_of_time() {
+        // A limited rate that can rise no further than its clamped target (no additive step; an idle QP has no byte
+        // events for the hyper stage): the timer stays armed. Run at Instant::MAX it may not re-arm itself due.
+        let c = DcqcnConfig { rp_ai_rate: 0, rp_clamp_tgt_rate: true, ..DcqcnConfig::default() };
+        let mut d = Dcqcn::new(&c, 25_000);
+        d.on_cnp(us(10));
+        d.on_cnp(us(20));
+        assert!(d.state().rate_kbps < d.state().target_kbps && d.next_timer().is_some());
+        d.on_timer(Instant::MAX);
+        assert!(d.state().limited);
+        assert_eq!(d.next_timer(), None, "a timer due at the end of time runs again at once, for ever");
     }
 
     #[test]
