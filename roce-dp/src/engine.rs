@@ -745,7 +745,8 @@ impl Engine {
             // DCQCN notification point: a CE-marked frame asks for a CNP to the peer QP, at most one per interval.
             qp.cnt.ecn_ce_rcvd += 1;
             let iv = Duration::from_micros(u64::from(self.cfg.cc.dcqcn.np_min_time_between_cnps));
-            if !(self.cfg.cc.np_enabled && qp.np.on_ce(now, iv)) {
+            // A QP in ERR drops the frame (below) and sends no CNP for it.
+            if !(self.cfg.cc.np_enabled && qp.state != QpState::Err && qp.np.on_ce(now, iv)) {
                 qp.cnt.cnp_suppressed += 1;
             }
         }
@@ -766,7 +767,9 @@ impl Engine {
             return;
         };
         let qp = self.qps[i as usize].as_deref_mut().expect("checked");
-        if matches!(qp.state, QpState::Reset | QpState::Init) || !from_peer(qp.peer, f.ip().addrs) {
+        // A QP in ERR sends no data frame: a CNP has nothing to slow, and acting on it would arm the CC timer the
+        // error state stopped.
+        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Err) || !from_peer(qp.peer, f.ip().addrs) {
             self.stats.rx_cnp_ignored += 1;
             return;
         }
@@ -876,7 +879,9 @@ impl Engine {
                 qp.cnt.tx_local_access_errors += 1;
             }
             if let (Ok(n), true) = (res, plan.data_frame) {
-                if !matches!(qp.rc, RateController::LineRate) {
+                // Without an active limiter a sent frame changes nothing in the rate controller (no pacing, no
+                // byte counter, no timer): DCQCN on without congestion costs what congestion control off does.
+                if qp.rc.limited() {
                     qp.rc.on_sent(now, n);
                     qp.sync_cc(now);
                 }

@@ -307,6 +307,9 @@ pub struct Workload {
     pub retry_cnt: u8,
     /// Give up after this much virtual time.
     pub time_limit: Duration,
+    /// Give up after this many frames on the two links together (retransmissions included): bounds the real time
+    /// a run can take when losses keep it going (u64::MAX: no limit).
+    pub frame_limit: u64,
     /// Connect the QPs over IPv6 GIDs instead of IPv4.
     pub ipv6: bool,
 }
@@ -323,6 +326,7 @@ impl Default for Workload {
             timeout: 8,
             retry_cnt: 7,
             time_limit: Duration::from_millis(60_000),
+            frame_limit: u64::MAX,
             ipv6: false,
         }
     }
@@ -503,7 +507,13 @@ pub fn run_workload(sim: &mut Sim, w: &Workload) -> SimReport {
             rep.failure = Some(format!("time limit of {} reached", w.time_limit));
             break;
         }
-        if !sim.advance() {
+        if sim.links[0].stats.frames + sim.links[1].stats.frames > w.frame_limit {
+            rep.failure = Some(format!("frame limit of {} frames reached", w.frame_limit));
+            break;
+        }
+        // Nothing pending in the simulator is a stall only if no WR waits to be posted either: with one WR in
+        // flight per QP (depth 1), the completion just reaped leaves the links and timers empty until the next post.
+        if !sim.advance() && to_post.is_empty() {
             rep.failure = Some("simulation stalled: nothing in flight, no timers, work outstanding".into());
             break;
         }

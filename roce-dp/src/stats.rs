@@ -61,7 +61,7 @@ counters! {
         rx_drop_wrong_transport,
         /// CNPs received.
         rx_cnp,
-        /// CNPs ignored: no congestion control, unknown QP, or not from the QP's peer.
+        /// CNPs ignored: no congestion control, unknown QP, a QP in RESET, INIT or ERR, or not from the QP's peer.
         rx_cnp_ignored,
         /// Frames written by `poll_transmit`.
         tx_frames,
@@ -135,7 +135,7 @@ counters! {
         ecn_ce_rcvd,
         /// CNPs sent (notification point).
         cnp_sent,
-        /// CE-marked frames that sent no CNP (inside np_min_time_between_cnps, or NP disabled).
+        /// CE-marked frames that sent no CNP (inside np_min_time_between_cnps, NP disabled, or the QP in ERR).
         cnp_suppressed,
         /// CNPs received and acted on (reaction point).
         cnp_rcvd,

@@ -145,3 +145,18 @@ fn same_inputs_and_seed_give_bit_identical_traces() {
     let c = run(IncastConfig { seed: 8, ..cfg });
     assert_ne!(a.trace, c.trace);
 }
+
+#[test]
+fn utilisation_never_exceeds_the_link_even_over_a_few_frame_times() {
+    // One and two flows at the line rate without congestion control keep the bottleneck busy from its first frame
+    // on (a 4 KiB frame takes 1.34 µs at 25 Gb/s): utilisation is 1 less the rounding of serialisation times to the
+    // nanosecond, never more, however short the window and wherever its edges cut a frame.
+    let ns = Duration::from_nanos;
+    for senders in [1, 2] {
+        for (end, from) in [(20_000, 10_000), (13_000, 12_000), (12_500, 12_000), (100_000, 50_000), (301_000, 3_700)] {
+            let (duration, measure_from, cc) = (ns(end), ns(from), CcConfig::default());
+            let r = run(IncastConfig { senders, duration, measure_from, cc, ..IncastConfig::default() });
+            assert!(r.util <= 1.0 && r.util > 0.99, "{senders} flow(s), window {from}..{end} ns: util {}", r.util);
+        }
+    }
+}

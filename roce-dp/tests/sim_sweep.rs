@@ -200,3 +200,17 @@ fn every_op_over_ipv6() {
         assert!(sim.nodes[1].stats().rx_frames > 0 && sim.nodes[1].stats().rx_drop_wrong_peer == 0);
     }
 }
+
+#[test]
+fn one_wr_in_flight_per_qp_completes_every_operation() {
+    // Depth 1: after each completion nothing is in flight until the driver posts the next WR; that is not a stall.
+    for op in [SimOp::Send, SimOp::Write, SimOp::Read, SimOp::Atomic] {
+        for qps in [1, 3] {
+            let mut sim = Sim::new(EngineConfig::default(), [LinkConfig::default(); 2], base_seed());
+            let w = Workload { op, size: 3000, msgs: 20, qps, depth: 1, ..Workload::default() };
+            let r = run_workload(&mut sim, &w);
+            assert!(r.ok, "{op:?} x {qps} QPs at depth 1: {}\n{:?}", r.result_line(), r.failure);
+            assert_eq!(r.completed, 20 * u64::from(qps));
+        }
+    }
+}

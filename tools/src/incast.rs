@@ -129,12 +129,9 @@ pub fn plot_svg(r: &IncastReport, line_gbps: f64, buffer_kb: f64, title: &str) -
     let rate = Panel { x0: 70.0, y0: 40.0, w: 720.0, h: 330.0, xmax: tmax, ymax: line * 1.05, ytick: line };
     rate.axes(&mut s, "time (ms)", "rate (Gb/s)");
     for f in 0..n {
-        let pts = r
-            .trace
-            .iter()
-            .filter(move |t| t.flow as usize == f)
-            .step_by(step)
-            .map(|t| (t.time_ns as f64 / 1e6, t.rate_kbps as f64 / 1e6));
+        // The trace holds one row per flow per sample, flows in order: flow f's rows are every n-th from row f.
+        // (Filtering the whole trace for each flow cost flows x rows: ~30 s for 1000 flows x 5000 samples.)
+        let pts = r.trace.iter().skip(f).step_by(n * step).map(|t| (t.time_ns as f64 / 1e6, t.rate_kbps as f64 / 1e6));
         rate.polyline(&mut s, pts, COLORS[f % COLORS.len()]);
     }
     for f in 0..n.min(16) {
@@ -149,12 +146,7 @@ pub fn plot_svg(r: &IncastReport, line_gbps: f64, buffer_kb: f64, title: &str) -
     let qmax = (r.max_queue_bytes as f64 / 1024.0).max(buffer_kb).max(1.0);
     let q = Panel { x0: 70.0, y0: 430.0, w: 720.0, h: 200.0, xmax: tmax, ymax: qmax * 1.05, ytick: qmax };
     q.axes(&mut s, "time (ms)", "queue (KiB)");
-    let pts = r
-        .trace
-        .iter()
-        .filter(|t| t.flow == 0)
-        .step_by(step)
-        .map(|t| (t.time_ns as f64 / 1e6, t.queue_bytes as f64 / 1024.0));
+    let pts = r.trace.iter().step_by(n * step).map(|t| (t.time_ns as f64 / 1e6, t.queue_bytes as f64 / 1024.0));
     q.polyline(&mut s, pts, "#000");
     let by = q.py(buffer_kb);
     let _ = writeln!(

@@ -61,8 +61,16 @@ pub fn connect_rc(e: &mut Engine, c: &RcConnect, peer: PeerAddr) -> Result<(), S
 /// Parses the command line: `--help` / `--version` print and exit 0 (`Err(SUCCESS)`); bad arguments print one line
 /// `TOOL: what (see --help)` and exit 2.
 pub fn parse_cli<C: clap::Parser>(tool: &str) -> Result<C, std::process::ExitCode> {
+    parse_cli_matches(tool).map(|(c, _)| c)
+}
+
+/// [`parse_cli`], also returning clap's matches (which flags were given on the command line).
+pub fn parse_cli_matches<C: clap::Parser>(tool: &str) -> Result<(C, clap::ArgMatches), std::process::ExitCode> {
     use clap::error::ErrorKind;
-    match C::try_parse() {
+    let parsed = C::command()
+        .try_get_matches()
+        .and_then(|m| C::from_arg_matches(&m).map(|c| (c, m)).map_err(|e| e.format(&mut C::command())));
+    match parsed {
         Ok(c) => Ok(c),
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
             let _ = e.print();

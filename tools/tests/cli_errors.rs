@@ -29,7 +29,13 @@ fn one_line(o: &Output, want: &str) {
 fn rdp_sim_bad_arguments_and_files_are_one_line() {
     let sim = env!("CARGO_BIN_EXE_rdp-sim");
     one_line(&run(sim, &["--op", "foo"]), "rdp-sim: invalid value 'foo' for '--op <OP>' (see --help)");
-    one_line(&run(sim, &["--size", "-1"]), "rdp-sim: unexpected argument '-1' found (see --help)");
+    // A negative number is the flag's value, refused by that flag (clap took "-0.1" for a flag "-0" before).
+    one_line(
+        &run(sim, &["--size", "-1"]),
+        "rdp-sim: invalid value '-1' for '--size <SIZE>': invalid digit found in string (see --help)",
+    );
+    one_line(&run(sim, &["--incast", "2", "--pmax", "-0.1"]), "rdp-sim: --pmax -0.1 is not a probability in 0..1");
+    one_line(&run(sim, &["--loss", "-0.5"]), "rdp-sim: --loss -0.5 is not a probability in 0..1");
     one_line(
         &run(sim, &["--seed", "x"]),
         "rdp-sim: invalid value 'x' for '--seed <SEED>': invalid digit found in string (see --help)",
@@ -88,6 +94,119 @@ fn rdp_sim_refuses_a_run_of_no_messages() {
         &run(sim, &["--op", "write", "--msgs", "0"]),
         "rdp-sim: invalid value '0' for '--msgs <MSGS>': 0 is not in 1..=4294967295 (see --help)",
     );
+}
+
+/// Runs `exe args` with at most 4 GB of address space and 60 s: a refusal must come at once, and a regression that
+/// starts the run instead must fail the test, not exhaust the machine's memory or hang it.
+fn run_bounded(exe: &str, args: &[&str]) -> Output {
+    let mut child = Command::new("sh")
+        .args(["-c", "ulimit -v 4000000 && exec \"$0\" \"$@\"", exe])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {exe}: {e}"));
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{exe} {args:?} still running after 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn rdp_sim_refuses_flags_it_would_ignore_and_runs_it_could_not_finish() {
+    let sim = env!("CARGO_BIN_EXE_rdp-sim");
+    let cases: &[(&[&str], &str)] = &[
+        // A flag of the other mode would be ignored: the run would not be the one asked for.
+        (&["--incast", "2", "--loss", "0.5"], "rdp-sim: --loss applies to the two-node run, not to --incast"),
+        (&["--incast", "2", "--mtu", "3"], "rdp-sim: --mtu applies to the two-node run, not to --incast"),
+        (&["--link-gbps", "25"], "rdp-sim: --link-gbps applies to the incast only: add --incast N"),
+        (&["--dcqcn", "on", "--msgs", "3"], "rdp-sim: --dcqcn applies to the incast only: add --incast N"),
+        (
+            &[
+                "--incast",
+                "2",
+                "--dcqcn-preset",
+                "ns3",
+                "--cc-config",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../conf/dcqcn.toml"),
+            ],
+            "rdp-sim: --dcqcn-preset and --cc-config both give the DCQCN parameters: give one of them",
+        ),
+        // Rates below 1 Mb/s (the simulators' unit) and sample periods below 1 ns (0: nothing sampled).
+        (&["--gbps", "0.0001"], "rdp-sim: --gbps 0.0001 must be in [0.001, 1600]"),
+        (&["--incast", "2", "--link-gbps", "1e-9"], "rdp-sim: --link-gbps 0.000000001 must be in [0.001, 1600]"),
+        (
+            &["--incast", "2", "--sample-us", "0.0001"],
+            "rdp-sim: --hop-delay-us must be in [0, 1e6] and --sample-us in [0.001, 1e6]",
+        ),
+        // Memory: trace samples of every flow, message slots and work queues.
+        (
+            &["--incast", "8", "--duration-ms", "100", "--sample-us", "0.001"],
+            "rdp-sim: --incast 8 x (--duration-ms 100 / --sample-us 0.001) = 800000008 trace samples (limit \
+             10000000): raise --sample-us",
+        ),
+        (
+            &["--qps", "16384", "--depth", "4096", "--size", "0", "--msgs", "1"],
+            "rdp-sim: --qps x (--size x --depth + --depth work-queue entries) needs 33 GiB of simulated \
+             memory (limit 8)",
+        ),
+        // Real time: flows x virtual time, payload to write and check, frames.
+        (
+            &["--incast", "1000", "--duration-ms", "60"],
+            "rdp-sim: --incast 1000 x --duration-ms 60 = 60000 flow-milliseconds to simulate (limit 50000)",
+        ),
+        (
+            &["--size", "2147483648", "--depth", "1", "--msgs", "4294967295"],
+            "rdp-sim: --size 2147483648 x --msgs 4294967295 x --qps 1 = 8589934590 GiB of payload to move and \
+             verify (limit 16 GiB)",
+        ),
+        (
+            &["--size", "0", "--msgs", "200000000"],
+            "rdp-sim: --msgs 200000000 x --qps 1 x 1 frame(s) per message = 200000000 frames, more than \
+             --frame-limit 100000000",
+        ),
+        (
+            &["--time-limit-ms", "0"],
+            "rdp-sim: invalid value '0' for '--time-limit-ms <TIME_LIMIT_MS>': 0 is not in \
+             1..18446744073709551615 (see --help)",
+        ),
+    ];
+    for (args, want) in cases {
+        one_line(&run_bounded(sim, args), want);
+    }
+    // Losses that keep a run going (every frame lost, retried for ever): it stops at --frame-limit, FAIL.
+    let o = run_bounded(sim, &["--loss", "1", "--rxe-retry", "--timeout", "1", "--frame-limit", "100000"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("failure: frame limit of 100000 frames reached"), "{out}");
+    assert!(out.lines().last().unwrap().starts_with("result: status=FAIL completed=0/1000 "), "{out}");
+    // A congestion-control value of the wrong type or range names its key, not only its line.
+    let conf = temp("bad-value.toml");
+    std::fs::write(&conf, "[dcqcn]\nrp_gd = 11\n  np_cnp_dscp=300 # x\n").unwrap();
+    let conf_s = conf.to_str().unwrap();
+    one_line(
+        &run_bounded(sim, &["--incast", "2", "--cc-config", conf_s]),
+        &format!("rdp-sim: --cc-config {conf_s}: line 3: np_cnp_dscp: invalid value: integer `300`, expected u8"),
+    );
+    let _ = std::fs::remove_file(&conf);
+    // A device that never ends is not read to its end; one output file for two outputs is refused.
+    one_line(
+        &run_bounded(sim, &["--incast", "2", "--cc-config", "/dev/zero"]),
+        "rdp-sim: --cc-config /dev/zero: longer than 1048576 bytes: not a congestion-control file",
+    );
+    let out = temp("same.out");
+    let out_s = out.to_str().unwrap();
+    one_line(
+        &run_bounded(sim, &["--incast", "2", "--trace", out_s, "--plot", out_s]),
+        "rdp-sim: --trace and --plot name the same file: the plot would overwrite the trace",
+    );
+    assert!(!out.exists(), "refused before any file is made");
 }
 
 #[test]

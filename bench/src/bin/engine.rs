@@ -229,19 +229,24 @@ fn crc_gbs(len: usize) -> f64 {
 const USAGE: &str = "\
 Engine-only benchmark: two roce-dp engines on one core joined by in-memory queues (no DPDK, no NIC).
 
-Usage: engine [--quick] | engine --one OP SIZE MSGS [--one-lat]
+Usage: engine [--quick] | engine --one OP SIZE MSGS [--one-lat] [--one-dcqcn]
 
   (no arguments)        every case: WRITE, SEND, READ at 64 B .. 1 MiB, ACK policies, DCQCN on vs off;
                         messages/s and Gb/s beside memcpy and crc32fast measured in the same run (median of 5)
   --quick               the same, median of 3
   --one OP SIZE MSGS    one run of MSGS messages of SIZE bytes, OP = write, send or read (for profilers)
   --one-lat             with --one: one WR in flight, every WR signaled (the engines' share of a round trip)
+  --one-dcqcn           with --one: DCQCN on the QPs (no congestion: what it costs against it off)
 
 Reproduce: cargo run --release -p roce-dp-bench --bin engine [-- ARGS]";
 
 fn main() {
     // `--one OP SIZE MSGS [--one-lat]`: a single run (for profilers such as callgrind); `--one-lat`: depth 1.
-    let args = roce_dp_bench::check_args("engine", USAGE, &[("--one", 3), ("--one-lat", 0), ("--quick", 0)]);
+    let args = roce_dp_bench::check_args(
+        "engine",
+        USAGE,
+        &[("--one", 3), ("--one-lat", 0), ("--one-dcqcn", 0), ("--quick", 0)],
+    );
     if let Some(i) = args.iter().position(|a| a == "--one") {
         let bad = |what: &str, v: &str| -> ! {
             eprintln!(
@@ -260,7 +265,9 @@ fn main() {
         let msgs: u64 = args[i + 3].parse().ok().filter(|&n| n > 0).unwrap_or_else(|| bad("MSGS", &args[i + 3]));
         // `--one-lat`: one WR in flight (the engines' share of a ping-pong round trip).
         let depth = if args.iter().any(|a| a == "--one-lat") { 1 } else { 256 };
-        let (secs, frames) = run_depth(op, size, msgs, false, CcAlgorithm::LineRate, depth);
+        let dcqcn = args.iter().any(|a| a == "--one-dcqcn");
+        let cc = if dcqcn { CcAlgorithm::Dcqcn } else { CcAlgorithm::LineRate };
+        let (secs, frames) = run_depth(op, size, msgs, false, cc, depth);
         println!("{op:?} {size} B x {msgs}: {:.3} Mmsg/s, {frames} frames", msgs as f64 / secs / 1e6);
         return;
     }

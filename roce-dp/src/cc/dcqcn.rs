@@ -169,6 +169,12 @@ impl Dcqcn {
         self.t_next = None;
     }
 
+    /// A rate limiter is active (a CNP arrived and the rate has not climbed back to the line rate).
+    #[inline]
+    pub fn limited(&self) -> bool {
+        self.limited
+    }
+
     /// The earliest time the next data frame may leave.
     #[inline]
     pub fn earliest_departure(&self, now: Instant) -> Instant {
@@ -337,10 +343,22 @@ impl Dcqcn {
                 if self.limited {
                     let period =
                         if self.hyper() { Duration::from_nanos(self.p.t_reset.as_nanos() / 2) } else { self.p.t_reset };
-                    self.t_next = Some(now + period);
+                    // At the end of representable time `now + period` saturates to `now`: a deadline already due
+                    // would run again at once, for ever (the engine's handle_timeout would never return). The
+                    // timer stops there instead.
+                    let next = now + period;
+                    self.t_next = (next > now && !self.stuck()).then_some(next);
                 }
             }
         }
+    }
+
+    /// True if no increase event can change the rate again before the next CNP: Rc has reached Rt, and Rt cannot
+    /// grow (no additive step, and no hyper step: rp_hai_rate 0 or no byte counter to reach the hyper stage). The
+    /// rate-increase timer then stops: it would fire every T (T/2) for ever and change nothing (with
+    /// rp_time_reset = 1 a limited QP, idle or not, woke its engine twice a microsecond for good).
+    fn stuck(&self) -> bool {
+        self.rc == self.rt && self.p.ai_kbps == 0 && (self.p.hai_kbps == 0 || self.p.byte_reset == 0)
     }
 
     /// When `on_timer` has work next.
@@ -493,6 +511,128 @@ mod tests {
                 assert!(u64::from(s.alpha_q20) <= 1 << 20);
             }
         }
+    }
+
+    #[test]
+    fn unvalidated_extremes_from_the_api_never_overflow_and_keep_the_rate_in_bounds() {
+        // EngineConfig::cc is not validated: every field at 0 and at its maximum, with line rates of 1 Mb/s and
+        // u32::MAX Mb/s. Debug builds panic on an arithmetic overflow, so reaching the end is the check.
+        let lo = DcqcnConfig {
+            rp_clamp_tgt_rate: false,
+            rp_clamp_tgt_rate_ati: false,
+            rp_time_reset: 0,
+            rp_byte_reset: 0,
+            rp_threshold: 0,
+            rp_ai_rate: 0,
+            rp_hai_rate: 0,
+            rp_gd: 0,
+            rp_min_dec_fac: 0,
+            rp_min_rate: 0,
+            rp_rate_to_set_on_first_cnp: 0,
+            rp_dce_tcp_g: 0,
+            rp_dce_tcp_rtt: 0,
+            rp_rate_reduce_monitor_period: 0,
+            rp_initial_alpha_value: 0,
+            rp_max_rate: 0,
+            np_min_time_between_cnps: 0,
+            np_cnp_dscp: 0,
+            np_cnp_prio: 0,
+        };
+        let m = u32::MAX;
+        let hi = DcqcnConfig {
+            rp_clamp_tgt_rate: true,
+            rp_clamp_tgt_rate_ati: true,
+            rp_time_reset: m,
+            rp_byte_reset: m,
+            rp_threshold: m,
+            rp_ai_rate: m,
+            rp_hai_rate: m,
+            rp_gd: m,
+            rp_min_dec_fac: m,
+            rp_min_rate: m,
+            rp_rate_to_set_on_first_cnp: m,
+            rp_dce_tcp_g: m,
+            rp_dce_tcp_rtt: m,
+            rp_rate_reduce_monitor_period: m,
+            rp_initial_alpha_value: m,
+            rp_max_rate: m,
+            np_min_time_between_cnps: m,
+            np_cnp_dscp: u8::MAX,
+            np_cnp_prio: u8::MAX,
+        };
+        let mut rng = crate::sim::SimRng::new(7);
+        for base in [lo, hi] {
+            for flip in 0..16u32 {
+                // One field at a time from the other extreme (15 cases), and the base itself.
+                let mut c = base;
+                let o = if base == lo { hi } else { lo };
+                match flip {
+                    0 => c.rp_time_reset = o.rp_time_reset,
+                    1 => c.rp_byte_reset = o.rp_byte_reset,
+                    2 => c.rp_threshold = o.rp_threshold,
+                    3 => c.rp_ai_rate = o.rp_ai_rate,
+                    4 => c.rp_hai_rate = o.rp_hai_rate,
+                    5 => c.rp_gd = o.rp_gd,
+                    6 => c.rp_min_dec_fac = o.rp_min_dec_fac,
+                    7 => c.rp_min_rate = o.rp_min_rate,
+                    8 => c.rp_rate_to_set_on_first_cnp = o.rp_rate_to_set_on_first_cnp,
+                    9 => c.rp_dce_tcp_g = o.rp_dce_tcp_g,
+                    10 => c.rp_dce_tcp_rtt = o.rp_dce_tcp_rtt,
+                    11 => c.rp_rate_reduce_monitor_period = o.rp_rate_reduce_monitor_period,
+                    12 => c.rp_initial_alpha_value = o.rp_initial_alpha_value,
+                    13 => c.rp_max_rate = o.rp_max_rate,
+                    14 => c.rp_clamp_tgt_rate = o.rp_clamp_tgt_rate,
+                    _ => {}
+                }
+                for line in [1, 25_000, u32::MAX] {
+                    let mut d = Dcqcn::new(&c, line);
+                    let (min, max) = (d.p.min_kbps, d.p.max_kbps);
+                    assert!(1_000 <= min && min <= max && max <= u64::from(line) * 1000, "{c:?} {line}");
+                    let mut now = Instant::ZERO;
+                    for _ in 0..300 {
+                        now += Duration::from_nanos(rng.below(20_000_000));
+                        let mut n = 0;
+                        while let Some(t) = d.next_timer().filter(|&t| t <= now) {
+                            d.on_timer(t);
+                            n += 1;
+                            assert!(n < 100_000, "{c:?}: the timer does not advance");
+                        }
+                        match rng.below(3) {
+                            0 => d.on_cnp(now),
+                            _ => {
+                                let at = d.earliest_departure(now).max(now);
+                                d.on_sent(at, 64 + rng.below(9000));
+                            }
+                        }
+                        let s = d.state();
+                        assert!(
+                            min <= s.rate_kbps && s.rate_kbps <= s.target_kbps && s.target_kbps <= max,
+                            "{c:?} {s:?}"
+                        );
+                    }
+                    // The end of representable time as well.
+                    d.on_cnp(Instant::MAX);
+                    d.on_timer(Instant::MAX);
+                    d.on_sent(Instant::MAX, 9000);
+                    let s = d.state();
+                    assert!(min <= s.rate_kbps && s.rate_kbps <= s.target_kbps && s.target_kbps <= max, "{c:?} {s:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_timer_is_left_due_after_it_ran_at_the_end_of_time() {
+        // A limited rate that can rise no further than its clamped target (no additive step; an idle QP has no byte
+        // events for the hyper stage): the timer stays armed. Run at Instant::MAX it may not re-arm itself due.
+        let c = DcqcnConfig { rp_ai_rate: 0, rp_clamp_tgt_rate: true, ..DcqcnConfig::default() };
+        let mut d = Dcqcn::new(&c, 25_000);
+        d.on_cnp(us(10));
+        d.on_cnp(us(20));
+        assert!(d.state().rate_kbps < d.state().target_kbps && d.next_timer().is_some());
+        d.on_timer(Instant::MAX);
+        assert!(d.state().limited);
+        assert_eq!(d.next_timer(), None, "a timer due at the end of time runs again at once, for ever");
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! `on_cnp(now)` when a CNP for the QP arrives, and `on_timer(now)` when the deadline from `next_timer()` passes.
 //! Dispatch is an enum `match` (STYLE §7.2 item 5): no `dyn` call per packet, and the [`RateController::LineRate`]
 //! arm of every call is a constant the compiler folds away, so congestion control switched off costs one
-//! well-predicted branch per frame.
+//! well-predicted branch per frame, and DCQCN without congestion (no limiter) the same: the engine calls `on_sent`
+//! only while [`RateController::limited`].
 //!
 //! What is paced: every data-carrying frame a QP sends, i.e. its requests (SEND/WRITE data, READ requests,
 //! atomics) and the READ responses its responder sends. A CNP names the QP whose frames were marked; for READ
@@ -273,6 +274,16 @@ impl RateController {
         match self {
             RateController::LineRate => now,
             RateController::Dcqcn(d) => d.earliest_departure(now),
+        }
+    }
+
+    /// True while a DCQCN rate limiter is active. Only then does a sent frame change anything (the pacer, the
+    /// byte counter): without one, `on_sent` and the timer sync after it have no work, and the engine skips both.
+    #[inline(always)]
+    pub fn limited(&self) -> bool {
+        match self {
+            RateController::LineRate => false,
+            RateController::Dcqcn(d) => d.limited(),
         }
     }
 

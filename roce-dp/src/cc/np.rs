@@ -21,7 +21,9 @@ impl NotificationPoint {
             return false;
         }
         if let Some(t) = self.last {
-            if now < t + min_interval {
+            // The time since the last CNP, not `now < t + interval`: that sum saturates at the end of representable
+            // time, where a second CNP would then leave inside the interval. A clock that stepped back reads 0.
+            if now.saturating_since(t) < min_interval {
                 return false;
             }
         }
@@ -63,5 +65,29 @@ mod tests {
         assert!(np.on_ce(Instant(14_000), iv));
         np.sent();
         assert!(np.on_ce(Instant(18_000), iv));
+    }
+
+    #[test]
+    fn never_two_inside_the_interval_at_the_end_of_time_or_when_time_steps_back() {
+        let iv = Duration::from_micros(4);
+        // The last CNP 1 µs before the end of representable time: `last + interval` saturates, and nothing more
+        // is sent (never a CNP before the interval has passed).
+        let mut np = NotificationPoint::default();
+        assert!(np.on_ce(Instant(u64::MAX - 1_000), iv));
+        np.sent();
+        assert!(!np.on_ce(Instant::MAX, iv));
+        // A caller whose clock steps back: nothing until the interval has passed since the last CNP.
+        let mut np = NotificationPoint::default();
+        assert!(np.on_ce(Instant(10_000), iv));
+        np.sent();
+        assert!(!np.on_ce(Instant(5_000), iv));
+        assert!(!np.on_ce(Instant(13_999), iv));
+        assert!(np.on_ce(Instant(14_000), iv));
+        // A zero interval: one CNP per CE frame, never two for one frame (the first still waits to leave).
+        let mut np = NotificationPoint::default();
+        assert!(np.on_ce(Instant(1), Duration::ZERO));
+        assert!(!np.on_ce(Instant(1), Duration::ZERO));
+        np.sent();
+        assert!(np.on_ce(Instant(1), Duration::ZERO));
     }
 }

@@ -458,6 +458,12 @@ impl Qp {
         self.timers.stop(TimerKind::Retransmit);
         self.timers.stop(TimerKind::Rnr);
         self.timers.stop(TimerKind::AckCoalesce);
+        // No data frame leaves in ERR: the rate controller's timer and the pacer's have no work. The connection is
+        // gone, so a CNP queued before the error is dropped too (the engine ignores CNPs for a QP in ERR and sends
+        // none for one).
+        self.timers.stop(TimerKind::Cc);
+        self.timers.stop(TimerKind::Pace);
+        self.np.reset();
         self.rnr_until = None;
         while self.sq.head != self.sq.tail {
             self.flush_head(ctx);

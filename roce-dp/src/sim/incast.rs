@@ -264,8 +264,11 @@ struct Egress {
     queue: VecDeque<Vec<u8>>,
     bytes: u64,
     free_at: Instant,
-    /// Frame bytes sent from `window_start` on.
+    /// Frame bytes on the wire from `window_start` on: a frame that straddles the window's start counts for its
+    /// part inside the window (and the one still on the wire at the end, for its part before the end: see `run`).
     sent_in_window: u64,
+    /// The last frame sent: its start, its end and its bytes.
+    last_tx: (Instant, Instant, u64),
     max_bytes: u64,
     /// Integral of queue bytes over time (bytes * ns) and the time it was last updated.
     area: u128,
@@ -374,6 +377,7 @@ impl Incast {
                 bytes: 0,
                 free_at: Instant::ZERO,
                 sent_in_window: 0,
+                last_tx: (Instant::ZERO, Instant::ZERO, 0),
                 max_bytes: 0,
                 area: 0,
                 area_at: Instant::ZERO,
@@ -476,9 +480,13 @@ impl Incast {
             }
             let done = now + self.ser(f.len());
             self.sw.free_at = done;
+            let len = f.len() as u64;
             if now >= window_start {
-                self.sw.sent_in_window += f.len() as u64;
+                self.sw.sent_in_window += len;
+            } else if done > window_start {
+                self.sw.sent_in_window += len * (done - window_start).as_nanos() / (done - now).as_nanos();
             }
+            self.sw.last_tx = (now, done, len);
             let at = done + self.cfg.hop_delay;
             self.push(1, at, 0, f);
         }
@@ -694,7 +702,12 @@ impl Incast {
             goodputs.push(f.goodput_gbps);
         }
         rep.jain = jain_index(&goodputs);
-        rep.util = self.sw.sent_in_window as f64 * 8.0 / (span * self.cfg.link_mbps as f64 / 1000.0);
+        // The part of the last frame still on the wire after the end is not sent yet: counted whole, a window of a
+        // few frame times read more than the link can carry (util 1.06 over 10 µs at 25 Gb/s).
+        let (start, done, len) = self.sw.last_tx;
+        let beyond = if done > self.now { len * (done - self.now).as_nanos() / (done - start).as_nanos() } else { 0 };
+        let sent = self.sw.sent_in_window.saturating_sub(beyond);
+        rep.util = sent as f64 * 8.0 / (span * self.cfg.link_mbps as f64 / 1000.0);
         rep.max_queue_bytes = self.sw.max_bytes;
         rep.mean_queue_bytes = self.sw.area as f64 / self.now.as_nanos().max(1) as f64;
         rep.cnps_sent = self.recv.qp_totals().cnp_sent;

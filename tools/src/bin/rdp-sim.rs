@@ -53,7 +53,7 @@ enum Op {
 
 /// Run RoCEv2 RC traffic between two roce-dp engines over a simulated link (deterministic, seeded).
 #[derive(Parser, Debug)]
-#[command(name = "rdp-sim", version)]
+#[command(name = "rdp-sim", version, allow_negative_numbers = true)]
 struct Args {
     /// Operation.
     #[arg(long, value_enum, default_value = "write")]
@@ -91,7 +91,7 @@ struct Args {
     /// One-way propagation delay, µs.
     #[arg(long, default_value_t = 2.0)]
     delay_us: f64,
-    /// Link rate, Gb/s.
+    /// Link rate, Gb/s (0.001 ..= 1600).
     #[arg(long, default_value_t = 100.0)]
     gbps: f64,
     /// Local ACK timeout exponent (4.096 µs * 2^t).
@@ -110,8 +110,12 @@ struct Args {
     #[arg(long, env = "ROCE_SIM_SEED", default_value_t = 1)]
     seed: u64,
     /// Give up after this much virtual time, ms.
-    #[arg(long, default_value_t = 60_000)]
+    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
     time_limit_ms: u64,
+    /// Give up after this many frames on the two links (retransmissions included): bounds the real time of a run
+    /// (~4 million frames a second). A run whose messages alone need more is refused before it starts.
+    #[arg(long, default_value_t = 100_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    frame_limit: u64,
     /// Print the report as one JSON object (before the result line).
     #[arg(long)]
     json: bool,
@@ -119,10 +123,11 @@ struct Args {
     /// Run an N:1 incast (N senders, one switch, one receiver) instead of the two-node workload.
     #[arg(long, value_name = "N", help_heading = "Incast")]
     incast: Option<u32>,
-    /// Incast: rate of every link, Gb/s.
+    /// Incast: rate of every link, Gb/s (0.001 ..= 1600).
     #[arg(long, default_value_t = 25.0, help_heading = "Incast")]
     link_gbps: f64,
-    /// Incast: virtual time to run, ms.
+    /// Incast: virtual time to run, ms (at most 10000, and --incast x --duration-ms at most 50000, which bounds the
+    /// real time of a run to a few minutes).
     #[arg(long, default_value_t = 20.0, help_heading = "Incast")]
     duration_ms: f64,
     /// Incast: measure throughput, fairness and utilisation from this time on, ms (default: half the duration).
@@ -155,7 +160,7 @@ struct Args {
     /// Incast: one-way propagation delay of each hop, µs.
     #[arg(long, default_value_t = 1.0, help_heading = "Incast")]
     hop_delay_us: f64,
-    /// Incast: trace sample period, µs.
+    /// Incast: trace sample period, µs (0.001 ..= 1e6; at most 10 million samples of all flows in a run).
     #[arg(long, default_value_t = 10.0, help_heading = "Incast")]
     sample_us: f64,
     /// Incast: write per-flow rate, goodput and queue depth over time as CSV.
@@ -166,15 +171,48 @@ struct Args {
     plot: Option<PathBuf>,
 }
 
+/// The most flow-milliseconds (--incast x --duration-ms) an incast run simulates.
+const MAX_FLOW_MS: f64 = 50_000.0;
+/// The most trace samples (flows x samples) an incast run keeps.
+const MAX_TRACE_ROWS: f64 = 10_000_000.0;
+/// Work-queue state per --depth entry of one QP pair (send and receive queues on both nodes; measured ~470 B).
+const WQ_BYTES_PER_DEPTH: u64 = 512;
+/// The rest of one QP pair's state (measured ~16 KiB).
+const QP_PAIR_BYTES: u64 = 32 << 10;
+/// The most payload bytes (--size x --msgs x --qps) a two-node run moves and verifies.
+const MAX_PAYLOAD: u64 = 16 << 30;
+/// The longest --cc-config file read.
+const MAX_CC_CONFIG: u64 = 1 << 20;
+
 /// Reads a congestion-control configuration from TOML; unknown keys and bad values are errors naming the key.
 fn read_cc_config(path: &PathBuf) -> Result<CcConfig, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
+    // At most 1 MiB: the file is a few hundred bytes, and reading a device such as /dev/zero to its end would take
+    // all the memory there is.
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| std::io::Read::read_to_string(&mut std::io::Read::take(f, MAX_CC_CONFIG + 1), &mut text))
+        .map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_CC_CONFIG {
+        return Err(format!(
+            "--cc-config {}: longer than {MAX_CC_CONFIG} bytes: not a congestion-control file",
+            path.display()
+        ));
+    }
     let cfg: CcConfig = toml::from_str(&text).map_err(|e| {
         // toml's own text quotes the line and marks the column over several lines: one line instead.
         let msg = e.message().lines().next().unwrap_or("syntax error").trim().to_owned();
         match e.span() {
             Some(s) => {
-                format!("--cc-config {}: line {}: {msg}", path.display(), text[..s.start].matches('\n').count() + 1)
+                // A value of the wrong type or range ("invalid value: integer `300`, expected u8") does not say
+                // whose: the key of the line it is on does.
+                let line = text[..s.start].matches('\n').count() + 1;
+                let key = text.lines().nth(line - 1).and_then(|l| l.split_once('=')).map(|(k, _)| k.trim());
+                match key {
+                    Some(k) if !k.is_empty() && !msg.contains(k) => {
+                        format!("--cc-config {}: line {line}: {k}: {msg}", path.display())
+                    }
+                    _ => format!("--cc-config {}: line {line}: {msg}", path.display()),
+                }
             }
             None => format!("--cc-config {}: {msg}", path.display()),
         }
@@ -187,11 +225,21 @@ fn incast_config(a: &Args, n: u32) -> Result<IncastConfig, String> {
     if n == 0 || n > 1000 {
         return Err(format!("--incast {n} must be 1..=1000"));
     }
-    if !(a.link_gbps > 0.0 && a.link_gbps <= 1600.0) {
-        return Err(format!("--link-gbps {} must be in (0, 1600]", a.link_gbps));
+    // Below 1 Mb/s (0.001 Gb/s) the simulator would run at 1 Mb/s while the report said otherwise.
+    if !(a.link_gbps >= 0.001 && a.link_gbps <= 1600.0) {
+        return Err(format!("--link-gbps {} must be in [0.001, 1600]", a.link_gbps));
     }
     if !(a.duration_ms > 0.0 && a.duration_ms <= 10_000.0) {
         return Err(format!("--duration-ms {} must be in (0, 10000]", a.duration_ms));
+    }
+    // Real time grows with flows x virtual time (every event visits every flow): 1000 flows for 10 s would run
+    // for hours.
+    let flow_ms = f64::from(n) * a.duration_ms;
+    if flow_ms > MAX_FLOW_MS {
+        return Err(format!(
+            "--incast {n} x --duration-ms {} = {flow_ms} flow-milliseconds to simulate (limit {MAX_FLOW_MS})",
+            a.duration_ms
+        ));
     }
     let measure = a.measure_from_ms.unwrap_or(a.duration_ms / 2.0);
     if !(measure >= 0.0 && measure < a.duration_ms) {
@@ -203,9 +251,19 @@ fn incast_config(a: &Args, n: u32) -> Result<IncastConfig, String> {
     if !(a.kmin_kb >= 0.0 && a.kmax_kb >= a.kmin_kb && a.buffer_kb > 0.0 && a.buffer_kb < 1e9) {
         return Err("need 0 <= --kmin-kb <= --kmax-kb and --buffer-kb > 0".into());
     }
-    let sample_ok = a.sample_us > 0.0 && a.sample_us <= 1e6;
+    // Below 1 ns the sample period would round to 0, which samples nothing.
+    let sample_ok = a.sample_us >= 0.001 && a.sample_us <= 1e6;
     if !(0.0..=1e6).contains(&a.hop_delay_us) || !sample_ok {
-        return Err("--hop-delay-us must be in [0, 1e6] and --sample-us in (0, 1e6]".into());
+        return Err("--hop-delay-us must be in [0, 1e6] and --sample-us in [0.001, 1e6]".into());
+    }
+    // Every sample holds a row per flow in memory (and in --trace): bounded, or a small --sample-us exhausts it.
+    let rows = f64::from(n) * ((a.duration_ms * 1e3 / a.sample_us).floor() + 1.0);
+    if rows > MAX_TRACE_ROWS {
+        return Err(format!(
+            "--incast {n} x (--duration-ms {} / --sample-us {}) = {rows} trace samples (limit {MAX_TRACE_ROWS}): \
+             raise --sample-us",
+            a.duration_ms, a.sample_us
+        ));
     }
     let mut cc = match &a.cc_config {
         Some(p) => read_cc_config(p)?,
@@ -248,6 +306,10 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if a.trace.is_some() && a.trace == a.plot {
+        eprintln!("rdp-sim: --trace and --plot name the same file: the plot would overwrite the trace");
+        return ExitCode::from(2);
+    }
     // An output file that cannot be created fails now, not after the whole run.
     for (flag, p) in [("--trace", &a.trace), ("--plot", &a.plot)] {
         if let Some(p) = p {
@@ -361,26 +423,82 @@ fn check(a: &Args) -> Result<(), String> {
     if a.retry_cnt > 7 {
         return Err(format!("--retry-cnt {} must be 0..=7", a.retry_cnt));
     }
-    if !(a.gbps > 0.0 && a.gbps <= 1600.0) {
-        return Err(format!("--gbps {} must be in (0, 1600]", a.gbps));
+    if !(a.gbps >= 0.001 && a.gbps <= 1600.0) {
+        return Err(format!("--gbps {} must be in [0.001, 1600]", a.gbps));
     }
     if !(0.0..=1e6).contains(&a.delay_us) || !(0.0..=1e6).contains(&a.reorder_us) {
         return Err("--delay-us / --reorder-us must be between 0 and 1e6".into());
     }
-    // Keep the simulated memory bounded: every QP holds min(depth, msgs) message slots on each node.
+    // Keep the simulated memory bounded: every QP holds min(depth, msgs) message slots on each node, and each QP
+    // pair its work queues (--depth entries, send and receive, on both nodes) and its other state.
     let slots = u64::from(a.depth.min(a.msgs.max(1)));
-    let bytes = a.size.max(8) * slots * u64::from(a.qps) * 2;
+    let per_pair = a.size.max(8) * slots * 2 + u64::from(a.depth) * WQ_BYTES_PER_DEPTH + QP_PAIR_BYTES;
+    let bytes = per_pair * u64::from(a.qps);
     if bytes > 8 << 30 {
-        return Err(format!("--size x --depth x --qps needs {} GiB of simulated memory (limit 8)", bytes >> 30));
+        return Err(format!(
+            "--qps x (--size x --depth + --depth work-queue entries) needs {} GiB of simulated memory (limit 8)",
+            bytes.div_ceil(1 << 30)
+        ));
+    }
+    // Keep the real time bounded: every payload byte is written and checked, ~250 MB/s, and every frame costs
+    // ~250 ns (retransmissions are bounded by --frame-limit while the run goes).
+    let msgs = u64::from(a.msgs) * u64::from(a.qps);
+    let size = if matches!(a.op, Op::Atomic) { 8 } else { a.size };
+    if size.saturating_mul(msgs) > MAX_PAYLOAD {
+        return Err(format!(
+            "--size {size} x --msgs {} x --qps {} = {} GiB of payload to move and verify (limit {} GiB)",
+            a.msgs,
+            a.qps,
+            size.saturating_mul(msgs) >> 30,
+            MAX_PAYLOAD >> 30
+        ));
+    }
+    let frames = msgs.saturating_mul(size.div_ceil(u64::from(a.mtu)).max(1));
+    if frames > a.frame_limit {
+        return Err(format!(
+            "--msgs {} x --qps {} x {} frame(s) per message = {frames} frames, more than --frame-limit {}",
+            a.msgs,
+            a.qps,
+            frames / msgs,
+            a.frame_limit
+        ));
+    }
+    Ok(())
+}
+
+/// A flag given on the command line that the run would ignore, so that it would not be the run asked for: one of
+/// the mode not running (`--incast 8 --loss 0.1` has no loss; `--link-gbps 25` without --incast runs at --gbps),
+/// or --dcqcn-preset beside --cc-config.
+fn ignored_flags(a: &Args, m: &clap::ArgMatches) -> Result<(), String> {
+    use clap::CommandFactory;
+    for arg in Args::command().get_arguments() {
+        let id = arg.get_id().as_str();
+        if id == "incast" || id == "seed" || m.value_source(id) != Some(clap::parser::ValueSource::CommandLine) {
+            continue;
+        }
+        let name = arg.get_long().unwrap_or(id);
+        match (a.incast.is_some(), arg.get_help_heading() == Some("Incast")) {
+            (true, false) => return Err(format!("--{name} applies to the two-node run, not to --incast")),
+            (false, true) => return Err(format!("--{name} applies to the incast only: add --incast N")),
+            _ => {}
+        }
+    }
+    // Both name the DCQCN parameter set; the file would win without a word.
+    if a.cc_config.is_some() && m.value_source("dcqcn_preset") == Some(clap::parser::ValueSource::CommandLine) {
+        return Err("--dcqcn-preset and --cc-config both give the DCQCN parameters: give one of them".into());
     }
     Ok(())
 }
 
 fn main() -> ExitCode {
-    let a: Args = match roce_dp_tools::parse_cli("rdp-sim") {
+    let (a, m): (Args, _) = match roce_dp_tools::parse_cli_matches("rdp-sim") {
         Ok(a) => a,
         Err(code) => return code,
     };
+    if let Err(e) = ignored_flags(&a, &m) {
+        eprintln!("rdp-sim: {e}");
+        return ExitCode::from(2);
+    }
     if let Some(n) = a.incast {
         return run_incast(&a, n);
     }
@@ -413,6 +531,7 @@ fn main() -> ExitCode {
         timeout: a.timeout,
         retry_cnt: a.retry_cnt,
         time_limit: Duration::from_millis(a.time_limit_ms),
+        frame_limit: a.frame_limit,
         ipv6: a.ipv6,
     };
     let n = a.qps.max(1024);
