@@ -25,7 +25,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use roce_dp::config::{Driver, HostView, Profile};
+use roce_dp::config::{check_iface, check_socket, Driver, HostView, Profile};
 use roce_dp::dpdk::{
     self, choose_offloads, register_thread, Burst, Dispatch, DpdkError, Eal, EalArgs, FlowDest, FlowRule, Idle,
     Mempool, Port, PortConfig, Ring, RoceMatch, Worker, WorkerConfig, QPN_STRIDE,
@@ -37,6 +37,10 @@ use roce_dp::{Engine, EngineConfig, LocalIp, PeerAddr};
 
 use app::{rtt_summary, Local, Op, Params, Remote, Requester, Responder};
 use oob::Oob;
+
+/// The most messages per QP `--iters` takes: the run's byte count (iters x QPs x size) stays far inside a u64, and
+/// raw RTT mode keeps one time per message.
+const MAX_ITERS: u64 = 1_000_000_000;
 
 #[derive(Parser)]
 #[command(
@@ -94,7 +98,7 @@ struct Opts {
     #[arg(long, global = true, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=(1 << 24)))]
     size: u32,
     /// Messages per QP.
-    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
     iters: u64,
     /// QPs.
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -112,8 +116,8 @@ struct Opts {
     /// once into its mbuf and computes the ICRC on both sides). Checks then cover completions only.
     #[arg(long, global = true)]
     no_verify: bool,
-    /// Test only: drop this percentage of received RoCE frames (seeded).
-    #[arg(long, global = true, default_value_t = 0.0)]
+    /// Test only: drop this percentage of received RoCE frames (seeded; 0-100).
+    #[arg(long, global = true, default_value_t = 0.0, value_parser = roce_dp_tools::percent_arg)]
     inject_loss: f64,
     /// Seed of the loss hook.
     #[arg(long, global = true, default_value_t = 1)]
@@ -122,7 +126,7 @@ struct Opts {
     #[arg(long, global = true)]
     stats: bool,
     /// TCP port on 127.0.0.1 for the out-of-band exchange.
-    #[arg(long, global = true, default_value_t = 18515)]
+    #[arg(long, global = true, default_value_t = 18515, value_parser = clap::value_parser!(u16).range(1..))]
     oob_port: u16,
     /// Out-of-band exchange over this Unix socket path instead of TCP (processes in different network namespaces).
     #[arg(long, global = true)]
@@ -155,21 +159,22 @@ struct Opts {
     /// Override the profile's main lcore.
     #[arg(long, global = true)]
     lcore: Option<u32>,
-    /// EAL --file-prefix (default rdpn_MODE_PID); its runtime directory is removed on exit.
-    #[arg(long, global = true)]
+    /// EAL --file-prefix (default rdpn_MODE_PID; a plain name); its runtime directory is removed on exit.
+    #[arg(long, global = true, value_parser = roce_dp_tools::file_prefix_arg)]
     file_prefix: Option<String>,
     /// Idle behaviour (default: the profile's; ring: busy).
     #[arg(long, global = true, value_enum)]
     idle: Option<IdleArg>,
     /// Give up (exit 1) after this many seconds.
-    #[arg(long, global = true, default_value_t = 60)]
+    #[arg(long, global = true, default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
     timeout: u64,
     /// Raw mode for the benchmark (no RoCE): `bw` streams frames of --size bytes client -> server, `rtt`
     /// ping-pongs one frame; compare with the same sizes over RoCE.
     #[arg(long, global = true, value_enum)]
     raw: Option<raw::RawMode>,
     /// Seconds a raw `bw` run sends for.
-    #[arg(long, global = true, default_value_t = 2.0)]
+    #[arg(long, global = true, default_value_t = 2.0, value_parser = roce_dp_tools::seconds_arg)]
     seconds: f64,
     /// Ring and tap modes: after the run, print `HOLD` and wait until stdin reaches end of file before the
     /// steering rules and the ports go, so that they can be inspected from outside (e.g. the tap interfaces'
@@ -222,7 +227,7 @@ fn main() -> ExitCode {
         Mode::Server { profile } => run_peer(&cli.o, &prefix, profile, false),
         Mode::Client { profile } => run_peer(&cli.o, &prefix, profile, true),
     };
-    let _ = std::fs::remove_dir_all(PathBuf::from("/var/run/dpdk").join(&prefix));
+    roce_dp_tools::remove_runtime_dir(&prefix);
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -953,17 +958,26 @@ pub(crate) struct Setup {
     pub(crate) memif: bool,
 }
 
-pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> Result<Setup, SetupError> {
+/// The profile with the command line's overrides (`--socket`, `--iface`, `--ipv4`) applied.
+fn load_profile(o: &Opts, profile: &std::path::Path) -> Result<Profile, SetupError> {
     let mut prof = Profile::load(profile).map_err(|e| SetupError(e.0))?;
+    // The overrides go into the same devargs string as the profile's values: checked the same way.
     if let Some(s) = &o.socket {
+        check_socket(s).map_err(|why| SetupError(format!("--socket {why}")))?;
         prof.port.socket = Some(s.clone());
     }
     if let Some(i) = &o.iface {
+        check_iface(i).map_err(|why| SetupError(format!("--iface {why}")))?;
         prof.port.iface = Some(i.clone());
     }
     if let Some(a) = o.ipv4 {
         prof.net.ipv4 = Some(a.to_string());
     }
+    Ok(prof)
+}
+
+pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> Result<Setup, SetupError> {
+    let prof = load_profile(o, profile)?;
     if prof.port.driver == Driver::NetRing {
         return Err(SetupError(format!("{}: net_ring profiles are for the ring mode", profile.display())));
     }
@@ -1008,8 +1022,9 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
     if o.hold {
         return Err(SetupError("--hold needs the ring or tap mode".into()));
     }
-    // Check the profile before touching DPDK so bad input fails fast with its own line.
-    let prof = Profile::load(profile).map_err(|e| SetupError(e.0))?;
+    // Check the profile (and the overrides) before touching DPDK or the peer so bad input fails fast with its own
+    // line.
+    let prof = load_profile(o, profile)?;
     let max_mtu = prof.net.mtu;
     let mtu = match o.mtu {
         Some(m) => check_mtu(m, max_mtu)?,
