@@ -535,21 +535,28 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
             for (w, (ls, rs)) in locals[node].iter().zip(&remotes[node]).enumerate() {
                 for (l, r) in ls.iter().zip(rs) {
                     let key = FlowKey::v4(RING_IP[1 - node], roce_dp::wire::rxe_udp_sport(l.qpn, r.qpn));
-                    match tables[node].add(key, l.qpn, w as u16) {
-                        Some(RuleOp::Install { key, queue }) => {
-                            let m = RoceMatch { ipv6: false, src_ip: Some(key.src_ip), udp_src: Some(key.udp_src) };
-                            match ports[node].roce_flow(&m, FlowDest::Queue(queue)) {
-                                Ok(rule) => {
-                                    rules[node].insert(key, rule);
-                                }
-                                Err(e) => {
-                                    println!("STEERING node {node}: rule for QP {:#x} refused ({e}): forwarded", l.qpn);
-                                    tables[node].refused(key);
+                    // An install the PMD refuses frees a slot another key may take: work through them in order.
+                    let mut ops = std::collections::VecDeque::from(tables[node].add(key, l.qpn, w as u16));
+                    while let Some(op) = ops.pop_front() {
+                        match op {
+                            RuleOp::Install { key, queue } => {
+                                let m = RoceMatch { ipv6: false, src_ip: Some(key.src_ip), udp_src: Some(key.udp_src) };
+                                match ports[node].roce_flow(&m, FlowDest::Queue(queue)) {
+                                    Ok(rule) => {
+                                        rules[node].insert(key, rule);
+                                    }
+                                    Err(e) => {
+                                        println!(
+                                            "STEERING node {node}: rule for UDP source port {:#06x} (queue {queue}) \
+                                             refused ({e}): forwarded",
+                                            key.udp_src
+                                        );
+                                        ops.extend(tables[node].refused(key));
+                                    }
                                 }
                             }
+                            RuleOp::Remove { key } => drop(rules[node].remove(&key)),
                         }
-                        Some(RuleOp::Remove { key }) => drop(rules[node].remove(&key)),
-                        None => {}
                     }
                 }
             }
