@@ -11,6 +11,7 @@
 //! (SIGINT/SIGTERM: the tool stops polling and shuts DPDK down cleanly; a second signal kills it at once).
 
 mod flow;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,6 +45,10 @@ enum Mode {
         #[arg(long, value_parser = socket_arg)]
         socket: PathBuf,
     },
+    /// The data-path worker (engine + port queue pair) fed hand-made frames over a net_ring port: runts,
+    /// multi-segment frames, hostile destination QPs, a full dispatch ring, a full tx ring, an empty mempool, a stop
+    /// with frames in flight; counters and mempool checked after each (tier 2).
+    Worker,
     /// One side of a net_af_packet pair on a kernel interface (4 KiB frames need MTU >= 4096 on it).
     AfPacket {
         /// The interface, e.g. one end of a veth pair.
@@ -177,6 +182,7 @@ fn main() -> ExitCode {
     dpdk::signal::stop_on_signals();
     let (mode_name, default_lcore) = match &cli.mode {
         Mode::Ring => ("ring", 0),
+        Mode::Worker => ("worker", 0),
         Mode::Memif { role: Role::Server, .. } => ("memif_s", 1),
         Mode::Memif { role: Role::Client, .. } => ("memif_c", 0),
         Mode::AfPacket { .. } => ("afp", 0),
@@ -210,7 +216,7 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     if o.hugepages {
         args.in_memory = true;
     } else {
-        args.no_huge_mb = Some(o.mem.unwrap_or(if matches!(cli.mode, Mode::Ring) { 256 } else { 512 }));
+        args.no_huge_mb = Some(o.mem.unwrap_or(if matches!(cli.mode, Mode::Ring | Mode::Worker) { 256 } else { 512 }));
         args.no_shconf = true;
     }
     args.extra = o.eal.clone();
@@ -222,6 +228,9 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
         (None, false) => Eal::init_captured(argv),
     };
     let eal = eal.ctx(|| format!("EAL args: {shown}"))?;
+    if matches!(cli.mode, Mode::Worker) {
+        return worker::run(&eal);
+    }
 
     let max_size = o.sizes.iter().copied().max().unwrap_or(64);
     let af_packet = matches!(cli.mode, Mode::AfPacket { .. });
@@ -243,6 +252,7 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     let pool = Mempool::new(&eal, "rdpt_pool", n, 256, room).ctx(|| format!("{n} mbufs of {room} B"))?;
 
     let mut ports = match &cli.mode {
+        Mode::Worker => unreachable!("returned above"),
         Mode::Ring => {
             let rings = |dir: &str| -> Result<Vec<Ring>, SetupError> {
                 (0..q)
