@@ -576,14 +576,14 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
     let a_done = AtomicUsize::new(0);
     let b_done = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
-    let barrier = Barrier::new(2 * nw);
+    let start = StartLine::new(2 * nw);
     let deadline = Instant::now() + Duration::from_secs(o.timeout);
     let [wa, wb] = workers;
     let (res_a, res_b) = std::thread::scope(|s| {
         let mut ha = Vec::new();
         for (w, wk) in wa.into_iter().enumerate() {
             let (share, l, r) = (&shares[w], &locals[0][w], &remotes[0][w]);
-            let (a_done, b_done, stop, barrier) = (&a_done, &b_done, &stop, &barrier);
+            let (a_done, b_done, stop, start) = (&a_done, &b_done, &stop, &start);
             ha.push(s.spawn(move || {
                 let mut marked = false;
                 node(
@@ -592,7 +592,7 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
                     share,
                     l,
                     r,
-                    barrier,
+                    start,
                     deadline,
                     |_| Ok(Requester::new(*share, l, r)),
                     |wk, req: &mut Requester| {
@@ -609,7 +609,7 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
         let mut hb = Vec::new();
         for (w, wk) in wb.into_iter().enumerate() {
             let (share, l, r) = (&shares[w], &locals[1][w], &remotes[1][w]);
-            let (a_done, b_done, stop, barrier) = (&a_done, &b_done, &stop, &barrier);
+            let (a_done, b_done, stop, start) = (&a_done, &b_done, &stop, &start);
             hb.push(s.spawn(move || {
                 let mut marked = false;
                 node(
@@ -618,7 +618,7 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
                     share,
                     l,
                     r,
-                    barrier,
+                    start,
                     deadline,
                     |wk| Responder::new(*share, l, &mut wk.engine),
                     |wk, resp: &mut Responder| {
@@ -813,6 +813,35 @@ impl AppGate {
     }
 }
 
+/// Where the ring-mode node threads wait for each other before traffic (no requester posts before its responder's
+/// QPs are connected). A thread that could not get ready (it could not pin itself to its core: a machine, or a
+/// cpuset, with one CPU; a QP that would not connect) still arrives and leaves its reason, so that every thread
+/// stops with it instead of waiting for it for ever (session 11: they waited at a plain barrier for ever).
+struct StartLine {
+    barrier: Barrier,
+    failed: std::sync::Mutex<Option<String>>,
+}
+
+impl StartLine {
+    fn new(threads: usize) -> Self {
+        Self { barrier: Barrier::new(threads), failed: std::sync::Mutex::new(None) }
+    }
+
+    /// Waits for every thread, `ready` being this one's preparation; the first failure of any thread for all.
+    fn cross<T>(&self, ready: Result<T, SetupError>) -> Result<T, SetupError> {
+        if let Err(e) = &ready {
+            let mut f = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            f.get_or_insert_with(|| e.0.clone());
+        }
+        self.barrier.wait();
+        let failed = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        match failed {
+            Some(why) => Err(SetupError(why)),
+            None => ready,
+        }
+    }
+}
+
 /// One ring-mode node thread: pin, resolve the peer, connect QPs, wait for the other node, run `app`.
 #[allow(clippy::too_many_arguments)]
 fn node<'p, S: NodeState>(
@@ -821,29 +850,32 @@ fn node<'p, S: NodeState>(
     p: &Params,
     locals: &[Local],
     remotes: &[Remote],
-    barrier: &Barrier,
+    start: &StartLine,
     deadline: Instant,
     init: impl FnOnce(&mut Worker<'p>) -> Result<S, String>,
     mut app: impl FnMut(&mut Worker<'p>, &mut S) -> (bool, bool),
 ) -> Result<(S, NodeResult), SetupError> {
     let core = (i + wi) % 2;
-    register_thread(core).ctx(|| format!("node {i} worker {wi}: pin to core {core} and register with EAL"))?;
-    let (peer_ip, ip) = if v6 {
-        (NeighIp::V6(RING_IP6[1 - i]), IpAddrs::V6 { src: RING_IP6[i], dst: RING_IP6[1 - i] })
-    } else {
-        (NeighIp::V4(RING_IP[1 - i]), IpAddrs::V4 { src: RING_IP[i], dst: RING_IP[1 - i] })
-    };
-    // Worker 0 receives from the port and resolves the peer (ARP, or IPv6 neighbour discovery); the others (fed by
-    // its dispatcher) do not see those frames and use the peer's known MAC.
-    let mac = if wi == 0 { w.resolve(peer_ip, Duration::from_secs(5)) } else { Some(RING_MAC[1 - i]) };
-    let resolved = mac == Some(RING_MAC[1 - i]);
-    let peer = PeerAddr { ip, mac: mac.unwrap_or(RING_MAC[1 - i]) };
-    for (l, r) in locals.iter().zip(remotes) {
-        app::connect(&mut w.engine, l, r, p, peer).map_err(SetupError)?;
-    }
-    let init = init(&mut w);
+    let ready = (|| -> Result<bool, SetupError> {
+        register_thread(core).ctx(|| format!("node {i} worker {wi}: pin to core {core} and register with EAL"))?;
+        let (peer_ip, ip) = if v6 {
+            (NeighIp::V6(RING_IP6[1 - i]), IpAddrs::V6 { src: RING_IP6[i], dst: RING_IP6[1 - i] })
+        } else {
+            (NeighIp::V4(RING_IP[1 - i]), IpAddrs::V4 { src: RING_IP[i], dst: RING_IP[1 - i] })
+        };
+        // Worker 0 receives from the port and resolves the peer (ARP, or IPv6 neighbour discovery); the others (fed
+        // by its dispatcher) do not see those frames and use the peer's known MAC.
+        let mac = if wi == 0 { w.resolve(peer_ip, Duration::from_secs(5)) } else { Some(RING_MAC[1 - i]) };
+        let peer = PeerAddr { ip, mac: mac.unwrap_or(RING_MAC[1 - i]) };
+        for (l, r) in locals.iter().zip(remotes) {
+            app::connect(&mut w.engine, l, r, p, peer).map_err(SetupError)?;
+        }
+        Ok(mac == Some(RING_MAC[1 - i]))
+    })();
+    let init = ready.is_ok().then(|| init(&mut w));
     let _ = w.poll();
-    barrier.wait();
+    let resolved = start.cross(ready)?;
+    let init = init.unwrap_or_else(|| Err("not ready".into()));
     let mut state = init.map_err(|e| SetupError(format!("node {i} worker {wi}: {e}")))?;
     let stop = AtomicBool::new(false);
     let mut timing = Timing { start: Some(Instant::now()), ..Timing::default() };
