@@ -827,6 +827,19 @@ fn lcore_list(s: &str) -> Option<Vec<u32>> {
 }
 
 impl HostView {
+    /// Checks an EAL `-l` list (`"0"`, `"1,0"`, `"0-3"`) against this machine's online CPUs: the first lcore that is
+    /// not one, as the tail of a one-line error. Forms it does not parse, and a machine whose CPU list cannot be
+    /// read, are not judged (EAL says what it thinks of them).
+    pub fn check_lcores(&self, list: &str) -> Result<(), String> {
+        if let (Some(want), Some((online, cpus))) = (lcore_ranges(list), self.online_cpus()) {
+            // Lazily: each range stops at its first offline lcore, after at most as many as there are CPUs.
+            if let Some(l) = want.into_iter().flatten().find(|l| !cpus.contains(l)) {
+                return Err(format!("lcore {l} is not an online CPU here (online: {online})"));
+            }
+        }
+        Ok(())
+    }
+
     fn online_cpus(&self) -> Option<(String, Vec<u32>)> {
         let s = std::fs::read_to_string(self.sys.join("devices/system/cpu/online")).ok()?;
         let s = s.trim().to_owned();
@@ -903,11 +916,8 @@ impl Profile {
             }
         }
         let (key, list) = lcores.unwrap_or(("eal.lcores", self.eal.lcores.as_deref().unwrap_or("0")));
-        if let (Some(want), Some((online, cpus))) = (lcore_ranges(list), host.online_cpus()) {
-            // Lazily: each range stops at its first offline lcore, after at most as many as there are CPUs.
-            if let Some(l) = want.into_iter().flatten().find(|l| !cpus.contains(l)) {
-                return fail(key, format!("lcore {l} is not an online CPU here (online: {online})"));
-            }
+        if let Err(why) = host.check_lcores(list) {
+            return fail(key, why);
         }
         if self.eal.hugepages && host.free_hugepages() == Some(0) {
             return fail(

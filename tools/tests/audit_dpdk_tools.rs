@@ -131,3 +131,12 @@ fn rdp_porttest_numbers_and_devargs_out_of_range_are_one_line() {
     let o = run(PORTTEST, &["af-packet", "--iface", "vp0,framesz=64"]);
     one_line(&o, "rdp-porttest: ", &["--iface", "contains ','"]);
 }
+
+#[test]
+fn an_lcore_this_machine_lacks_is_named_before_eal() {
+    // Ring modes have no profile to check: --lcore went to EAL as it was, whose refusal named no flag.
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let want = format!("--lcore: lcore 999 is not an online CPU here (online: {})", online.trim());
+    one_line(&run(NIC, &["ring", "--lcore", "999"]), &format!("rdp-nic: {want}"), &[]);
+    one_line(&run(PORTTEST, &["ring", "--lcore", "999"]), &format!("rdp-porttest: {want}"), &[]);
+}

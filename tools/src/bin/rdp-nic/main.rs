@@ -395,7 +395,9 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
         return Err(SetupError(format!("--workers {}: more workers than QPs ({})", o.workers, p.qps)));
     }
     let mut steering = resolve_steering(o, tap, nw)?;
-    let mut args = EalArgs::new("rdp-nic", &o.lcore.unwrap_or(0).to_string());
+    let lcore = o.lcore.unwrap_or(0).to_string();
+    HostView::default().check_lcores(&lcore).map_err(|why| SetupError(format!("--lcore: {why}")))?;
+    let mut args = EalArgs::new("rdp-nic", &lcore);
     args.file_prefix = Some(prefix.to_owned());
     args.no_huge_mb = Some(if tap { 512 } else { 256 });
     args.no_shconf = true;

@@ -211,6 +211,9 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     let o = &cli.opt;
+    // An lcore this machine lacks: one line naming the flag, instead of EAL's "Invalid argument".
+    let host = roce_dp::config::HostView::default();
+    host.check_lcores(&lcore.to_string()).map_err(|why| SetupError(format!("--lcore: {why}")))?;
     let mut args = EalArgs::new("rdp-porttest", &lcore.to_string());
     args.file_prefix = Some(prefix.to_owned());
     if o.hugepages {
