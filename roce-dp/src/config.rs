@@ -463,6 +463,15 @@ fn check_af_packet_ring(
     Ok(())
 }
 
+/// Checks a port's own IPv4 address (`net.ipv4`, or a tool's `--ipv4` override): not unspecified, broadcast or
+/// multicast (no host answers ARP for those, and frames from them are not a host's).
+pub fn check_own_ipv4(ip: Ipv4Addr) -> Result<(), String> {
+    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+        return Err(format!("\"{ip}\" is not a host's own address (unspecified, broadcast or multicast)"));
+    }
+    Ok(())
+}
+
 /// Whether `m` can be a station's own address: not group (multicast, broadcast) and not all zero.
 fn unicast(m: MacAddr) -> bool {
     m.0[0] & 1 == 0 && m.0 != [0; 6]
@@ -551,12 +560,7 @@ impl Profile {
         }
         if let Some(a) = &n.ipv4 {
             let ip = a.parse::<Ipv4Addr>().map_err(|_| ("net.ipv4", format!("{a:?} is not an IPv4 address")))?;
-            if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-                return Err((
-                    "net.ipv4",
-                    format!("{a:?} is not a host's own address (unspecified, broadcast or multicast)"),
-                ));
-            }
+            check_own_ipv4(ip).map_err(|why| ("net.ipv4", why))?;
         }
         if let Some(a) = &n.ipv6 {
             let ip = a.parse::<Ipv6Addr>().map_err(|_| ("net.ipv6", format!("{a:?} is not an IPv6 address")))?;

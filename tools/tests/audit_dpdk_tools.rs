@@ -106,6 +106,11 @@ fn rdp_nic_numbers_out_of_range_are_one_line() {
     one_line(&o, "rdp-nic: --socket \"/run/x.sock,role=server\" contains ','", &[]);
     let o = client(&["--oob-port", "1", "--timeout", "30", "--iface", "vp0,qpairs=4"]);
     one_line(&o, "rdp-nic: --iface \"vp0,qpairs=4\" contains ','", &[]);
+    // --ipv4 replaces the profile's net.ipv4: the same rule (no unspecified, broadcast or multicast address).
+    for a in ["0.0.0.0", "255.255.255.255", "224.0.0.1"] {
+        let o = client(&["--oob-port", "1", "--timeout", "30", "--ipv4", a]);
+        one_line(&o, &format!("rdp-nic: --ipv4 \"{a}\" is not a host's own address"), &[]);
+    }
     let _ = std::fs::remove_file(&conf);
 }
 

@@ -25,7 +25,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use roce_dp::config::{check_iface, check_socket, Driver, HostView, Profile};
+use roce_dp::config::{check_iface, check_own_ipv4, check_socket, Driver, HostView, Profile};
 use roce_dp::dpdk::{
     self, choose_offloads, register_thread, Burst, Dispatch, DpdkError, Eal, EalArgs, FlowDest, FlowRule, Idle,
     Mempool, Port, PortConfig, Ring, RoceMatch, Worker, WorkerConfig, QPN_STRIDE,
@@ -1012,6 +1012,7 @@ fn load_profile(o: &Opts, profile: &std::path::Path) -> Result<Profile, SetupErr
         prof.port.iface = Some(i.clone());
     }
     if let Some(a) = o.ipv4 {
+        check_own_ipv4(a).map_err(|why| SetupError(format!("--ipv4 {why}")))?;
         prof.net.ipv4 = Some(a.to_string());
     }
     Ok(prof)
