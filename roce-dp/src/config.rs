@@ -17,7 +17,9 @@
 //! [worker]
 //! idle = "busy"
 //! ```
-//! Mempool and mbuf sizes are derived from the path MTU (and af_packet's frame size) unless given.
+//! Mempool and mbuf sizes are derived from the path MTU (and af_packet's frame size) unless given. Values that go
+//! into a DPDK devargs string (`port.socket`, `port.iface`) must leave it as it is ([`devarg_value_problem`]), and
+//! af_packet's ring geometry must be one the kernel and DPDK's mbuf sizing take ([`AF_PACKET_MAX_FRAMESZ`]).
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -347,6 +349,134 @@ fn valid_pci(s: &str) -> bool {
         && (b'0'..=b'7').contains(&b[11])
 }
 
+/// Why `v` cannot be a value in a DPDK devargs string (`net_memif0,role=server,socket=VALUE`), if it cannot: a `,`
+/// would end the value and start a key of its own (`socket=/x.sock,role=client` switches the role), `=` and the
+/// brackets of kvargs lists change how DPDK splits it, and control characters or whitespace have no place in a
+/// socket path or an interface name (a NUL cut the EAL argument short). `None` when it is fine.
+pub fn devarg_value_problem(v: &str) -> Option<String> {
+    if let Some(c) = v.chars().find(|c| matches!(c, ',' | '=' | '[' | ']' | ';')) {
+        return Some(format!("{v:?} contains {c:?}, which would change the DPDK devargs string it goes into"));
+    }
+    if v.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Some(format!("{v:?} contains whitespace or a control character"));
+    }
+    None
+}
+
+/// The longest memif socket path DPDK 22.11 keeps whole: a Unix socket address holds 108 bytes, and memif's
+/// default abstract socket starts with a NUL and ends with one (a longer path is silently cut, so two long paths
+/// could name one socket).
+pub const MAX_MEMIF_SOCKET: usize = 106;
+
+/// The longest Linux interface name (IFNAMSIZ - 1).
+pub const MAX_IFACE: usize = 15;
+
+/// Checks a memif socket path (`port.socket`, or a tool's `--socket` override): a devargs value
+/// ([`devarg_value_problem`]) of at most [`MAX_MEMIF_SOCKET`] bytes.
+pub fn check_socket(v: &str) -> Result<(), String> {
+    if let Some(why) = devarg_value_problem(v) {
+        return Err(why);
+    }
+    if v.len() > MAX_MEMIF_SOCKET {
+        return Err(format!(
+            "{v:?} is {} bytes long: memif keeps at most {MAX_MEMIF_SOCKET} of a socket path (a Unix socket address)",
+            v.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a kernel interface name (`port.iface`, or a tool's `--iface` override): a devargs value that Linux
+/// accepts as a name (at most [`MAX_IFACE`] bytes, no `/` or `:`, not `.` or `..`).
+pub fn check_iface(v: &str) -> Result<(), String> {
+    if let Some(why) = devarg_value_problem(v) {
+        return Err(why);
+    }
+    if v.len() > MAX_IFACE || v.contains(['/', ':']) || v == "." || v == ".." {
+        return Err(format!("{v:?} is not a Linux interface name (at most {MAX_IFACE} bytes, no '/' or ':')"));
+    }
+    Ok(())
+}
+
+/// af_packet's ring geometry (the kernel's PACKET_RX_RING rules, and DPDK 22.11's: it parses the values with
+/// atoi and copies each received frame into one mbuf of `framesz - 32` bytes): frames are a multiple of 16
+/// bytes (TPACKET_ALIGNMENT), blocks a multiple of the page size, and the frame count a whole number of blocks.
+const AF_PACKET_ALIGN: u32 = 16;
+/// The page size the kernel wants af_packet blocks to be a multiple of (x86-64).
+const AF_PACKET_PAGE: u32 = 4096;
+/// The largest framesz whose mbuf (`framesz - 32` bytes plus the headroom) fits DPDK's 16-bit data room.
+pub const AF_PACKET_MAX_FRAMESZ: u32 = (65535 - MBUF_HEADROOM + 32) / AF_PACKET_ALIGN * AF_PACKET_ALIGN;
+/// The most bytes one af_packet ring (rx, and again tx) may take: `framecnt * framesz`.
+pub const AF_PACKET_MAX_RING: u64 = 1 << 30;
+
+/// Checks af_packet's `framesz`, `blocksz` and `framecnt` (defaults 2048, 4096, 512) for a port whose largest frame
+/// is `frame` bytes; `(key, problem)`.
+fn check_af_packet_ring(
+    framesz: u32,
+    blocksz: u32,
+    framecnt: u32,
+    frame: u32,
+    mtu: u32,
+) -> Result<(), (&'static str, String)> {
+    let fs = framesz;
+    if fs < frame + 64 {
+        return Err((
+            "port.framesz",
+            format!("{fs} is too small for {frame}-byte frames (MTU {mtu}): use framesz = blocksz = 8192"),
+        ));
+    }
+    if fs > AF_PACKET_MAX_FRAMESZ || !fs.is_multiple_of(AF_PACKET_ALIGN) {
+        return Err((
+            "port.framesz",
+            format!(
+                "{fs} must be a multiple of {AF_PACKET_ALIGN} and at most {AF_PACKET_MAX_FRAMESZ} (each frame is \
+                 copied into one mbuf of framesz - 32 bytes)"
+            ),
+        ));
+    }
+    let bs = blocksz;
+    if bs < fs || !bs.is_multiple_of(fs) {
+        return Err(("port.blocksz", format!("{bs} must be a multiple of framesz ({fs})")));
+    }
+    if !bs.is_multiple_of(AF_PACKET_PAGE) || bs > i32::MAX as u32 {
+        return Err((
+            "port.blocksz",
+            format!("{bs} must be a multiple of the page size ({AF_PACKET_PAGE}) below 2^31 (the kernel's rule)"),
+        ));
+    }
+    let per_block = bs / fs;
+    if framecnt == 0 || !framecnt.is_multiple_of(per_block) {
+        return Err((
+            "port.framecnt",
+            format!(
+                "{framecnt} must be a whole number of blocks: a non-zero multiple of blocksz / framesz ({per_block})"
+            ),
+        ));
+    }
+    let ring = u64::from(framecnt) * u64::from(fs);
+    if ring > AF_PACKET_MAX_RING {
+        return Err((
+            "port.framecnt",
+            format!("{framecnt} frames of {fs} bytes take {ring} bytes per ring (rx and tx each; at most {AF_PACKET_MAX_RING})"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a port's own IPv4 address (`net.ipv4`, or a tool's `--ipv4` override): not unspecified, broadcast or
+/// multicast (no host answers ARP for those, and frames from them are not a host's).
+pub fn check_own_ipv4(ip: Ipv4Addr) -> Result<(), String> {
+    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+        return Err(format!("\"{ip}\" is not a host's own address (unspecified, broadcast or multicast)"));
+    }
+    Ok(())
+}
+
+/// Whether `m` can be a station's own address: not group (multicast, broadcast) and not all zero.
+fn unicast(m: MacAddr) -> bool {
+    m.0[0] & 1 == 0 && m.0 != [0; 6]
+}
+
 impl Profile {
     /// Read and validate `path`.
     pub fn load(path: &Path) -> Result<Profile, ConfigError> {
@@ -399,20 +529,44 @@ impl Profile {
         if port.driver != Driver::Memif && (port.role.is_some() || port.socket.is_some() || port.zero_copy) {
             return Err(("port.role", "role/socket/zero_copy are memif keys".into()));
         }
+        if let Some(v) = &port.socket {
+            check_socket(v).map_err(|why| ("port.socket", why))?;
+        }
+        if let Some(v) = &port.iface {
+            check_iface(v).map_err(|why| ("port.iface", why))?;
+        }
+        if let Some(v) = &port.devargs {
+            // Several key=value pairs are what devargs is for; it is one EAL argument, so only a NUL (which cut it
+            // short) or other control characters are refused.
+            if v.chars().any(char::is_control) {
+                return Err(("port.devargs", format!("{v:?} contains a control character")));
+            }
+        }
         let n = &self.net;
         if !PATH_MTUS.contains(&n.mtu) {
             return Err(("net.mtu", format!("{} is not a RoCE path MTU (256, 512, 1024, 2048, 4096)", n.mtu)));
         }
         if let Some(m) = &n.mac {
-            if parse_mac(m).is_none() {
-                return Err(("net.mac", format!("{m:?} is not a MAC aa:bb:cc:dd:ee:ff")));
+            match parse_mac(m) {
+                None => return Err(("net.mac", format!("{m:?} is not a MAC aa:bb:cc:dd:ee:ff"))),
+                Some(mac) if !unicast(mac) => {
+                    return Err((
+                        "net.mac",
+                        format!("{m:?} is a group (multicast/broadcast) or zero MAC, not a port's own"),
+                    ))
+                }
+                Some(_) => {}
             }
         }
         if let Some(a) = &n.ipv4 {
-            a.parse::<Ipv4Addr>().map_err(|_| ("net.ipv4", format!("{a:?} is not an IPv4 address")))?;
+            let ip = a.parse::<Ipv4Addr>().map_err(|_| ("net.ipv4", format!("{a:?} is not an IPv4 address")))?;
+            check_own_ipv4(ip).map_err(|why| ("net.ipv4", why))?;
         }
         if let Some(a) = &n.ipv6 {
-            a.parse::<Ipv6Addr>().map_err(|_| ("net.ipv6", format!("{a:?} is not an IPv6 address")))?;
+            let ip = a.parse::<Ipv6Addr>().map_err(|_| ("net.ipv6", format!("{a:?} is not an IPv6 address")))?;
+            if ip.is_unspecified() || ip.is_multicast() {
+                return Err(("net.ipv6", format!("{a:?} is not a host's own address (unspecified or multicast)")));
+            }
         }
         if n.ipv4.is_none() && n.ipv6.is_none() {
             return Err(("net.ipv4", "missing (the port needs an IPv4 or IPv6 address)".into()));
@@ -421,23 +575,23 @@ impl Profile {
             if nb.ip.parse::<std::net::IpAddr>().is_err() {
                 return Err(("net.neighbours.ip", format!("{:?} is not an IP address", nb.ip)));
             }
-            if parse_mac(&nb.mac).is_none() {
-                return Err(("net.neighbours.mac", format!("{:?} is not a MAC aa:bb:cc:dd:ee:ff", nb.mac)));
+            match parse_mac(&nb.mac) {
+                None => return Err(("net.neighbours.mac", format!("{:?} is not a MAC aa:bb:cc:dd:ee:ff", nb.mac))),
+                // A QP's frames to a group MAC would go to every host of the segment.
+                Some(mac) if !unicast(mac) => {
+                    return Err((
+                        "net.neighbours.mac",
+                        format!("{:?} is a group (multicast/broadcast) or zero MAC, not one host's", nb.mac),
+                    ))
+                }
+                Some(_) => {}
             }
         }
         let frame = self.max_frame();
         if port.driver == Driver::AfPacket {
-            let fs = port.framesz.unwrap_or(2048);
-            let bs = port.blocksz.unwrap_or(4096);
-            if fs < frame + 64 {
-                return Err((
-                    "port.framesz",
-                    format!("{fs} is too small for {frame}-byte frames (MTU {}): use framesz = blocksz = 8192", n.mtu),
-                ));
-            }
-            if bs < fs || !bs.is_multiple_of(fs) {
-                return Err(("port.blocksz", format!("{bs} must be a multiple of framesz ({fs})")));
-            }
+            let (fs, bs, fc) =
+                (port.framesz.unwrap_or(2048), port.blocksz.unwrap_or(4096), port.framecnt.unwrap_or(512));
+            check_af_packet_ring(fs, bs, fc, frame, n.mtu)?;
         } else if port.framesz.is_some() || port.blocksz.is_some() || port.framecnt.is_some() {
             return Err(("port.framesz", "framesz/blocksz/framecnt are af_packet keys".into()));
         }
@@ -462,7 +616,26 @@ impl Profile {
                 return Err(("mempool.data_room", format!("{room} exceeds 65535")));
             }
         }
+        if let Some(m) = self.mempool.mbufs {
+            let (rx, tx) = (u32::from(port.rx_desc.unwrap_or(1024)), u32::from(port.tx_desc.unwrap_or(1024)));
+            let least = rx + tx + 2 * 32;
+            if m < least {
+                return Err((
+                    "mempool.mbufs",
+                    format!(
+                        "{m} is fewer than the rx and tx descriptors ({rx} + {tx}) plus two bursts ({least}): the \
+                         port could hold every mbuf and the worker have none to send with"
+                    ),
+                ));
+            }
+        }
         let w = &self.worker;
+        if w.sleep_us > 10_000 {
+            return Err((
+                "worker.sleep_us",
+                format!("{} is above 10000 (a worker asleep longer fires its QPs' timers that much late)", w.sleep_us),
+            ));
+        }
         if !(1..=32).contains(&w.burst) {
             return Err(("worker.burst", format!("{} is not in 1..=32", w.burst)));
         }
@@ -471,6 +644,12 @@ impl Profile {
         }
         if !matches!(w.idle.as_str(), "busy" | "pause" | "yield" | "sleep") {
             return Err(("worker.idle", format!("{:?} is not busy, pause, yield or sleep", w.idle)));
+        }
+        if self.eal.no_huge_mb == Some(0) {
+            return Err(("eal.no_huge_mb", "0: EAL needs memory for the mempool (default 512)".into()));
+        }
+        if let Some(a) = self.eal.extra.iter().find(|a| a.chars().any(char::is_control)) {
+            return Err(("eal.extra", format!("{a:?} contains a control character")));
         }
         if self.eal.hugepages && self.eal.no_huge_mb.is_some() {
             return Err(("eal.no_huge_mb", "cannot be combined with hugepages = true".into()));
@@ -652,6 +831,19 @@ fn lcore_list(s: &str) -> Option<Vec<u32>> {
 }
 
 impl HostView {
+    /// Checks an EAL `-l` list (`"0"`, `"1,0"`, `"0-3"`) against this machine's online CPUs: the first lcore that is
+    /// not one, as the tail of a one-line error. Forms it does not parse, and a machine whose CPU list cannot be
+    /// read, are not judged (EAL says what it thinks of them).
+    pub fn check_lcores(&self, list: &str) -> Result<(), String> {
+        if let (Some(want), Some((online, cpus))) = (lcore_ranges(list), self.online_cpus()) {
+            // Lazily: each range stops at its first offline lcore, after at most as many as there are CPUs.
+            if let Some(l) = want.into_iter().flatten().find(|l| !cpus.contains(l)) {
+                return Err(format!("lcore {l} is not an online CPU here (online: {online})"));
+            }
+        }
+        Ok(())
+    }
+
     fn online_cpus(&self) -> Option<(String, Vec<u32>)> {
         let s = std::fs::read_to_string(self.sys.join("devices/system/cpu/online")).ok()?;
         let s = s.trim().to_owned();
@@ -728,11 +920,8 @@ impl Profile {
             }
         }
         let (key, list) = lcores.unwrap_or(("eal.lcores", self.eal.lcores.as_deref().unwrap_or("0")));
-        if let (Some(want), Some((online, cpus))) = (lcore_ranges(list), host.online_cpus()) {
-            // Lazily: each range stops at its first offline lcore, after at most as many as there are CPUs.
-            if let Some(l) = want.into_iter().flatten().find(|l| !cpus.contains(l)) {
-                return fail(key, format!("lcore {l} is not an online CPU here (online: {online})"));
-            }
+        if let Err(why) = host.check_lcores(list) {
+            return fail(key, why);
         }
         if self.eal.hugepages && host.free_hugepages() == Some(0) {
             return fail(

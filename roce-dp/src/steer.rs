@@ -8,11 +8,12 @@
 //! only while every QP behind the key lives on one worker, removes it as soon as QPs on two workers share it
 //! (those frames then land on the port's default queue and the worker that gets them forwards them to the owner,
 //! counted as steering misses), and puts it back when the conflict is gone. A table full of rules (the PMD's limit
-//! or the profile's `max_rules`) and a rule the PMD refuses are handled the same way: no rule, forwarding instead.
+//! or the profile's `max_rules`) and a rule the PMD refuses are handled the same way: no rule, forwarding instead;
+//! keys that found the table full wait, in order, for the next free slot (a rule removed, a conflict, a refusal).
 //! Whatever happens here, no frame reaches the wrong engine: steering only decides where a frame is received; the
 //! worker checks the owner of every RoCE frame by its BTH destination QP and forwards it if it is not its own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 /// What a per-QP rule matches: the peer's address and the UDP source port of the pair's frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,75 +103,106 @@ pub struct SteerTable {
     max_rules: usize,
     entries: HashMap<FlowKey, Entry>,
     installed: usize,
+    /// Keys that found the table full, oldest first (an entry may have changed since: checked when taken).
+    waiting: VecDeque<FlowKey>,
 }
 
 impl SteerTable {
     /// A table allowing at most `max_rules` rules at once.
     pub fn new(max_rules: usize) -> Self {
-        Self { max_rules, entries: HashMap::new(), installed: 0 }
+        Self { max_rules, entries: HashMap::new(), installed: 0, waiting: VecDeque::new() }
+    }
+
+    /// Gives free slots to waiting keys (oldest first) whose QPs still agree on one queue: their installs.
+    fn fill_free_slots(&mut self, ops: &mut Vec<RuleOp>) {
+        while self.installed < self.max_rules {
+            let Some(key) = self.waiting.pop_front() else { return };
+            let Some(e) = self.entries.get_mut(&key) else { continue };
+            if e.state != RuleState::Full {
+                continue;
+            }
+            if let Some(queue) = e.single_queue() {
+                e.state = RuleState::Installed;
+                self.installed += 1;
+                ops.push(RuleOp::Install { key, queue });
+            }
+        }
     }
 
     /// QP `qpn`, owned by the worker on rx queue `queue`, receives the frames `key` matches. Returns what to do
-    /// on the port (nothing, an install, or the removal of a rule that now covers QPs on two workers).
-    pub fn add(&mut self, key: FlowKey, qpn: u32, queue: u16) -> Option<RuleOp> {
+    /// on the port, in order: nothing, an install, or the removal of a rule that now covers QPs on two workers
+    /// (and then the install of a key that waited for the slot it frees).
+    pub fn add(&mut self, key: FlowKey, qpn: u32, queue: u16) -> Vec<RuleOp> {
         let room = self.installed < self.max_rules;
         let Some(e) = self.entries.get_mut(&key) else {
             let state = if room { RuleState::Installed } else { RuleState::Full };
             self.entries.insert(key, Entry { qps: vec![(qpn, queue)], state });
             if !room {
-                return None;
+                self.waiting.push_back(key);
+                return Vec::new();
             }
             self.installed += 1;
-            return Some(RuleOp::Install { key, queue });
+            return vec![RuleOp::Install { key, queue }];
         };
         e.qps.retain(|&(q, _)| q != qpn);
         e.qps.push((qpn, queue));
         if e.single_queue().is_some() || e.state == RuleState::Refused {
-            return None;
+            return Vec::new();
         }
         let was = std::mem::replace(&mut e.state, RuleState::Conflict);
+        let mut ops = Vec::new();
         if was == RuleState::Installed {
             self.installed -= 1;
-            return Some(RuleOp::Remove { key });
+            ops.push(RuleOp::Remove { key });
+            self.fill_free_slots(&mut ops);
         }
-        None
+        ops
     }
 
-    /// QP `qpn` is gone (destroyed, or reset before it connects elsewhere). Returns the removal of its rule when
-    /// no QP needs it any more, or the install of a rule whose conflict (or a full table) just ended.
-    pub fn remove(&mut self, key: FlowKey, qpn: u32) -> Option<RuleOp> {
-        let e = self.entries.get_mut(&key)?;
+    /// QP `qpn` is gone (destroyed, or reset before it connects elsewhere). Returns, in order, the removal of its
+    /// rule when no QP needs it any more (and the install of a key that waited for the slot it frees), or the
+    /// install of a rule whose conflict just ended.
+    pub fn remove(&mut self, key: FlowKey, qpn: u32) -> Vec<RuleOp> {
+        let mut ops = Vec::new();
+        let Some(e) = self.entries.get_mut(&key) else { return ops };
         e.qps.retain(|&(q, _)| q != qpn);
         if e.qps.is_empty() {
             let was = e.state;
             self.entries.remove(&key);
             if was == RuleState::Installed {
                 self.installed -= 1;
-                return Some(RuleOp::Remove { key });
+                ops.push(RuleOp::Remove { key });
+                self.fill_free_slots(&mut ops);
             }
-            return None;
+            return ops;
         }
         if matches!(e.state, RuleState::Conflict | RuleState::Full) {
             if let Some(queue) = e.single_queue() {
                 if self.installed < self.max_rules {
                     e.state = RuleState::Installed;
                     self.installed += 1;
-                    return Some(RuleOp::Install { key, queue });
+                    ops.push(RuleOp::Install { key, queue });
+                } else if e.state != RuleState::Full {
+                    e.state = RuleState::Full;
+                    self.waiting.push_back(key);
                 }
-                e.state = RuleState::Full;
             }
         }
-        None
+        ops
     }
 
     /// The PMD refused the install of `key`'s rule: its frames are forwarded in software from now on (no retry).
-    pub fn refused(&mut self, key: FlowKey) {
+    /// Returns the install of a key that waited for the slot this frees (which the PMD may refuse in turn).
+    pub fn refused(&mut self, key: FlowKey) -> Vec<RuleOp> {
+        let mut ops = Vec::new();
         if let Some(e) = self.entries.get_mut(&key) {
             if e.state == RuleState::Installed {
                 e.state = RuleState::Refused;
                 self.installed -= 1;
+                self.fill_free_slots(&mut ops);
             }
         }
+        ops
     }
 
     /// The queue a rule steers `key` to, if one is installed.
@@ -247,12 +279,12 @@ mod tests {
         let (a, b) =
             (FlowKey::v4(PEER, rxe_udp_sport(0x100, 0x100)), FlowKey::v4(PEER, rxe_udp_sport(0x10100, 0x10100)));
         assert_ne!(a, b);
-        assert_eq!(t.add(a, 0x100, 0), Some(RuleOp::Install { key: a, queue: 0 }));
-        assert_eq!(t.add(b, 0x10100, 1), Some(RuleOp::Install { key: b, queue: 1 }));
+        assert_eq!(t.add(a, 0x100, 0), vec![RuleOp::Install { key: a, queue: 0 }]);
+        assert_eq!(t.add(b, 0x10100, 1), vec![RuleOp::Install { key: b, queue: 1 }]);
         assert_eq!((t.rule(&a), t.rule(&b)), (Some(0), Some(1)));
         assert_eq!(t.stats(), SteerStats { rules: 2, ..SteerStats::default() });
-        assert_eq!(t.remove(b, 0x10100), Some(RuleOp::Remove { key: b }));
-        assert_eq!(t.remove(b, 0x10100), None, "removing twice is a no-op");
+        assert_eq!(t.remove(b, 0x10100), vec![RuleOp::Remove { key: b }]);
+        assert_eq!(t.remove(b, 0x10100), vec![], "removing twice is a no-op");
         assert_eq!(t.rule(&b), None);
         assert_eq!(t.stats().rules, 1);
     }
@@ -261,15 +293,15 @@ mod tests {
     fn shared_key_on_one_worker_keeps_the_rule_on_two_workers_drops_it() {
         let mut t = SteerTable::new(16);
         let k = FlowKey::v4(PEER, 0xc123);
-        assert!(matches!(t.add(k, 0x100, 1), Some(RuleOp::Install { queue: 1, .. })));
-        assert_eq!(t.add(k, 0x101, 1), None, "same worker: the rule already covers it");
-        assert_eq!(t.add(k, 0x10100, 0), Some(RuleOp::Remove { key: k }), "two workers share the key: no rule");
+        assert!(matches!(t.add(k, 0x100, 1)[..], [RuleOp::Install { queue: 1, .. }]));
+        assert_eq!(t.add(k, 0x101, 1), vec![], "same worker: the rule already covers it");
+        assert_eq!(t.add(k, 0x10100, 0), vec![RuleOp::Remove { key: k }], "two workers share the key: no rule");
         assert_eq!(t.rule(&k), None);
         assert_eq!(t.stats(), SteerStats { rules: 0, conflicts: 1, ..SteerStats::default() });
-        assert_eq!(t.remove(k, 0x101), None, "still a conflict (0x100 on queue 1, 0x10100 on queue 0)");
-        assert_eq!(t.remove(k, 0x10100), Some(RuleOp::Install { key: k, queue: 1 }), "conflict over: back");
+        assert_eq!(t.remove(k, 0x101), vec![], "still a conflict (0x100 on queue 1, 0x10100 on queue 0)");
+        assert_eq!(t.remove(k, 0x10100), vec![RuleOp::Install { key: k, queue: 1 }], "conflict over: back");
         assert_eq!(t.rule(&k), Some(1));
-        assert_eq!(t.remove(k, 0x100), Some(RuleOp::Remove { key: k }));
+        assert_eq!(t.remove(k, 0x100), vec![RuleOp::Remove { key: k }]);
         assert_eq!(t.stats(), SteerStats::default());
     }
 
@@ -277,19 +309,54 @@ mod tests {
     fn full_table_and_refused_rules_fall_back_to_forwarding() {
         let mut t = SteerTable::new(2);
         let keys: Vec<FlowKey> = (0..4).map(|i| FlowKey::v4(PEER, 0xc000 + i)).collect();
-        assert!(t.add(keys[0], 1, 0).is_some());
-        assert!(t.add(keys[1], 2, 1).is_some());
-        assert_eq!(t.add(keys[2], 3, 1), None, "table full: forwarded in software");
+        assert!(!t.add(keys[0], 1, 0).is_empty());
+        assert!(!t.add(keys[1], 2, 1).is_empty());
+        assert_eq!(t.add(keys[2], 3, 1), vec![], "table full: forwarded in software");
         assert_eq!(t.stats(), SteerStats { rules: 2, full: 1, ..SteerStats::default() });
-        t.refused(keys[1]);
+        // A refused key frees its slot: the key that waited for one gets it.
+        assert_eq!(t.refused(keys[1]), vec![RuleOp::Install { key: keys[2], queue: 1 }]);
         assert_eq!(t.rule(&keys[1]), None);
-        assert_eq!(t.stats(), SteerStats { rules: 1, full: 1, refused: 1, ..SteerStats::default() });
-        // A refused key frees its slot for the next QP.
-        assert!(matches!(t.add(keys[3], 4, 0), Some(RuleOp::Install { .. })));
-        assert_eq!(t.stats(), SteerStats { rules: 2, full: 1, refused: 1, ..SteerStats::default() });
-        assert_eq!(t.remove(keys[1], 2), None, "refused: nothing to destroy");
-        assert_eq!(t.remove(keys[2], 3), None);
+        assert_eq!(t.stats(), SteerStats { rules: 2, refused: 1, ..SteerStats::default() });
+        assert_eq!(t.add(keys[3], 4, 0), vec![], "full again");
+        assert_eq!(t.remove(keys[1], 2), vec![], "refused: nothing to destroy, no slot freed");
+        assert_eq!(t.stats(), SteerStats { rules: 2, full: 1, ..SteerStats::default() });
+        assert_eq!(t.remove(keys[3], 4), vec![]);
         assert_eq!(t.stats(), SteerStats { rules: 2, ..SteerStats::default() });
+    }
+
+    #[test]
+    fn a_key_that_found_the_table_full_gets_the_next_free_slot() {
+        // Session 11: a key that found the table full got a rule only if one of its own QPs went away; a slot
+        // freed by another key (its QP destroyed, a conflict, a refusal) stayed empty, its frames forwarded for
+        // good although the module promised the rule back once the full table ended.
+        let keys: Vec<FlowKey> = (0..4).map(|i| FlowKey::v4(PEER, 0xd000 + i)).collect();
+        let mut t = SteerTable::new(1);
+        assert_eq!(t.add(keys[0], 0x100, 0), vec![RuleOp::Install { key: keys[0], queue: 0 }]);
+        assert_eq!(t.add(keys[1], 0x10100, 1), vec![]);
+        assert_eq!(t.add(keys[2], 0x101, 0), vec![]);
+        assert_eq!(t.stats(), SteerStats { rules: 1, full: 2, ..SteerStats::default() });
+        // keys[0]'s QP goes: its slot goes to the oldest waiting key.
+        assert_eq!(
+            t.remove(keys[0], 0x100),
+            vec![RuleOp::Remove { key: keys[0] }, RuleOp::Install { key: keys[1], queue: 1 }]
+        );
+        assert_eq!((t.rule(&keys[1]), t.rule(&keys[2])), (Some(1), None));
+        // keys[1] turns into a conflict (a QP of worker 0 shares it): its rule goes, keys[2] gets the slot.
+        assert_eq!(
+            t.add(keys[1], 0x102, 0),
+            vec![RuleOp::Remove { key: keys[1] }, RuleOp::Install { key: keys[2], queue: 0 }]
+        );
+        assert_eq!(t.stats(), SteerStats { rules: 1, conflicts: 1, ..SteerStats::default() });
+        // The conflict ends while the table is full: keys[1] waits, and gets the slot keys[2]'s refusal frees.
+        assert_eq!(t.remove(keys[1], 0x102), vec![]);
+        assert_eq!(t.stats(), SteerStats { rules: 1, full: 1, ..SteerStats::default() });
+        assert_eq!(t.refused(keys[2]), vec![RuleOp::Install { key: keys[1], queue: 1 }]);
+        assert_eq!(t.stats(), SteerStats { rules: 1, refused: 1, ..SteerStats::default() });
+        // A waiting key whose QPs are all gone is skipped.
+        assert_eq!(t.add(keys[3], 0x103, 0), vec![]);
+        assert_eq!(t.remove(keys[3], 0x103), vec![]);
+        assert_eq!(t.remove(keys[1], 0x10100), vec![RuleOp::Remove { key: keys[1] }]);
+        assert_eq!(t.stats(), SteerStats { refused: 1, ..SteerStats::default() });
     }
 
     #[test]

@@ -43,3 +43,212 @@ fn huge_and_reversed_lcore_ranges_are_checked_without_expanding_them() {
     // A reversed range names no lcore: nothing here to judge (EAL refuses it with its own message).
     assert_eq!(check("1-0"), Ok(()));
 }
+
+// ------------------------------------------------------------------------------------------------ session 11
+//
+// Session 11's audit of the DPDK data-path layer's profile keys: values that go into a DPDK devargs string
+// (`--vdev=net_memif0,role=server,socket=VALUE,bsize=N`), af_packet's ring geometry against the kernel's
+// PACKET_RX_RING rules and DPDK's mbuf sizing, and addresses a port cannot own. Expected behaviour from the
+// outside: DPDK's kvargs split a devargs string at ',' into key=value pairs (so a value holding ',' adds keys of
+// its own), the kernel wants af_packet frames to be multiples of 16 bytes (TPACKET_ALIGNMENT), blocks multiples of
+// the page size, and the frame count a whole number of blocks, and DPDK copies each af_packet frame into one mbuf
+// of framesz - 32 bytes, whose data room is 16 bits.
+
+/// DPDK's kvargs view of a devargs string: `key=value` pairs split at ','.
+fn kvargs(args: &str) -> Vec<(String, String)> {
+    args.split(',')
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+/// `s` as a TOML basic string (every character that is not plain printable ASCII as `\uXXXX`).
+fn toml_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            c => out.push_str(&format!("\\u{:04X}", c as u32)),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn memif(socket: &str) -> Result<Profile, String> {
+    let text = format!(
+        "[port]\ndriver = \"memif\"\nrole = \"server\"\nsocket = {}\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n",
+        toml_str(socket)
+    );
+    Profile::parse("t.toml", &text).map_err(|e| e.0)
+}
+
+fn af_packet(iface: &str, ring: &str) -> Result<Profile, String> {
+    let text = format!(
+        "[port]\ndriver = \"af_packet\"\niface = {}\n{ring}\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 4096\n",
+        toml_str(iface)
+    );
+    Profile::parse("t.toml", &text).map_err(|e| e.0)
+}
+
+#[test]
+fn socket_and_iface_values_cannot_change_the_devargs_string() {
+    // Each of these, taken as it was, turned the memif server into a client, asked for zero-copy, or changed bsize.
+    for (bad, c) in [
+        ("/run/x.sock,role=client", ','),
+        ("/run/x.sock,zero-copy=yes", ','),
+        ("/run/x.sock,bsize=64", ','),
+        ("/run/a=b.sock", '='),
+        ("/run/[x].sock", '['),
+    ] {
+        let e = memif(bad).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "t.toml: port.socket: {bad:?} contains {c:?}, which would change the DPDK devargs string it goes into"
+            ),
+        );
+    }
+    for bad in ["/run/x\0.sock", "/run/x y.sock", "/run/x\n.sock"] {
+        let e = memif(bad).unwrap_err();
+        assert!(e.starts_with("t.toml: port.socket: ") && e.contains("whitespace or a control character"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+    // memif cuts a socket path past 106 bytes silently (its abstract address): refused instead.
+    let long = format!("/run/{}", "s".repeat(102));
+    assert_eq!(long.len(), 107);
+    let e = memif(&long).unwrap_err();
+    assert!(e.starts_with("t.toml: port.socket: ") && e.contains("107 bytes long"), "{e}");
+    assert!(memif(&long[..106]).is_ok());
+    // af_packet: the interface goes into `iface=VALUE,framesz=...`; a name with ',' re-sized the ring.
+    let ring = "framesz = 8192\nblocksz = 8192";
+    let e = af_packet("vp0,framesz=2048", ring).unwrap_err();
+    assert!(e.starts_with("t.toml: port.iface: \"vp0,framesz=2048\" contains ','"), "{e}");
+    for bad in ["averyveryverylongname", "a/b", "a:1", "..", "vp 0"] {
+        let e = af_packet(bad, ring).unwrap_err();
+        assert!(e.starts_with("t.toml: port.iface: ") && !e.contains('\n'), "{bad}: {e}");
+    }
+    // The property behind it: whatever socket path a profile is accepted with, its devargs string splits into
+    // exactly role, socket and bsize, and socket is that path.
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let alphabet: Vec<char> = "/._-az09,=[] \t;:@%".chars().collect();
+    for _ in 0..3000 {
+        let len = 1 + (rng % 24) as usize;
+        let mut path = String::from("/");
+        for _ in 0..len {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            path.push(alphabet[(rng % alphabet.len() as u64) as usize]);
+        }
+        let Ok(p) = memif(&path) else { continue };
+        let (name, args) = p.vdev().unwrap();
+        assert_eq!(name, "net_memif0");
+        let kv = kvargs(&args);
+        let keys: Vec<&str> = kv.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["role", "socket", "bsize"], "{path:?} -> {args}");
+        assert_eq!(kv[1].1, path);
+    }
+}
+
+#[test]
+fn af_packet_ring_geometry_follows_the_kernel_and_the_mbuf() {
+    let ring =
+        |fs: u32, bs: u32, fc: u32| af_packet("vp0", &format!("framesz = {fs}\nblocksz = {bs}\nframecnt = {fc}"));
+    // Every accepted geometry is one the kernel takes and whose frames fit one mbuf of a 16-bit data room.
+    let sizes = [4280u32, 4288, 4304, 8192, 8200, 12288, 16384, 65424, 65440, 65536, 1 << 20];
+    let mut accepted = 0;
+    for &fs in &sizes {
+        for bs in [fs, 2 * fs, 4096 * 3, 8192, 65536, 1 << 21, u32::MAX / fs * fs] {
+            for fc in [0u32, 1, 2, 3, 512, 513, 4096, 1 << 20] {
+                let Ok(p) = ring(fs, bs, fc) else { continue };
+                accepted += 1;
+                assert_eq!(fs % 16, 0, "{fs}/{bs}/{fc}: TPACKET_ALIGNMENT");
+                assert_eq!(bs % 4096, 0, "{fs}/{bs}/{fc}: blocks are whole pages");
+                assert!(bs % fs == 0 && bs <= i32::MAX as u32, "{fs}/{bs}/{fc}");
+                let per_block = bs / fs;
+                assert!(fc > 0 && fc % per_block == 0, "{fs}/{bs}/{fc}: a whole number of blocks");
+                assert!(u64::from(fc) * u64::from(fs) <= 1 << 30, "{fs}/{bs}/{fc}: ring memory");
+                // DPDK refuses an rx queue whose mbufs hold less than framesz - 32 bytes after the headroom.
+                let room = u32::from(p.pool_data_room());
+                assert!(room == p.data_room() && room >= fs - 32 + 128, "{fs}/{bs}/{fc}: data room {room}");
+                let kv = kvargs(&p.vdev().unwrap().1);
+                assert_eq!(kv[1], ("framesz".to_owned(), fs.to_string()));
+            }
+        }
+    }
+    assert!(accepted > 20, "{accepted}");
+    // The refusals, each one line naming the key.
+    for (fs, bs, fc, key, want) in [
+        (4096, 8192, 512, "port.framesz", "4096 is too small for 4210-byte frames (MTU 4096)"),
+        (4280, 8560, 512, "port.framesz", "4280 must be a multiple of 16 and at most 65424"),
+        (65536, 65536, 512, "port.framesz", "65536 must be a multiple of 16 and at most 65424"),
+        (4288, 12864, 3, "port.blocksz", "12864 must be a multiple of the page size (4096)"),
+        (8192, 12288, 512, "port.blocksz", "12288 must be a multiple of framesz (8192)"),
+        (
+            8192,
+            16384,
+            513,
+            "port.framecnt",
+            "513 must be a whole number of blocks: a non-zero multiple of blocksz / framesz (2)",
+        ),
+        (8192, 8192, 0, "port.framecnt", "0 must be a whole number of blocks"),
+        (16384, 16384, 1 << 20, "port.framecnt", "1048576 frames of 16384 bytes take 17179869184 bytes per ring"),
+    ] {
+        let e = ring(fs, bs, fc).unwrap_err();
+        assert!(e.starts_with(&format!("t.toml: {key}: {want}")) && !e.contains('\n'), "{fs}/{bs}/{fc}: {e}");
+    }
+    // The shipped af_packet profiles still load.
+    let conf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf");
+    for f in ["af-packet.toml", "rxe-peer.toml"] {
+        Profile::load(&conf.join(f)).unwrap_or_else(|e| panic!("{}", e.0));
+    }
+}
+
+#[test]
+fn addresses_a_port_cannot_own_and_starving_pools_are_refused() {
+    let base = |net: &str, extra: &str| {
+        Profile::parse("t.toml", &format!("[port]\ndriver = \"net_ring\"\n[net]\nmtu = 1024\n{net}\n{extra}"))
+            .map_err(|e| e.0)
+    };
+    assert!(base("ipv4 = \"10.0.0.1\"\nmac = \"02:00:00:00:00:01\"", "").is_ok());
+    for (net, key) in [
+        ("ipv4 = \"10.0.0.1\"\nmac = \"ff:ff:ff:ff:ff:ff\"", "net.mac"),
+        ("ipv4 = \"10.0.0.1\"\nmac = \"01:00:5e:00:00:01\"", "net.mac"),
+        ("ipv4 = \"10.0.0.1\"\nmac = \"00:00:00:00:00:00\"", "net.mac"),
+        ("ipv4 = \"0.0.0.0\"", "net.ipv4"),
+        ("ipv4 = \"255.255.255.255\"", "net.ipv4"),
+        ("ipv4 = \"224.0.0.1\"", "net.ipv4"),
+        ("ipv6 = \"::\"", "net.ipv6"),
+        ("ipv6 = \"ff02::1\"", "net.ipv6"),
+        (
+            "ipv4 = \"10.0.0.1\"\nneighbours = [{ ip = \"10.0.0.2\", mac = \"ff:ff:ff:ff:ff:ff\" }]",
+            "net.neighbours.mac",
+        ),
+    ] {
+        let e = base(net, "").unwrap_err();
+        assert!(e.starts_with(&format!("t.toml: {key}: ")) && !e.contains('\n'), "{net}: {e}");
+    }
+    let ip = "ipv4 = \"10.0.0.1\"";
+    // A pool smaller than the descriptors that can hold its mbufs leaves the worker nothing to send with.
+    let e = base(ip, "[mempool]\nmbufs = 100").unwrap_err();
+    assert_eq!(
+        e,
+        "t.toml: mempool.mbufs: 100 is fewer than the rx and tx descriptors (1024 + 1024) plus two bursts (2112): \
+         the port could hold every mbuf and the worker have none to send with"
+    );
+    assert!(base(ip, "[mempool]\nmbufs = 2112").is_ok());
+    // An idle worker asleep for an hour fires its QPs' timers an hour late.
+    let e = base(ip, "[worker]\nidle = \"sleep\"\nsleep_us = 4000000000").unwrap_err();
+    assert!(e.starts_with("t.toml: worker.sleep_us: 4000000000 is above 10000"), "{e}");
+    let e = base(ip, "[eal]\nno_huge_mb = 0").unwrap_err();
+    assert!(e.starts_with("t.toml: eal.no_huge_mb: 0"), "{e}");
+    let e = base(ip, "[eal]\nextra = [\"--log-level=x\\u0000y\"]").unwrap_err();
+    assert!(e.starts_with("t.toml: eal.extra: ") && e.contains("control character"), "{e}");
+}

@@ -1,5 +1,7 @@
 # Tier 2: one process, no hugepages: two net_ring ports cross-connected (rte_eth_from_rings); 64 B, 1 KiB and 4 KiB
-# frames both ways, every byte checked; again with two queue pairs per port. Plus bad input: a wrong EAL argument
+# frames both ways, every byte checked; again with two queue pairs per port. The data-path worker fed hand-made
+# frames (rdp-porttest worker: runts, multi-segment frames, hostile destination QPs, full rings, an empty mempool,
+# a stop with frames in flight; counters and the mempool checked after each). Plus bad input: a wrong EAL argument
 # and a vdev that does not exist.
 TIERS+=(tier2_ring)
 
@@ -22,6 +24,16 @@ tier2_ring() {
     timeout 120 "$PORTTEST" ring --queues 2 --file-prefix "$pq" --mem 256 >"$qlog" 2>&1 || rc=$?
     check "ring pair, 2 queues: exit status 0 (got $rc)" test "$rc" -eq 0
     tool_checks "$qlog"
+
+    # The worker on a net_ring port whose rings the harness owns (session 11's audit of the data path).
+    local pw="${RUN_ID}t2w" wlog="$LOG_DIR/tier2-worker.log"
+    rc=0
+    track_prefix "$pw"
+    timeout 120 "$PORTTEST" worker --file-prefix "$pw" >"$wlog" 2>&1 || rc=$?
+    check "worker harness: exit status 0 (got $rc)" test "$rc" -eq 0
+    tool_checks "$wlog"
+    left=$(prefix_leftovers "$pw")
+    check "worker harness: nothing left behind${left:+ ($left)}" test -z "$left"
 
     expect_setup_error "wrong EAL argument" "${p}e" "rte_eal_init failed: Invalid argument" -- \
         "$PORTTEST" ring --file-prefix "${p}e" --eal=--no-such-eal-option

@@ -2,8 +2,8 @@
 # cross-connected by rte_rings, one worker thread each on its own core, peers resolved with ARP. SEND, WRITE, READ
 # and atomics at path MTU 1024 and 4096 with every byte verified; 1% and 5% loss injected in the data path; RoCE over
 # IPv6 with neighbour discovery; two workers per NIC behind the software dispatcher; the mempool holds as many mbufs
-# after each run as before (rdp-nic's own CHECK lines). Bad input: bad profiles and arguments give one line and
-# exit 2 without touching DPDK.
+# after each run as before (rdp-nic's own CHECK lines); confined to one CPU, the run stops at once with one line.
+# Bad input: bad profiles and arguments give one line and exit 2 without touching DPDK.
 TIERS+=(tier5_engine_ring)
 
 NIC="${NIC:-$ROOT/target/release/rdp-nic}"
@@ -30,6 +30,37 @@ nic_run() {
     timeout 120 "$@" >"$log" 2>&1 || rc=$?
     check "$name: exit status 0 (got $rc)" test "$rc" -eq 0
     tool_checks "$log"
+}
+
+# ring_on_one_cpu: rdp-nic ring pins its node threads to cores 0 and 1; confined to CPU 0 by a cpuset cgroup (v1 or
+# v2, created here and removed after), the thread for core 1 cannot pin itself. The run must end at once with one
+# line naming that, exit 2 (session 11: the other threads waited at the start barrier for ever, past --timeout).
+ring_on_one_cpu() {
+    local cg="" tasks p="${RUN_ID}t5c" err="$LOG_DIR/tier5-one-cpu.err" rc=0 t0
+    if [[ -f /sys/fs/cgroup/cpuset/cpuset.cpus ]]; then
+        cg="/sys/fs/cgroup/cpuset/rdp-${RUN_ID}"
+        mkdir -p "$cg" && echo 0 >"$cg/cpuset.cpus" && cat /sys/fs/cgroup/cpuset/cpuset.mems >"$cg/cpuset.mems"
+        tasks="$cg/tasks"
+    elif grep -qw cpuset /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+        echo +cpuset >/sys/fs/cgroup/cgroup.subtree_control
+        cg="/sys/fs/cgroup/rdp-${RUN_ID}"
+        mkdir -p "$cg" && echo 0 >"$cg/cpuset.cpus"
+        tasks="$cg/cgroup.procs"
+    fi
+    if [[ -z "$cg" || ! -w "$tasks" ]]; then
+        fail "ring on one CPU: no cpuset cgroup to confine rdp-nic to CPU 0 (cgroup v1 cpuset or v2 with cpuset)"
+        return
+    fi
+    track_prefix "$p"
+    t0=$SECONDS
+    timeout 60 bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$tasks" "$NIC" ring --op write --iters 10 --timeout 30 \
+        --file-prefix "$p" >/dev/null 2>"$err" || rc=$?
+    rmdir "$cg" 2>/dev/null
+    check "ring on one CPU: exit status 2 within the --timeout (got $rc after $((SECONDS - t0)) s)" \
+        test "$rc" -eq 2 -a $((SECONDS - t0)) -lt 30
+    check "ring on one CPU: one line naming the core that could not be had ($(head -c 300 "$err"))" \
+        grep -Eq '^rdp-nic: node 1 worker 0: pin to core 1 and register with EAL: pin thread to core failed' "$err"
+    check "ring on one CPU: one line" test "$(wc -l <"$err")" -eq 1
 }
 
 tier5_engine_ring() {
@@ -83,6 +114,8 @@ tier5_engine_ring() {
         check "ring $op, 2 workers per NIC: software steering, one rx queue" \
             grep -Eq '^STEERING mode=software workers=2 rx_queues=1 ' "$log"
     done
+
+    ring_on_one_cpu
 
     local bad="$LOG_DIR/bad-profile.toml"
     printf '[port]\ndriver = "af_packet"\n[net]\nipv4 = "10.0.0.1"\nmtu = 4096\n' >"$bad"

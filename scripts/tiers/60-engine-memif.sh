@@ -1,7 +1,8 @@
 # Tier 6: two soft-NIC processes over memif (rdp-nic server on lcore 1, client on lcore 0, distinct --file-prefix,
 # no hugepages): QPN/PSN/rkey/VA exchanged over TCP on 127.0.0.1; SEND, WRITE, READ and atomics at path MTU 1024 and
 # 4096 with every byte verified, 1% and 5% loss injected on both sides, mempool leak checks in both processes, and
-# the stop order memif needs (the server stops polling before the client disconnects).
+# the stop order memif needs (the server stops polling before the client disconnects); a raw echo server whose peer
+# never reads ends by its --timeout.
 TIERS+=(tier6_engine_memif)
 
 # memif_pair NAME N CLIENT-ARGS...: one server/client run; socket, TCP port and prefixes unique per run.
@@ -28,6 +29,34 @@ memif_pair() {
     check "$name: nothing left behind${left:+ ($left)}" test -z "$left"
 }
 
+# raw_echo_peer_stops_reading: rdp-nic's raw RTT server echoes every frame its memif peer sends; here the peer is
+# an rdp-nic raw BW client, which floods 64-byte frames and never reads (its out-of-band partner is the RTT server
+# itself: the server takes any RAW line). The echoes soon find the ring to the client full, and after the client's
+# disconnect memif's tx takes nothing: the server must still end at its --timeout with a CHECK FAIL line naming
+# it, exit 1, its mempool whole (session 11: it retried the tx burst for ever, ignoring --timeout).
+raw_echo_peer_stops_reading() {
+    local sock="/run/rdp-${RUN_ID}-mraw.sock" ps="${RUN_ID}mrs" pc="${RUN_ID}mrc" port=$((20000 + ($$ % 10000) + 99))
+    local slog="$LOG_DIR/tier6-raw-stuck-server.log" clog="$LOG_DIR/tier6-raw-stuck-client.log" spid cpid rc=0 t0
+    track_prefix "$ps"
+    track_prefix "$pc"
+    t0=$SECONDS
+    "$NIC" server --profile "$ROOT/conf/memif-server.toml" --socket "$sock" --oob-port "$port" --file-prefix "$ps" \
+        --raw rtt --timeout 6 >"$slog" 2>&1 &
+    spid=$!
+    track_pid "$spid"
+    "$NIC" client --profile "$ROOT/conf/memif-client.toml" --socket "$sock" --oob-port "$port" --file-prefix "$pc" \
+        --raw bw --size 64 --seconds 2 --timeout 30 >"$clog" 2>&1 &
+    cpid=$!
+    track_pid "$cpid"
+    wait_pid "$spid" 30 || rc=$?
+    check "raw echo, peer never reads: the server ends by its --timeout, exit 1 (got $rc after $((SECONDS - t0)) s)" \
+        test "$rc" -eq 1
+    check "raw echo, peer never reads: one CHECK line says the echoes were not taken" \
+        grep -q '^CHECK FAIL raw server: echoes taken by the port before the timeout (6 s)' "$slog"
+    check "raw echo, peer never reads: the server's mempool is whole" grep -q '^CHECK ok   raw server: mempool: ' "$slog"
+    wait_pid "$cpid" 30 >/dev/null || true
+}
+
 tier6_engine_memif() {
     tier_begin "tier 6 engine over memif"
     if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
@@ -45,6 +74,7 @@ tier6_engine_memif() {
         check "write with ${loss}% loss: frames were dropped" \
             grep -Eq 'loss_injected=[1-9]' "$LOG_DIR/tier6-write-loss$loss-server.log"
     done
+    raw_echo_peer_stops_reading
     TIER_NOTE="($(grep -h '^RESULT op' "$LOG_DIR"/tier6-write-4096-client.log | grep -Eo 'avg_mib_s=[0-9.]+'))"
     tier_end
 }

@@ -58,6 +58,46 @@ pub fn connect_rc(e: &mut Engine, c: &RcConnect, peer: PeerAddr) -> Result<(), S
     e.modify_qp(c.qpn, &rts).map_err(|x| format!("modify_qp RTS: {x}"))
 }
 
+/// The longest wait or run a tool's `--timeout`/`--seconds` may ask for: a year. Larger values would overflow the
+/// deadline (`Instant + Duration` panics past the clock's range) and mean "never" anyway.
+pub const MAX_SECONDS: u64 = 365 * 24 * 3600;
+
+/// clap's parser for a duration in seconds given as a decimal (`--seconds 0.5`): finite, above 0 and at most
+/// [`MAX_SECONDS`] (a negative, NaN or infinite value made `Duration::from_secs_f64` panic).
+pub fn seconds_arg(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= MAX_SECONDS as f64 => Ok(v),
+        Ok(_) => Err(format!("not in (0, {MAX_SECONDS}] seconds")),
+        Err(_) => Err("not a number of seconds".into()),
+    }
+}
+
+/// clap's parser for a percentage (`--inject-loss 5`): a finite number in 0..=100 (out-of-range values were
+/// silently clamped, NaN taken as 0).
+pub fn percent_arg(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+        Ok(_) => Err("not a percentage in 0..=100".into()),
+        Err(_) => Err("not a number".into()),
+    }
+}
+
+/// clap's parser for `--file-prefix`: a plain name ([`roce_dp::dpdk::check_file_prefix`]), since each tool removes
+/// `/var/run/dpdk/<prefix>` recursively when it exits.
+#[cfg(feature = "dpdk")]
+pub fn file_prefix_arg(s: &str) -> Result<String, String> {
+    roce_dp::dpdk::check_file_prefix(s).map(|()| s.to_owned())
+}
+
+/// Removes the EAL runtime directory of `prefix` (`/var/run/dpdk/<prefix>`) when the tool exits; nothing for a
+/// prefix that is not a plain name (the tools refuse those before EAL starts).
+#[cfg(feature = "dpdk")]
+pub fn remove_runtime_dir(prefix: &str) {
+    if let Some(dir) = roce_dp::dpdk::runtime_dir_of(prefix) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// Parses the command line: `--help` / `--version` print and exit 0 (`Err(SUCCESS)`); bad arguments print one line
 /// `TOOL: what (see --help)` and exit 2.
 pub fn parse_cli<C: clap::Parser>(tool: &str) -> Result<C, std::process::ExitCode> {

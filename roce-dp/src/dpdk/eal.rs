@@ -93,6 +93,37 @@ impl EalArgs {
     }
 }
 
+/// Where EAL keeps a process's runtime files as root; the tools remove `<this>/<file prefix>` when they exit.
+pub const RUNTIME_ROOT: &str = "/var/run/dpdk";
+
+/// The longest `--file-prefix` [`check_file_prefix`] accepts (EAL appends `map_N` and more to it for its hugepage
+/// files; a file name holds 255 bytes).
+pub const MAX_FILE_PREFIX: usize = 64;
+
+/// Checks an EAL `--file-prefix` given on a command line: EAL names this process's runtime directory
+/// `/var/run/dpdk/<prefix>` (and its hugepage files) after it, and every tool removes that directory, recursively,
+/// when it exits. So the prefix must be one plain file name: 1 to [`MAX_FILE_PREFIX`] ASCII letters, digits, `_`,
+/// `-` and `.`, not starting with `.` or `-`. Anything else (`/`, `..`, an absolute path) would point the removal
+/// at another directory (`--file-prefix /` joined onto the root is `/`). The error is one line's tail: what the
+/// prefix may hold.
+pub fn check_file_prefix(prefix: &str) -> std::result::Result<(), String> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if (1..=MAX_FILE_PREFIX).contains(&prefix.len()) && prefix.chars().all(plain) && !prefix.starts_with(['.', '-']) {
+        return Ok(());
+    }
+    Err(format!(
+        "{prefix:?} is not a plain name (1-{MAX_FILE_PREFIX} letters, digits, '_', '-' or '.', not starting with '.' \
+         or '-'): EAL names its runtime directory {RUNTIME_ROOT}/<prefix> after it, and that directory is removed on \
+         exit"
+    ))
+}
+
+/// The runtime directory EAL uses for `prefix` as root (`/var/run/dpdk/<prefix>`), or `None` if `prefix` fails
+/// [`check_file_prefix`] (then there is nothing of ours to remove).
+pub fn runtime_dir_of(prefix: &str) -> Option<PathBuf> {
+    check_file_prefix(prefix).ok().map(|()| Path::new(RUNTIME_ROOT).join(prefix))
+}
+
 /// A handle on the initialised EAL. Cheap to clone; [`Mempool`](super::Mempool), [`Port`](super::Port) and
 /// [`Ring`](super::Ring) each hold one, so `rte_eal_cleanup` runs only after all of them are gone.
 #[derive(Clone)]
@@ -338,6 +369,21 @@ mod tests {
         a.no_telemetry = false;
         a.in_memory = true;
         assert_eq!(a.to_vec(), ["p", "-l", "0-1", "--in-memory"]);
+    }
+
+    #[test]
+    fn file_prefix_is_one_plain_name() {
+        for ok in ["rdpn_ring_123", "a", "x.y-z_0", &"p".repeat(MAX_FILE_PREFIX)] {
+            assert_eq!(check_file_prefix(ok), Ok(()), "{ok}");
+            assert_eq!(runtime_dir_of(ok), Some(Path::new("/var/run/dpdk").join(ok)));
+        }
+        // Each of these joined onto /var/run/dpdk names another directory (or the root itself), or is no name.
+        for bad in ["", "/", "/tmp/x", "..", "../..", ".", ".hidden", "-l", "a/b", "a b", "a\0b", "a\nb", "é", "a,b"] {
+            let e = check_file_prefix(bad).unwrap_err();
+            assert!(e.starts_with(&format!("{bad:?} is not a plain name")) && !e.contains('\n'), "{e}");
+            assert_eq!(runtime_dir_of(bad), None, "{bad:?}");
+        }
+        assert!(check_file_prefix(&"p".repeat(MAX_FILE_PREFIX + 1)).is_err());
     }
 
     #[test]

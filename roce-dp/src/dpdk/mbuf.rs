@@ -176,6 +176,31 @@ impl Mbuf {
         }
     }
 
+    /// Append `tail` (with all its segments) after this mbuf's last segment, as `rte_pktmbuf_chain` does: the
+    /// packet then holds both, `pkt_len` and `nb_segs` summed. What PMDs hand over for a frame larger than one
+    /// mbuf (memif, rx scatter); tests build such frames with it. Gives `tail` back when the chain would pass
+    /// 65535 segments.
+    pub fn chain(&mut self, tail: Mbuf) -> std::result::Result<(), Mbuf> {
+        let segs = u32::from(self.nb_segs()) + u32::from(tail.nb_segs());
+        let Ok(segs) = u16::try_from(segs) else { return Err(tail) };
+        let add = tail.raw().pkt_len;
+        let tail = tail.into_raw();
+        // SAFETY: self owns its mbuf and every segment chained from it exclusively (&mut self); the walk follows
+        // `next` to the last segment, which becomes tail's predecessor. tail's ownership moved into the chain
+        // (into_raw above): it is freed with the head from now on.
+        unsafe {
+            let head = self.0.as_ptr();
+            let mut last = head;
+            while !(*last).next.is_null() {
+                last = (*last).next;
+            }
+            (*last).next = tail.as_ptr();
+            (*head).nb_segs = segs;
+            (*head).pkt_len = (*head).pkt_len.wrapping_add(add);
+        }
+        Ok(())
+    }
+
     /// The reference count (1 unless the mbuf was cloned by DPDK code).
     pub fn refcnt(&self) -> u16 {
         // SAFETY: self owns a valid mbuf.

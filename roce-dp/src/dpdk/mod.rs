@@ -25,7 +25,7 @@ mod ring;
 pub mod signal;
 mod worker;
 
-pub use eal::{captured_log, Eal, EalArgs};
+pub use eal::{captured_log, check_file_prefix, runtime_dir_of, Eal, EalArgs, MAX_FILE_PREFIX, RUNTIME_ROOT};
 pub use error::{DpdkError, Result};
 pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for, pool_size, Mempool};

@@ -155,6 +155,9 @@ pub struct WorkerStats {
     pub rx_neigh: u64,
     /// ARP/ND frames sent (replies and resolutions).
     pub tx_neigh: u64,
+    /// ARP/ND frames (replies, solicitations) not sent: no mbuf was free, or the tx burst was full with frames the
+    /// PMD had not taken yet (an ARP storm against a full tx ring).
+    pub tx_neigh_drops: u64,
     /// Tx bursts that sent at least one frame.
     pub tx_bursts: u64,
     /// Frames sent.
@@ -174,7 +177,7 @@ impl WorkerStats {
     pub fn line(&self) -> String {
         format!(
             "polls={} rx_bursts={} rx_empty_polls={} rx_frames={} rx_from_ring={} rx_roce={} rx_linearized={} rx_other={} \
-             steering_misses={} rx_unknown_qp={} dispatched={} dispatch_drops={} loss_injected={} rx_neigh={} tx_neigh={} \
+             steering_misses={} rx_unknown_qp={} dispatched={} dispatch_drops={} loss_injected={} rx_neigh={} tx_neigh={} tx_neigh_drops={} \
              tx_bursts={} tx_frames={} tx_partial={} tx_dropped={} mbuf_alloc_failures={} timer_runs={}",
             self.polls,
             self.rx_bursts,
@@ -191,6 +194,7 @@ impl WorkerStats {
             self.loss_injected,
             self.rx_neigh,
             self.tx_neigh,
+            self.tx_neigh_drops,
             self.tx_bursts,
             self.tx_frames,
             self.tx_partial,
@@ -578,13 +582,15 @@ impl<'p> Worker<'p> {
         }
     }
 
-    /// Queue a frame built outside the engine (ARP, ND); sent with the next tx burst. False if no mbuf was free
-    /// or the tx burst is full.
+    /// Queue a frame built outside the engine (ARP, ND); sent with the next tx burst. False (counted in
+    /// `tx_neigh_drops`) if no mbuf was free or the tx burst is full.
     pub fn send_raw(&mut self, frame: &[u8]) -> bool {
-        let Some(mut m) = self.take_mbuf() else { return false };
-        let Some(buf) = m.append(frame.len() as u16) else { return false };
-        buf.copy_from_slice(frame);
-        if self.tx.push(m).is_err() {
+        let queued = self.take_mbuf().and_then(|mut m| {
+            m.append(frame.len() as u16)?.copy_from_slice(frame);
+            self.tx.push(m).ok()
+        });
+        if queued.is_none() {
+            self.stats.tx_neigh_drops += 1;
             return false;
         }
         self.stats.tx_neigh += 1;
@@ -673,6 +679,15 @@ impl<'p> Worker<'p> {
     /// Frames waiting for the PMD (not yet taken by a tx burst).
     pub fn tx_backlog(&self) -> usize {
         self.tx.len()
+    }
+
+    /// Mbufs the worker holds right now: spare ones for its next frames (the stash a bulk allocation refills),
+    /// frames the PMD has not taken yet, handled frames waiting for the turn's bulk free, and frames queued for
+    /// another worker's ring (the last two are empty between turns). A leak check compares the pool's count of
+    /// mbufs in use minus these.
+    pub fn held_mbufs(&self) -> usize {
+        let out = self.dispatch.as_ref().map_or(0, |d| d.out.iter().map(Burst::len).sum());
+        self.stash.len() + self.tx.len() + self.rx_done.len() + self.rx.len() + out
     }
 
     /// Poll until `stop` is set or `app` returns false; `app` runs after every poll (post work requests, poll

@@ -40,6 +40,8 @@ fn checked_profile(ours: &Ours) -> Result<Profile, Fail> {
     let path = ours.port_conf.as_ref().ok_or_else(|| bad("--port-conf FILE.toml is required (see --help)"))?;
     let mut prof = Profile::load(path).map_err(|e| bad(e.0))?;
     if let Some(s) = &ours.socket {
+        // It goes into the same devargs string as the profile's socket: checked the same way.
+        roce_dp::config::check_socket(s).map_err(|why| bad(format!("--socket {why}")))?;
         prof.port.socket = Some(s.clone());
     }
     if prof.port.driver == Driver::NetRing {

@@ -31,7 +31,7 @@
 //! SEND, the server checks every receive; FETCH_AND_ADD latency, the client checks every returned value.
 
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use roce_dp::{Cqe, SendWr};
@@ -86,7 +86,10 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
             "--port-conf" => ours.port_conf = Some(PathBuf::from(v)),
             "--daemon" => ours.daemon = Some(PathBuf::from(v)),
             "--lcore" => ours.lcore = Some(v),
-            "--file-prefix" => ours.file_prefix = Some(v),
+            "--file-prefix" => {
+                roce_dp::dpdk::check_file_prefix(&v).map_err(|e| format!("--file-prefix {e}"))?;
+                ours.file_prefix = Some(v);
+            }
             "--socket" => ours.socket = Some(v),
             "--poll-sleep" => {
                 let us = v.parse().map_err(|_| format!("--poll-sleep {v:?}: not a number of microseconds"))?;
@@ -128,7 +131,7 @@ pub fn main(test: TestKind) -> ! {
     let p = Params::parse_from_or_exit(test, rest);
     let prefix = ours.file_prefix.clone().unwrap_or_else(|| format!("rdpp_{}", std::process::id()));
     let r = run(test, &p, &ours, &prefix);
-    let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(&prefix));
+    crate::remove_runtime_dir(&prefix);
     match r {
         Ok(()) => std::process::exit(0),
         Err(Fail(code, msg)) => {

@@ -25,7 +25,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use roce_dp::config::{Driver, HostView, Profile};
+use roce_dp::config::{check_iface, check_own_ipv4, check_socket, Driver, HostView, Profile};
 use roce_dp::dpdk::{
     self, choose_offloads, register_thread, Burst, Dispatch, DpdkError, Eal, EalArgs, FlowDest, FlowRule, Idle,
     Mempool, Port, PortConfig, Ring, RoceMatch, Worker, WorkerConfig, QPN_STRIDE,
@@ -37,6 +37,10 @@ use roce_dp::{Engine, EngineConfig, LocalIp, PeerAddr};
 
 use app::{rtt_summary, Local, Op, Params, Remote, Requester, Responder};
 use oob::Oob;
+
+/// The most messages per QP `--iters` takes: the run's byte count (iters x QPs x size) stays far inside a u64, and
+/// raw RTT mode keeps one time per message.
+const MAX_ITERS: u64 = 1_000_000_000;
 
 #[derive(Parser)]
 #[command(
@@ -94,7 +98,7 @@ struct Opts {
     #[arg(long, global = true, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=(1 << 24)))]
     size: u32,
     /// Messages per QP.
-    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
     iters: u64,
     /// QPs.
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -112,8 +116,8 @@ struct Opts {
     /// once into its mbuf and computes the ICRC on both sides). Checks then cover completions only.
     #[arg(long, global = true)]
     no_verify: bool,
-    /// Test only: drop this percentage of received RoCE frames (seeded).
-    #[arg(long, global = true, default_value_t = 0.0)]
+    /// Test only: drop this percentage of received RoCE frames (seeded; 0-100).
+    #[arg(long, global = true, default_value_t = 0.0, value_parser = roce_dp_tools::percent_arg)]
     inject_loss: f64,
     /// Seed of the loss hook.
     #[arg(long, global = true, default_value_t = 1)]
@@ -122,7 +126,7 @@ struct Opts {
     #[arg(long, global = true)]
     stats: bool,
     /// TCP port on 127.0.0.1 for the out-of-band exchange.
-    #[arg(long, global = true, default_value_t = 18515)]
+    #[arg(long, global = true, default_value_t = 18515, value_parser = clap::value_parser!(u16).range(1..))]
     oob_port: u16,
     /// Out-of-band exchange over this Unix socket path instead of TCP (processes in different network namespaces).
     #[arg(long, global = true)]
@@ -155,21 +159,22 @@ struct Opts {
     /// Override the profile's main lcore.
     #[arg(long, global = true)]
     lcore: Option<u32>,
-    /// EAL --file-prefix (default rdpn_MODE_PID); its runtime directory is removed on exit.
-    #[arg(long, global = true)]
+    /// EAL --file-prefix (default rdpn_MODE_PID; a plain name); its runtime directory is removed on exit.
+    #[arg(long, global = true, value_parser = roce_dp_tools::file_prefix_arg)]
     file_prefix: Option<String>,
     /// Idle behaviour (default: the profile's; ring: busy).
     #[arg(long, global = true, value_enum)]
     idle: Option<IdleArg>,
     /// Give up (exit 1) after this many seconds.
-    #[arg(long, global = true, default_value_t = 60)]
+    #[arg(long, global = true, default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
     timeout: u64,
     /// Raw mode for the benchmark (no RoCE): `bw` streams frames of --size bytes client -> server, `rtt`
     /// ping-pongs one frame; compare with the same sizes over RoCE.
     #[arg(long, global = true, value_enum)]
     raw: Option<raw::RawMode>,
     /// Seconds a raw `bw` run sends for.
-    #[arg(long, global = true, default_value_t = 2.0)]
+    #[arg(long, global = true, default_value_t = 2.0, value_parser = roce_dp_tools::seconds_arg)]
     seconds: f64,
     /// Ring and tap modes: after the run, print `HOLD` and wait until stdin reaches end of file before the
     /// steering rules and the ports go, so that they can be inspected from outside (e.g. the tap interfaces'
@@ -222,7 +227,7 @@ fn main() -> ExitCode {
         Mode::Server { profile } => run_peer(&cli.o, &prefix, profile, false),
         Mode::Client { profile } => run_peer(&cli.o, &prefix, profile, true),
     };
-    let _ = std::fs::remove_dir_all(PathBuf::from("/var/run/dpdk").join(&prefix));
+    roce_dp_tools::remove_runtime_dir(&prefix);
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -390,7 +395,9 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
         return Err(SetupError(format!("--workers {}: more workers than QPs ({})", o.workers, p.qps)));
     }
     let mut steering = resolve_steering(o, tap, nw)?;
-    let mut args = EalArgs::new("rdp-nic", &o.lcore.unwrap_or(0).to_string());
+    let lcore = o.lcore.unwrap_or(0).to_string();
+    HostView::default().check_lcores(&lcore).map_err(|why| SetupError(format!("--lcore: {why}")))?;
+    let mut args = EalArgs::new("rdp-nic", &lcore);
     args.file_prefix = Some(prefix.to_owned());
     args.no_huge_mb = Some(if tap { 512 } else { 256 });
     args.no_shconf = true;
@@ -530,21 +537,28 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
             for (w, (ls, rs)) in locals[node].iter().zip(&remotes[node]).enumerate() {
                 for (l, r) in ls.iter().zip(rs) {
                     let key = FlowKey::v4(RING_IP[1 - node], roce_dp::wire::rxe_udp_sport(l.qpn, r.qpn));
-                    match tables[node].add(key, l.qpn, w as u16) {
-                        Some(RuleOp::Install { key, queue }) => {
-                            let m = RoceMatch { ipv6: false, src_ip: Some(key.src_ip), udp_src: Some(key.udp_src) };
-                            match ports[node].roce_flow(&m, FlowDest::Queue(queue)) {
-                                Ok(rule) => {
-                                    rules[node].insert(key, rule);
-                                }
-                                Err(e) => {
-                                    println!("STEERING node {node}: rule for QP {:#x} refused ({e}): forwarded", l.qpn);
-                                    tables[node].refused(key);
+                    // An install the PMD refuses frees a slot another key may take: work through them in order.
+                    let mut ops = std::collections::VecDeque::from(tables[node].add(key, l.qpn, w as u16));
+                    while let Some(op) = ops.pop_front() {
+                        match op {
+                            RuleOp::Install { key, queue } => {
+                                let m = RoceMatch { ipv6: false, src_ip: Some(key.src_ip), udp_src: Some(key.udp_src) };
+                                match ports[node].roce_flow(&m, FlowDest::Queue(queue)) {
+                                    Ok(rule) => {
+                                        rules[node].insert(key, rule);
+                                    }
+                                    Err(e) => {
+                                        println!(
+                                            "STEERING node {node}: rule for UDP source port {:#06x} (queue {queue}) \
+                                             refused ({e}): forwarded",
+                                            key.udp_src
+                                        );
+                                        ops.extend(tables[node].refused(key));
+                                    }
                                 }
                             }
+                            RuleOp::Remove { key } => drop(rules[node].remove(&key)),
                         }
-                        Some(RuleOp::Remove { key }) => drop(rules[node].remove(&key)),
-                        None => {}
                     }
                 }
             }
@@ -564,14 +578,14 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
     let a_done = AtomicUsize::new(0);
     let b_done = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
-    let barrier = Barrier::new(2 * nw);
+    let start = StartLine::new(2 * nw);
     let deadline = Instant::now() + Duration::from_secs(o.timeout);
     let [wa, wb] = workers;
     let (res_a, res_b) = std::thread::scope(|s| {
         let mut ha = Vec::new();
         for (w, wk) in wa.into_iter().enumerate() {
             let (share, l, r) = (&shares[w], &locals[0][w], &remotes[0][w]);
-            let (a_done, b_done, stop, barrier) = (&a_done, &b_done, &stop, &barrier);
+            let (a_done, b_done, stop, start) = (&a_done, &b_done, &stop, &start);
             ha.push(s.spawn(move || {
                 let mut marked = false;
                 node(
@@ -580,7 +594,7 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
                     share,
                     l,
                     r,
-                    barrier,
+                    start,
                     deadline,
                     |_| Ok(Requester::new(*share, l, r)),
                     |wk, req: &mut Requester| {
@@ -597,7 +611,7 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
         let mut hb = Vec::new();
         for (w, wk) in wb.into_iter().enumerate() {
             let (share, l, r) = (&shares[w], &locals[1][w], &remotes[1][w]);
-            let (a_done, b_done, stop, barrier) = (&a_done, &b_done, &stop, &barrier);
+            let (a_done, b_done, stop, start) = (&a_done, &b_done, &stop, &start);
             hb.push(s.spawn(move || {
                 let mut marked = false;
                 node(
@@ -606,7 +620,7 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
                     share,
                     l,
                     r,
-                    barrier,
+                    start,
                     deadline,
                     |wk| Responder::new(*share, l, &mut wk.engine),
                     |wk, resp: &mut Responder| {
@@ -801,6 +815,35 @@ impl AppGate {
     }
 }
 
+/// Where the ring-mode node threads wait for each other before traffic (no requester posts before its responder's
+/// QPs are connected). A thread that could not get ready (it could not pin itself to its core: a machine, or a
+/// cpuset, with one CPU; a QP that would not connect) still arrives and leaves its reason, so that every thread
+/// stops with it instead of waiting for it for ever (session 11: they waited at a plain barrier for ever).
+struct StartLine {
+    barrier: Barrier,
+    failed: std::sync::Mutex<Option<String>>,
+}
+
+impl StartLine {
+    fn new(threads: usize) -> Self {
+        Self { barrier: Barrier::new(threads), failed: std::sync::Mutex::new(None) }
+    }
+
+    /// Waits for every thread, `ready` being this one's preparation; the first failure of any thread for all.
+    fn cross<T>(&self, ready: Result<T, SetupError>) -> Result<T, SetupError> {
+        if let Err(e) = &ready {
+            let mut f = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            f.get_or_insert_with(|| e.0.clone());
+        }
+        self.barrier.wait();
+        let failed = self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        match failed {
+            Some(why) => Err(SetupError(why)),
+            None => ready,
+        }
+    }
+}
+
 /// One ring-mode node thread: pin, resolve the peer, connect QPs, wait for the other node, run `app`.
 #[allow(clippy::too_many_arguments)]
 fn node<'p, S: NodeState>(
@@ -809,29 +852,32 @@ fn node<'p, S: NodeState>(
     p: &Params,
     locals: &[Local],
     remotes: &[Remote],
-    barrier: &Barrier,
+    start: &StartLine,
     deadline: Instant,
     init: impl FnOnce(&mut Worker<'p>) -> Result<S, String>,
     mut app: impl FnMut(&mut Worker<'p>, &mut S) -> (bool, bool),
 ) -> Result<(S, NodeResult), SetupError> {
     let core = (i + wi) % 2;
-    register_thread(core).ctx(|| format!("node {i} worker {wi}: pin to core {core} and register with EAL"))?;
-    let (peer_ip, ip) = if v6 {
-        (NeighIp::V6(RING_IP6[1 - i]), IpAddrs::V6 { src: RING_IP6[i], dst: RING_IP6[1 - i] })
-    } else {
-        (NeighIp::V4(RING_IP[1 - i]), IpAddrs::V4 { src: RING_IP[i], dst: RING_IP[1 - i] })
-    };
-    // Worker 0 receives from the port and resolves the peer (ARP, or IPv6 neighbour discovery); the others (fed by
-    // its dispatcher) do not see those frames and use the peer's known MAC.
-    let mac = if wi == 0 { w.resolve(peer_ip, Duration::from_secs(5)) } else { Some(RING_MAC[1 - i]) };
-    let resolved = mac == Some(RING_MAC[1 - i]);
-    let peer = PeerAddr { ip, mac: mac.unwrap_or(RING_MAC[1 - i]) };
-    for (l, r) in locals.iter().zip(remotes) {
-        app::connect(&mut w.engine, l, r, p, peer).map_err(SetupError)?;
-    }
-    let init = init(&mut w);
+    let ready = (|| -> Result<bool, SetupError> {
+        register_thread(core).ctx(|| format!("node {i} worker {wi}: pin to core {core} and register with EAL"))?;
+        let (peer_ip, ip) = if v6 {
+            (NeighIp::V6(RING_IP6[1 - i]), IpAddrs::V6 { src: RING_IP6[i], dst: RING_IP6[1 - i] })
+        } else {
+            (NeighIp::V4(RING_IP[1 - i]), IpAddrs::V4 { src: RING_IP[i], dst: RING_IP[1 - i] })
+        };
+        // Worker 0 receives from the port and resolves the peer (ARP, or IPv6 neighbour discovery); the others (fed
+        // by its dispatcher) do not see those frames and use the peer's known MAC.
+        let mac = if wi == 0 { w.resolve(peer_ip, Duration::from_secs(5)) } else { Some(RING_MAC[1 - i]) };
+        let peer = PeerAddr { ip, mac: mac.unwrap_or(RING_MAC[1 - i]) };
+        for (l, r) in locals.iter().zip(remotes) {
+            app::connect(&mut w.engine, l, r, p, peer).map_err(SetupError)?;
+        }
+        Ok(mac == Some(RING_MAC[1 - i]))
+    })();
+    let init = ready.is_ok().then(|| init(&mut w));
     let _ = w.poll();
-    barrier.wait();
+    let resolved = start.cross(ready)?;
+    let init = init.unwrap_or_else(|| Err("not ready".into()));
     let mut state = init.map_err(|e| SetupError(format!("node {i} worker {wi}: {e}")))?;
     let stop = AtomicBool::new(false);
     let mut timing = Timing { start: Some(Instant::now()), ..Timing::default() };
@@ -953,17 +999,27 @@ pub(crate) struct Setup {
     pub(crate) memif: bool,
 }
 
-pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> Result<Setup, SetupError> {
+/// The profile with the command line's overrides (`--socket`, `--iface`, `--ipv4`) applied.
+fn load_profile(o: &Opts, profile: &std::path::Path) -> Result<Profile, SetupError> {
     let mut prof = Profile::load(profile).map_err(|e| SetupError(e.0))?;
+    // The overrides go into the same devargs string as the profile's values: checked the same way.
     if let Some(s) = &o.socket {
+        check_socket(s).map_err(|why| SetupError(format!("--socket {why}")))?;
         prof.port.socket = Some(s.clone());
     }
     if let Some(i) = &o.iface {
+        check_iface(i).map_err(|why| SetupError(format!("--iface {why}")))?;
         prof.port.iface = Some(i.clone());
     }
     if let Some(a) = o.ipv4 {
+        check_own_ipv4(a).map_err(|why| SetupError(format!("--ipv4 {why}")))?;
         prof.net.ipv4 = Some(a.to_string());
     }
+    Ok(prof)
+}
+
+pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> Result<Setup, SetupError> {
+    let prof = load_profile(o, profile)?;
     if prof.port.driver == Driver::NetRing {
         return Err(SetupError(format!("{}: net_ring profiles are for the ring mode", profile.display())));
     }
@@ -1008,8 +1064,9 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
     if o.hold {
         return Err(SetupError("--hold needs the ring or tap mode".into()));
     }
-    // Check the profile before touching DPDK so bad input fails fast with its own line.
-    let prof = Profile::load(profile).map_err(|e| SetupError(e.0))?;
+    // Check the profile (and the overrides) before touching DPDK or the peer so bad input fails fast with its own
+    // line.
+    let prof = load_profile(o, profile)?;
     let max_mtu = prof.net.mtu;
     let mtu = match o.mtu {
         Some(m) => check_mtu(m, max_mtu)?,

@@ -4,6 +4,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -71,7 +72,20 @@ impl Oob {
     /// Listen on 127.0.0.1:`port`, or on the Unix socket `unix` if given.
     pub(crate) fn listen(port: u16, unix: Option<&Path>) -> std::io::Result<Listener> {
         if let Some(path) = unix {
-            let _ = std::fs::remove_file(path);
+            // A socket left by an earlier run is replaced; anything else at the path (a typo naming a profile, a
+            // directory's file) is not ours to delete.
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_socket() => {
+                    let _ = std::fs::remove_file(path);
+                }
+                Ok(_) => {
+                    return Err(std::io::Error::new(
+                        ErrorKind::AlreadyExists,
+                        "the path exists and is not a socket (left as it is)",
+                    ))
+                }
+                Err(_) => {}
+            }
             let l = UnixListener::bind(path)?;
             l.set_nonblocking(true)?;
             return Ok(Listener::Unix(l, path.to_owned()));
@@ -195,6 +209,29 @@ impl Listener {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listen_replaces_a_stale_socket_but_no_other_file() {
+        // Session-11 audit: `--oob-unix PATH` removed whatever PATH named (as root: any file) before binding.
+        let dir = std::env::temp_dir().join(format!("rdpn-oob-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("profile.toml");
+        std::fs::write(&file, "[port]\n").unwrap();
+        let e = Oob::listen(0, Some(&file)).err().expect("a plain file is refused");
+        assert_eq!(e.kind(), ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "[port]\n", "the file is left as it was");
+        assert!(Oob::listen(0, Some(&dir)).is_err(), "a directory is refused");
+        assert!(dir.is_dir());
+        // A socket an earlier run left behind (its listener gone without removing it) is replaced.
+        let sock = dir.join("oob.sock");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        assert!(sock.exists());
+        let l = Oob::listen(0, Some(&sock)).expect("a stale socket is replaced");
+        assert!(UnixStream::connect(&sock).is_ok());
+        drop(l);
+        assert!(!sock.exists(), "the listener removes its socket");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn an_endless_line_is_refused_at_the_limit() {

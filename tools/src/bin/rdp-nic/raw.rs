@@ -59,12 +59,15 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
                 );
             }
             RawMode::Rtt => {
-                let mut rtts = Vec::with_capacity(o.iters as usize);
+                // One time per echo, grown as they come (--iters may ask for a billion).
+                let mut rtts = Vec::with_capacity(o.iters.min(1 << 20) as usize);
                 for _ in 0..o.iters + 1000 {
                     fill_one(&mut tx, s, size, &mut seq);
                     let t = Instant::now();
-                    while !tx.is_empty() {
-                        s.port.tx_burst(0, &mut tx);
+                    if !send_all(s, &mut tx, deadline) {
+                        return Err(SetupError(
+                            "raw rtt: the port took no frame before the timeout (peer gone?)".into(),
+                        ));
                     }
                     loop {
                         if s.port.rx_burst(0, &mut rx) > 0 {
@@ -95,13 +98,17 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
         let mut received = 0u64;
         let mut done: Option<(u64, Instant)> = None;
         let mut n = 0u64;
+        let mut stuck = false;
         loop {
             n += 1;
             let got = s.port.rx_burst(0, &mut rx);
             received += got as u64;
             if mode == RawMode::Rtt && got > 0 {
-                while !rx.is_empty() {
-                    s.port.tx_burst(0, &mut rx);
+                // A client that stopped reading (or went away) must not keep this loop from its deadline.
+                if !send_all(s, &mut rx, deadline) {
+                    rx.clear();
+                    stuck = true;
+                    break;
                 }
             } else {
                 rx.clear();
@@ -125,6 +132,9 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
         }
         oob.send(&format!("STOPPED {received}"))?;
         ok &= check(label, done.is_some(), format!("{received} frames received"));
+        if stuck {
+            ok &= check(label, false, format!("echoes taken by the port before the timeout ({} s)", o.timeout));
+        }
     }
     drop((rx, tx));
     let after = s.pool.in_use();
@@ -134,6 +144,17 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
     finish_port(s, client, o)?;
     ok &= leak_check(label, s, after);
     Ok(ok)
+}
+
+/// Transmits every frame of `b`, retrying while the PMD takes none (memif applies back-pressure); false if
+/// `deadline` passed first (a peer that stopped reading, or a memif link that went down: its tx takes nothing).
+fn send_all(s: &mut Setup, b: &mut Burst, deadline: Instant) -> bool {
+    while !b.is_empty() {
+        if s.port.tx_burst(0, b) == 0 && Instant::now() > deadline {
+            return false;
+        }
+    }
+    true
 }
 
 fn header(buf: &mut [u8], s: &Setup, seq: u64) {

@@ -11,6 +11,7 @@
 //! (SIGINT/SIGTERM: the tool stops polling and shuts DPDK down cleanly; a second signal kills it at once).
 
 mod flow;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,15 +42,30 @@ enum Mode {
         #[arg(long)]
         role: Role,
         /// The memif control socket (the server creates it).
-        #[arg(long)]
+        #[arg(long, value_parser = socket_arg)]
         socket: PathBuf,
     },
+    /// The data-path worker (engine + port queue pair) fed hand-made frames over a net_ring port: runts,
+    /// multi-segment frames, hostile destination QPs, a full dispatch ring, a full tx ring, an empty mempool, a stop
+    /// with frames in flight; counters and mempool checked after each (tier 2).
+    Worker,
     /// One side of a net_af_packet pair on a kernel interface (4 KiB frames need MTU >= 4096 on it).
     AfPacket {
         /// The interface, e.g. one end of a veth pair.
-        #[arg(long)]
+        #[arg(long, value_parser = iface_arg)]
         iface: String,
     },
+}
+
+/// `--socket`: a memif socket path that leaves the devargs string as it is (no `,` or `=`; see
+/// [`roce_dp::config::check_socket`]).
+fn socket_arg(s: &str) -> Result<PathBuf, String> {
+    roce_dp::config::check_socket(s).map(|()| PathBuf::from(s))
+}
+
+/// `--iface`: an interface name that leaves the devargs string as it is ([`roce_dp::config::check_iface`]).
+fn iface_arg(s: &str) -> Result<String, String> {
+    roce_dp::config::check_iface(s).map(|()| s.to_owned())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -68,28 +84,30 @@ struct Opts {
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
     queues: u16,
     /// Frames per size and direction (per queue pair).
-    #[arg(long, global = true, default_value_t = 1000)]
+    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
     frames: u64,
     /// Send for this many seconds instead of a fixed number of frames (throughput runs).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, value_parser = roce_dp_tools::seconds_arg)]
     seconds: Option<f64>,
     /// Most unacknowledged frames in flight.
-    #[arg(long, global = true, default_value_t = 256)]
+    #[arg(long, global = true, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
     window: u64,
     /// Resend from the first unacknowledged frame after this many milliseconds without ACK progress (go-back-N).
-    #[arg(long, global = true, default_value_t = 200)]
+    #[arg(long, global = true, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     rto_ms: u64,
     /// Give up (exit 1) if the exchange has not finished after this many seconds.
-    #[arg(long, global = true, default_value_t = 30)]
+    #[arg(long, global = true, default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
     timeout: u64,
     /// Wait this long for the link (memif: the peer) to come up (exit 2 after).
-    #[arg(long, global = true, default_value_t = 10)]
+    #[arg(long, global = true, default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
     link_timeout: u64,
     /// EAL main lcore (default: 1 for the memif server, else 0).
     #[arg(long, global = true)]
     lcore: Option<u32>,
-    /// EAL --file-prefix (default: rdpt_MODE_PID); its /var/run/dpdk directory is removed on exit.
-    #[arg(long, global = true)]
+    /// EAL --file-prefix (default: rdpt_MODE_PID; a plain name); its /var/run/dpdk directory is removed on exit.
+    #[arg(long, global = true, value_parser = roce_dp_tools::file_prefix_arg)]
     file_prefix: Option<String>,
     /// MiB of ordinary memory for EAL (--no-huge -m); default 256 for ring, 512 otherwise.
     #[arg(long, global = true)]
@@ -102,7 +120,7 @@ struct Opts {
     mtu: Option<u16>,
     /// Milliseconds to wait after the stop handshake before stopping the port (default: 1500 for the memif client,
     /// else 0; the memif server waits for the client to disconnect instead).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     stop_grace_ms: Option<u64>,
     /// Append DPDK's own output to this file (default: a temporary file, quoted from when a setup step fails).
     #[arg(long, global = true)]
@@ -164,6 +182,7 @@ fn main() -> ExitCode {
     dpdk::signal::stop_on_signals();
     let (mode_name, default_lcore) = match &cli.mode {
         Mode::Ring => ("ring", 0),
+        Mode::Worker => ("worker", 0),
         Mode::Memif { role: Role::Server, .. } => ("memif_s", 1),
         Mode::Memif { role: Role::Client, .. } => ("memif_c", 0),
         Mode::AfPacket { .. } => ("afp", 0),
@@ -172,7 +191,7 @@ fn main() -> ExitCode {
     let lcore = cli.opt.lcore.unwrap_or(default_lcore);
     let result = run(&cli, &prefix, lcore);
     // Everything DPDK is dropped by now (rte_eal_cleanup ran); remove what EAL left in its runtime directory.
-    let _ = std::fs::remove_dir_all(PathBuf::from("/var/run/dpdk").join(&prefix));
+    roce_dp_tools::remove_runtime_dir(&prefix);
     match result {
         Ok(_) if dpdk::signal::stop_requested() => {
             eprintln!("rdp-porttest: interrupted");
@@ -192,12 +211,15 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     let o = &cli.opt;
+    // An lcore this machine lacks: one line naming the flag, instead of EAL's "Invalid argument".
+    let host = roce_dp::config::HostView::default();
+    host.check_lcores(&lcore.to_string()).map_err(|why| SetupError(format!("--lcore: {why}")))?;
     let mut args = EalArgs::new("rdp-porttest", &lcore.to_string());
     args.file_prefix = Some(prefix.to_owned());
     if o.hugepages {
         args.in_memory = true;
     } else {
-        args.no_huge_mb = Some(o.mem.unwrap_or(if matches!(cli.mode, Mode::Ring) { 256 } else { 512 }));
+        args.no_huge_mb = Some(o.mem.unwrap_or(if matches!(cli.mode, Mode::Ring | Mode::Worker) { 256 } else { 512 }));
         args.no_shconf = true;
     }
     args.extra = o.eal.clone();
@@ -209,6 +231,9 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
         (None, false) => Eal::init_captured(argv),
     };
     let eal = eal.ctx(|| format!("EAL args: {shown}"))?;
+    if matches!(cli.mode, Mode::Worker) {
+        return worker::run(&eal);
+    }
 
     let max_size = o.sizes.iter().copied().max().unwrap_or(64);
     let af_packet = matches!(cli.mode, Mode::AfPacket { .. });
@@ -230,6 +255,7 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     let pool = Mempool::new(&eal, "rdpt_pool", n, 256, room).ctx(|| format!("{n} mbufs of {room} B"))?;
 
     let mut ports = match &cli.mode {
+        Mode::Worker => unreachable!("returned above"),
         Mode::Ring => {
             let rings = |dir: &str| -> Result<Vec<Ring>, SetupError> {
                 (0..q)

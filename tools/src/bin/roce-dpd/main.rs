@@ -48,8 +48,8 @@ struct Cli {
     /// Override [daemon] socket.
     #[arg(long)]
     socket: Option<PathBuf>,
-    /// EAL --file-prefix (default roce-dpd_PID); its runtime directory is removed on exit.
-    #[arg(long)]
+    /// EAL --file-prefix (default roce-dpd_PID; a plain name); its runtime directory is removed on exit.
+    #[arg(long, value_parser = roce_dp_tools::file_prefix_arg)]
     file_prefix: Option<String>,
     /// Let DPDK print to the terminal.
     #[arg(short, long)]
@@ -91,7 +91,7 @@ fn main() -> ExitCode {
     }
     let prefix = cli.file_prefix.clone().unwrap_or_else(|| format!("roce-dpd_{}", std::process::id()));
     let r = run(&cli, &prefix);
-    let _ = std::fs::remove_dir_all(PathBuf::from("/var/run/dpdk").join(&prefix));
+    roce_dp_tools::remove_runtime_dir(&prefix);
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(Fail(msg)) => {
