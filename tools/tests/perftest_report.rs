@@ -187,7 +187,12 @@ fn bw_figures_from_a_measurement() {
     assert_eq!(bw_line(&r, false), " 4096       20               8.50               7.81   \t\t   0.002000");
     // Gb/s: 7.8125 MiB/s = 8192000 B/s = 0.065536 Gb/s.
     assert!((mibs_to_gbits(7.8125) - 0.065536).abs() < 1e-12);
-    assert_eq!(bw_line(&r, true), " 4096       20               0.07               0.07   \t\t   0.002000");
+    // Below 0.1 Gb/s perftest prints six decimals with other spacing (REPORT_FMT_EXT,
+    // " %-7lu    %lu           %-7.6lf            %-7.6lf            %-7.6lf"), where two decimals said 0.07.
+    assert_eq!(bw_line(&r, true), " 4096       20           0.071303            0.065536            0.002000");
+    // From 0.1 Gb/s on, REPORT_FMT again: 16 QPs, 1.048576 Gb/s.
+    let r16 = bw_report(4096, 20, 16, false, Duration::from_millis(10), 0.0);
+    assert_eq!(bw_line(&r16, true), " 4096       20               0.00               1.05   \t\t   0.032000");
     assert_eq!(bw_report(1, 1, 1, false, Duration::ZERO, 0.0).bw_avg, 0.0);
 }
 

@@ -19,6 +19,12 @@ pub const MIN_ITERS: u64 = 5;
 pub const MAX_ITERS: u64 = 100_000_000;
 /// The largest size `-a` runs (2^23; it starts at 2).
 pub const MAX_ALL_SIZE_LOG2: u32 = 23;
+/// The largest `-s` (perftest: `UINT_MAX / 2`).
+pub const MAX_SIZE: u64 = (1 << 31) - 1;
+/// perftest signals every WR (CQ moderation 1) for messages above this size unless `-Q` is given, `-a` runs or
+/// `-e` sleeps on events (`MSG_SIZE_CQ_MOD_LIMIT`; "we disable cq_mod for large message size to prevent from
+/// incorrect BW calculation").
+pub const CQ_MOD_SIZE_LIMIT: u64 = 8192;
 
 /// `-A`: the atomic operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -81,8 +87,9 @@ struct Cli {
     /// Connection type (only RC).
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
-    /// Message size in bytes (default 65536 in BW tests, 2 in latency tests, 8 in atomic tests).
-    #[arg(short = 's', long = "size", conflicts_with = "all")]
+    /// Message size in bytes, 1 to 2^31-1; as perftest, a K or M suffix multiplies by 1024 or 1024^2 and 0x
+    /// reads hex (default 65536 in BW tests, 2 in latency tests, 8 in atomic tests).
+    #[arg(short = 's', long = "size", conflicts_with = "all", value_parser = parse_size)]
     size: Option<u64>,
     /// Run all sizes from 2 to 2^23 bytes.
     #[arg(short = 'a', long = "all")]
@@ -144,6 +151,27 @@ struct Cli {
     /// Sleep on CQ events (default poll). With --daemon only; not in write_lat (its receiver polls memory).
     #[arg(short = 'e', long = "events", visible_alias = "use_event")]
     events: bool,
+}
+
+/// `-s` as perftest reads it: a trailing `K` or `M` multiplies by 1024 or 1024^2, the number is C's `strtol(s, NULL,
+/// 0)` (decimal, `0x` hex, a leading `0` octal); 1 to 2^31-1 ("Message Size should be between 1 and 2147483647").
+/// Where perftest's `strtol` would stop at the first stray character and use what came before, this refuses it.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, factor) = match s.strip_suffix('K') {
+        Some(d) => (d, 1024),
+        None => s.strip_suffix('M').map_or((s, 1), |d| (d, 1024 * 1024)),
+    };
+    let n = if let Some(h) = digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16)
+    } else if digits.len() > 1 && digits.starts_with('0') {
+        u64::from_str_radix(&digits[1..], 8)
+    } else {
+        digits.parse::<u64>()
+    };
+    let n = n.map_err(|_| format!("{s:?} is not a message size (bytes, or with a K or M suffix)"))?;
+    n.checked_mul(factor)
+        .filter(|v| (1..=MAX_SIZE).contains(v))
+        .ok_or_else(|| format!("message size {s} is out of range: it should be between 1 and {MAX_SIZE}"))
 }
 
 fn parse_mtu(s: &str) -> Result<Mtu, String> {
@@ -359,9 +387,6 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
         (_, true) => 65536,
         (_, false) => 2,
     });
-    if size == 0 || size > 1 << 31 {
-        return Err(format!("message size {size} is out of range (1 to 2^31 bytes)"));
-    }
     let sizes = if c.all { (1..=MAX_ALL_SIZE_LOG2).map(|i| 1u64 << i).collect() } else { vec![size] };
     let run = if c.run_infinitely {
         RunLength::Infinitely(c.duration.unwrap_or(5))
@@ -380,8 +405,13 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
         _ => depth,
     };
     let tx_depth = clamp(c.tx_depth.unwrap_or(if bw { 128 } else { 1 }));
-    let rx_depth = clamp(c.rx_depth.unwrap_or(if verb == Verb::Send { 512 } else { 1 }));
-    let cq_mod = c.cq_mod.unwrap_or(100).min(tx_depth);
+    let mut rx_depth = clamp(c.rx_depth.unwrap_or(if verb == Verb::Send { 512 } else { 1 }));
+    // perftest's work-around of an odd receive depth in send tests (not with -a or --run_infinitely).
+    if verb == Verb::Send && rx_depth % 2 == 1 && !c.all && !c.run_infinitely {
+        rx_depth += 1;
+    }
+    let large = size > CQ_MOD_SIZE_LIMIT && !c.all && !c.events;
+    let cq_mod = c.cq_mod.unwrap_or(if large { 1 } else { 100 }).min(tx_depth);
     // perftest measures no peak in duration mode, and none above 20000 iterations (its search is quadratic).
     let no_peak = c.no_peak || !matches!(run, RunLength::Iterations(n) if n <= 20_000);
     if !test.is_bw() && !matches!(run, RunLength::Iterations(_)) {

@@ -42,13 +42,22 @@ fn f(v: f64, width: usize, prec: usize) -> String {
 
 /// The test's title line as perftest centres it (20 spaces), e.g. `RDMA_Write BW Test`.
 pub fn title(test: TestKind, atomic: AtomicType) -> String {
+    title_of(test, atomic, false)
+}
+
+/// [`title`], with perftest's `Bidirectional` before `BW` for `-b` (`RDMA_Write Bidirectional BW Test`).
+pub fn title_of(test: TestKind, atomic: AtomicType, duplex: bool) -> String {
     let op = match test.verb() {
         Verb::Send => "Send".to_string(),
         Verb::Write => "RDMA_Write".to_string(),
         Verb::Read => "RDMA_Read".to_string(),
         Verb::Atomic => format!("Atomic {}", atomic.name()),
     };
-    let kind = if test.is_bw() { "BW" } else { "Latency" };
+    let kind = match (test.is_bw(), duplex) {
+        (true, true) => "Bidirectional BW",
+        (true, false) => "BW",
+        (false, _) => "Latency",
+    };
     format!("                    {op} {kind} Test")
 }
 
@@ -61,6 +70,8 @@ pub struct Banner {
     pub atomic_type: AtomicType,
     /// Client or server: the client shows its TX depth; the server its RX depth in send tests, else none.
     pub role: Role,
+    /// `-b`: both sides send (and, in send tests, receive), so both show their TX depth (and RX depth).
+    pub duplex: bool,
     /// The device (perftest: `rxe0`; ours: the port or soft-NIC name).
     pub device: String,
     /// `-q`.
@@ -88,6 +99,7 @@ impl Banner {
             test: p.test,
             atomic_type: p.atomic_type,
             role: if p.is_client() { Role::Client } else { Role::Server },
+            duplex: p.duplex,
             device: device.to_string(),
             num_qps: p.num_qps,
             tx_depth: p.tx_depth,
@@ -105,7 +117,7 @@ impl Banner {
         let verb = self.test.verb();
         let mut v = vec![
             RESULT_LINE.to_string(),
-            title(self.test, self.atomic_type),
+            title_of(self.test, self.atomic_type, self.duplex),
             format!(" Dual-port       : OFF\t\tDevice         : {}", self.device),
             format!(" Number of qps   : {}\t\tTransport type : IB", self.num_qps),
             " Connection type : RC\t\tUsing SRQ      : OFF".to_string(),
@@ -113,10 +125,13 @@ impl Banner {
             format!(" PCIe relax order: {}", if self.test == TestKind::WriteLat { "OFF" } else { "ON" }),
             " ibv_wr* API     : OFF".to_string(),
         ];
-        match (self.role, verb) {
-            (Role::Client, _) => v.push(format!(" TX depth        : {}", self.tx_depth)),
-            (Role::Server, Verb::Send) => v.push(format!(" RX depth        : {}", self.rx_depth)),
-            (Role::Server, _) => {}
+        // perftest: the TX depth if this side sends (the client, or both with -b), the RX depth in send tests if
+        // this side receives (the server, or both with -b).
+        if self.role == Role::Client || self.duplex {
+            v.push(format!(" TX depth        : {}", self.tx_depth));
+        }
+        if verb == Verb::Send && (self.role == Role::Server || self.duplex) {
+            v.push(format!(" RX depth        : {}", self.rx_depth));
         }
         if self.test.is_bw() {
             v.push(format!(" CQ Moderation   : {}", self.cq_mod));
@@ -195,15 +210,27 @@ pub fn bw_header(gbits: bool) -> &'static str {
     }
 }
 
-/// One BW row (`REPORT_FMT`); `r` in MiB/s, printed in Gb/s with `gbits`.
+/// True when perftest prints a BW row with six decimals (`REPORT_FMT_EXT`): in Gb/s, below 0.1 Gb/s average.
+fn extended(r: &BwReport, gbits: bool) -> bool {
+    gbits && mibs_to_gbits(r.bw_avg) < 0.1
+}
+
+/// One BW row (`REPORT_FMT`); `r` in MiB/s, printed in Gb/s with `gbits`. Below 0.1 Gb/s perftest prints the
+/// figures with six decimals and other spacing (`REPORT_FMT_EXT`), and so does this.
 pub fn bw_line(r: &BwReport, gbits: bool) -> String {
     let conv = |v: f64| if gbits { mibs_to_gbits(v) } else { v };
+    // REPORT_FMT:     " %-7lu    %-10lu       %-7.2lf            %-7.2lf\t\t   %-7.6lf"
+    // REPORT_FMT_EXT: " %-7lu    %lu           %-7.6lf            %-7.6lf            %-7.6lf"
+    let (iters, sep, prec) = if extended(r, gbits) {
+        (format!("{}           ", r.iters), "            ", 6)
+    } else {
+        (format!("{:<10}       ", r.iters), "\t\t   ", 2)
+    };
     format!(
-        " {:<7}    {:<10}       {}            {}\t\t   {}",
+        " {:<7}    {iters}{}            {}{sep}{}",
         r.size,
-        r.iters,
-        f(conv(r.bw_peak), 7, 2),
-        f(conv(r.bw_avg), 7, 2),
+        f(conv(r.bw_peak), 7, prec),
+        f(conv(r.bw_avg), 7, prec),
         f(r.msg_rate, 7, 6)
     )
 }
@@ -362,7 +389,7 @@ pub enum Results {
 /// `results` is a list of such objects.
 pub fn json(banner: &Banner, results: &Results, gbits: bool) -> String {
     let mut o = String::from("{\n  \"test_info\": {\n");
-    let title = title(banner.test, banner.atomic_type);
+    let title = title_of(banner.test, banner.atomic_type, banner.duplex);
     let info = [
         ("test", json_str(title.trim())),
         ("tool", json_str(banner.test.tool_name())),
@@ -384,12 +411,13 @@ pub fn json(banner: &Banner, results: &Results, gbits: bool) -> String {
         Results::Bw(rows) => rows
             .iter()
             .map(|r| {
+                let prec = if extended(r, gbits) { 6 } else { 2 };
                 format!(
                     "{{\"MsgSize\": {}, \"n_iterations\": {}, \"BW_peak\": {}, \"BW_average\": {}, \"MsgRate\": {}}}",
                     r.size,
                     r.iters,
-                    json_num(conv(r.bw_peak), 2),
-                    json_num(conv(r.bw_avg), 2),
+                    json_num(conv(r.bw_peak), prec),
+                    json_num(conv(r.bw_avg), prec),
                     json_num(r.msg_rate, 6)
                 )
             })
