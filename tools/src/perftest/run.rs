@@ -357,7 +357,7 @@ pub(super) fn session<N: Nic>(
     let role = if client { Role::Client } else { Role::Server };
     // Shut down to end a blocked exchange step when the data path goes away (see `polling`).
     let abort = stream.try_clone().map_err(|e| err(format!("out-of-band socket: {e}")))?;
-    let mut ex = Exchange::new(stream, role, timeout);
+    let mut ex = Exchange::tcp(stream, role, timeout);
     let port_mtu = Mtu::from_bytes(nic.port_mtu()).unwrap_or(Mtu::Mtu1024);
     let n = polling(nic, &abort, || ex.setup(SysData::default(), p.mtu.unwrap_or(port_mtu), p.mtu.is_some()))?
         .map_err(err)?;
