@@ -3,6 +3,8 @@
 //! when the file reads, exit 2 with exactly one line `roce-dump: FILE: reason` when it does not; never a panic, never
 //! an allocation of what a length field claims.
 
+mod common;
+
 use pcap_file::pcap::PcapReader;
 use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
 use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
@@ -197,17 +199,8 @@ mod oob_peer {
     }
 
     /// Waits at most `secs` for the child; kills it (and fails) if it is still running.
-    fn finish(mut child: Child, secs: u64, what: &str) -> (Option<i32>, String) {
-        let until = Instant::now() + Duration::from_secs(secs);
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > until {
-                child.kill().unwrap();
-                let o = child.wait_with_output().unwrap();
-                panic!("{what}: the passive side still runs after {secs} s: {}", String::from_utf8_lossy(&o.stderr));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let o = child.wait_with_output().unwrap();
+    fn finish(child: Child, secs: u64, what: &str) -> (Option<i32>, String) {
+        let o = crate::common::wait_child(child, secs, what);
         (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
     }
 

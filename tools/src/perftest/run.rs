@@ -359,8 +359,16 @@ pub(super) fn session<N: Nic>(
     let abort = stream.try_clone().map_err(|e| err(format!("out-of-band socket: {e}")))?;
     let mut ex = Exchange::tcp(stream, role, timeout);
     let port_mtu = Mtu::from_bytes(nic.port_mtu()).unwrap_or(Mtu::Mtu1024);
-    let n = polling(nic, &abort, || ex.setup(SysData::default(), p.mtu.unwrap_or(port_mtu), p.mtu.is_some()))?
-        .map_err(err)?;
+    // perftest's set_mtu: a requested MTU above the port's active one is lowered to it, said on stdout so.
+    let mtu = match p.mtu {
+        Some(m) if m > port_mtu => {
+            println!("Requested mtu is higher than active mtu ");
+            println!("Changing to active mtu - {}", port_mtu as u8);
+            port_mtu
+        }
+        m => m.unwrap_or(port_mtu),
+    };
+    let n = polling(nic, &abort, || ex.setup(SysData::default(), mtu, p.mtu.is_some()))?.map_err(err)?;
     if n.mtu > port_mtu {
         return Err(err(format!("path MTU {} is above the port's {}", n.mtu.bytes(), port_mtu.bytes())));
     }
