@@ -299,7 +299,9 @@ pub fn one_line_error(test: TestKind, e: &clap::Error) -> String {
         if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
             let flag = arg.split_once('=').map_or(arg.as_str(), |(f, _)| f);
             if let Some((names, why)) = PERFTEST_ONLY.iter().find(|(names, _)| names.split('/').any(|n| n == flag)) {
-                return format!("{}: perftest's {names} is not supported by roce-dp: {why}", test.tool_name());
+                // A flag and its alias are named together (`-R/--rdma_cm`); one of a group, alone.
+                let shown = if names.split('/').count() <= 2 { names } else { flag };
+                return format!("{}: perftest's {shown} is not supported by roce-dp: {why}", test.tool_name());
             }
         }
     }
@@ -327,8 +329,37 @@ const PERFTEST_ONLY: &[(&str, &str)] = &[
     ("-g/--mcg", "no multicast: RC only"),
     ("-M/--MGID", "no multicast: RC only"),
     ("-O/--dualport", "one port per soft NIC"),
-    ("-j/--source_mac", "raw Ethernet tests are not implemented"),
-    ("-k/--num_of_qps_in_srq", "no shared receive queues"),
+    (
+        "-B/--source_mac/-E/--dest_mac/-J/--dest_ip/-j/--source_ip/-K/--dest_port/-k/--source_port/-Y/--ethertype/\
+         -Z/--server/-P/--client/-v/--mac_fwd/-G/--use_rss/--tcp/--remote_mac/--local_mac/--remote_ip/--local_ip/\
+         --remote_port/--local_port/--promiscuous/--sniffer/--raw_mcast/--raw_ipv6/--flows/--flows_burst/--vlan_en/\
+         --vlan_pcp/--typical_pkt_size/--connectionless/--disable_fcs",
+        "raw Ethernet and UD tests (raw_ethernet_*) are not implemented",
+    ),
+    (
+        "-C/--report-cycles/-H/--report-histogrm/-U/--report-unsorted/--output",
+        "the latency and BW tests print perftest's summary table, in microseconds and MiB/s or Gb/s",
+    ),
+    ("-T/--tos", "a ToS is for rdma_cm QPs (-R), which these tools do not use; the engine sends DSCP 0 with ECT(0)"),
+    ("-W/--report-counters", "no device counters here: roce-stat prints roce-dpd's"),
+    ("-X/--vector", "one completion channel per tool (-e)"),
+    ("--retry_count", "the QPs retry 7 times, perftest's default"),
+    ("--pkey_index", "one partition, P_Key 0xffff"),
+    ("--dlid", "RoCE has no LIDs"),
+    ("--force-link", "the link is always Ethernet"),
+    ("--rate_limit/--rate_limit_type/--rate_units/--burst_size", "no rate limiter: DCQCN paces the QPs"),
+    (
+        "--use_cuda_bus_id/--use_cuda_dmabuf/--use_neuron/--use_neuron_dmabuf/--use_hl/--use_mlu/--use_null_mr/\
+         --use-null-mr/--mmap-offset/--payload_file_path/--mr_per_qp/--inline_recv/--recv_post_list",
+        "every QP has one region of host memory, filled by the tool",
+    ),
+    (
+        "--latency_gap/--reply_every/--perform_warm_up/--wait_destroy/--flow_label/--use_old_post_send/--ipv6-addr/\
+         --use_ooo/--disable_pcie_relaxed/--no_lock/--no_ddp/--congest_type/--unsolicited_write/--aes_xts/\
+         --encrypt_on_tx/--sig_before/--aes_block_size/--kek_path/--credentials_path/--data_enc_keys_number/\
+         --data_enc_key_app_path/--log_dci_streams/--log_active_dci_streams/--use_exp/--verb_type/--use_res_domain",
+        "not implemented in these tools",
+    ),
     ("-L/--hop_limit", "the engine sends TTL/hop limit 64"),
     ("--report-both", "each side prints its own report"),
     ("--report-per-port", "one port per soft NIC"),
