@@ -267,15 +267,20 @@ pub struct LatStats {
     pub p999: f64,
 }
 
-/// Collects round-trip samples: min/max/mean/stdev exactly, median and percentiles from an HdrHistogram
-/// (nanoseconds, 3 significant digits, so within 0.1%).
+/// Collects round-trip samples and reports them as perftest's `print_report_lat` does: the samples sorted, the two
+/// largest left out (`LAT_MEASURE_TAIL`), so that `t_max` is the second largest sample, `t_avg` and `t_stdev` are
+/// over the rest, `t_typical` is their median (the mean of the middle two for an even count), and the 99% and
+/// 99.9% figures are the samples at ranks `ceil(0.99 m)` and `ceil(0.999 m)` of the sorted samples (`m` = the
+/// samples less two). Min, the two left out, sums and squares exactly; the other ranks from an HdrHistogram
+/// (nanoseconds, 3 significant digits, so within 0.1%) instead of perftest's array of every sample.
 pub struct LatRecorder {
     hist: Histogram<u64>,
     n: u64,
     sum: f64,
     sum_sq: f64,
     min: u64,
-    max: u64,
+    /// The three largest samples, largest first.
+    top: [u64; 3],
 }
 
 impl Default for LatRecorder {
@@ -290,7 +295,7 @@ impl LatRecorder {
         // Auto-resizing, so no sample is ever refused.
         let mut hist = Histogram::new(3).expect("3 significant digits is a valid precision");
         hist.auto(true);
-        LatRecorder { hist, n: 0, sum: 0.0, sum_sq: 0.0, min: u64::MAX, max: 0 }
+        LatRecorder { hist, n: 0, sum: 0.0, sum_sq: 0.0, min: u64::MAX, top: [0; 3] }
     }
 
     /// Records one sample (a full round trip, or one completion for read/atomic).
@@ -302,7 +307,30 @@ impl LatRecorder {
         self.sum += ns as f64;
         self.sum_sq += (ns as f64) * (ns as f64);
         self.min = self.min.min(ns);
-        self.max = self.max.max(ns);
+        if let Some(i) = self.top.iter().position(|&t| ns > t) {
+            self.top.copy_within(i..2, i + 1);
+            self.top[i] = ns;
+        }
+    }
+
+    /// The sample at `rank` (from 0) of the sorted samples: exact for the smallest and the three largest, else the
+    /// histogram's bucket.
+    fn at_rank(&self, rank: u64) -> u64 {
+        let from_top = self.n - 1 - rank.min(self.n - 1);
+        if from_top < 3 {
+            return self.top[from_top as usize];
+        }
+        if rank == 0 {
+            return self.min;
+        }
+        let mut seen = 0;
+        for v in self.hist.iter_recorded() {
+            seen += v.count_at_value();
+            if seen > rank {
+                return self.hist.highest_equivalent(v.value_iterated_to()).min(self.top[2]).max(self.min);
+            }
+        }
+        self.top[0]
     }
 
     /// Samples recorded.
@@ -321,20 +349,30 @@ impl LatRecorder {
             return None;
         }
         let k = 1000.0 * f64::from(rtt_factor);
-        let n = self.n as f64;
-        let mean = self.sum / n;
-        let var = (self.sum_sq / n - mean * mean).max(0.0);
-        let q = |quantile: f64| self.hist.value_at_quantile(quantile) as f64 / k;
+        // perftest leaves the two largest samples out when it has more than two.
+        let tail = if self.n > 2 { 2 } else { 0 };
+        let m = self.n - tail;
+        let (mut sum, mut sum_sq) = (self.sum, self.sum_sq);
+        for &t in &self.top[..tail as usize] {
+            sum -= t as f64;
+            sum_sq -= (t as f64) * (t as f64);
+        }
+        let mean = sum / m as f64;
+        let var = (sum_sq / m as f64 - mean * mean).max(0.0);
+        let rank = |r: u64| self.at_rank(r) as f64 / k;
+        // get_median over the m kept samples.
+        let median = if (m - 1) % 2 == 1 { (rank(m / 2) + rank(m / 2 - 1)) / 2.0 } else { rank(m / 2) };
+        let pct = |q: f64| rank(((m as f64) * q).ceil() as u64);
         Some(LatStats {
             size,
             iters,
             t_min: self.min as f64 / k,
-            t_max: self.max as f64 / k,
-            t_typical: q(0.5),
+            t_max: rank(m.min(self.n - 1)),
+            t_typical: median,
             t_avg: mean / k,
             t_stdev: var.sqrt() / k,
-            p99: q(0.99),
-            p999: q(0.999),
+            p99: pct(0.99),
+            p999: pct(0.999),
         })
     }
 }
