@@ -31,6 +31,7 @@ fn tool(name: &str, d: &LoopbackDaemon, port: u16, args: &[&str]) -> Child {
         "rdp_write_bw" => env!("CARGO_BIN_EXE_rdp_write_bw"),
         "rdp_send_bw" => env!("CARGO_BIN_EXE_rdp_send_bw"),
         "rdp_read_lat" => env!("CARGO_BIN_EXE_rdp_read_lat"),
+        "rdp_read_bw" => env!("CARGO_BIN_EXE_rdp_read_bw"),
         other => panic!("{other}"),
     };
     Command::new(exe)
@@ -202,5 +203,36 @@ fn a_second_connection_during_a_run_is_refused_and_the_run_goes_on() {
         let out = String::from_utf8_lossy(&o.stdout);
         assert_eq!(o.status.code(), Some(0), "{who}: {}{out}", String::from_utf8_lossy(&o.stderr));
         assert!(out.lines().any(|l| l.starts_with(" 4096       ")), "{who}: {out}");
+    }
+}
+
+/// A read_bw server whose records accept no outstanding READ (OUT 0), at the loopback daemon's own address: the
+/// client refuses it in one line at the records. Before, the client connected its QP towards it and failed when
+/// its READs' retries ran out, naming a completion error. And `-o 1` on the server runs, its banner says so.
+#[test]
+fn a_read_peer_accepting_no_reads_is_refused_and_o_1_runs() {
+    let d = daemon("out0", 1024);
+    let (port, t) = fake_server(|mut s| {
+        answer_setup(&mut s);
+        let mut gid = String::new();
+        for b in [0u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1] {
+            gid.push_str(&format!("{b:02x}:"));
+        }
+        let rec = format!("0000:0000:000777:123456:00001000:00007f0000000000:{gid}00000000:\0");
+        let mut buf = [0u8; 108];
+        while s.read_exact(&mut buf).is_ok() && s.write_all(rec.as_bytes()).is_ok() {}
+    });
+    let o = finish(tool("rdp_read_bw", &d, port, &["--timeout", "3", "-n", "100", "127.0.0.1"]), 30, "client");
+    one_line(&o, "rdp_read_bw", "QP 0x777 accepts no outstanding READ/atomic request (OUT 0)");
+    t.join().unwrap();
+    let port = free_port();
+    let srv = tool("rdp_read_bw", &d, port, &["-o", "1", "-s", "4096", "-n", "200", "--timeout", "10"]);
+    let cl = tool("rdp_read_bw", &d, port, &["-s", "4096", "-n", "200", "--timeout", "10", "127.0.0.1"]);
+    let (c, s) = (finish(cl, 30, "client"), finish(srv, 30, "server"));
+    for (o, who, out) in [(&c, "client", 16), (&s, "server", 1)] {
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{who}: {}{text}", String::from_utf8_lossy(&o.stderr));
+        assert!(text.contains(&format!(" Outstand reads  : {out}\n")), "{who}: {text}");
+        assert!(text.lines().any(|l| l.starts_with(" 4096       200  ")), "{who}: {text}");
     }
 }

@@ -1110,3 +1110,28 @@ fn peer_records_naming_no_rc_qp_or_no_unicast_gid_are_refused() {
         t.join().unwrap();
     }
 }
+
+/// perftest's READ/atomic depths (`ctx_modify_qp_to_rtr`/`_rts`): in read and atomic tests a QP issues at most
+/// what the peer's record announces (its `-o`, rxe's default 128) and accepts what its own announces; before, every
+/// QP issued and accepted 16 whatever `-o` and the peer said, so `-o 1` changed only the banner and a peer that
+/// accepts 4 (`ib_read_bw -o 4`) got 16 READs at once. A peer record of OUT 0 in a read test is refused.
+#[test]
+fn read_and_atomic_depths_follow_both_records() {
+    use roce_dp_tools::perftest::exchange::{check_peer_depth, rd_atomic_depths};
+    let peer = |out_reads: u16| Dest { out_reads, ..dest(0x30, 2, 0) };
+    for test in [TestKind::ReadBw, TestKind::ReadLat, TestKind::AtomicBw, TestKind::AtomicLat] {
+        assert_eq!(rd_atomic_depths(test, 16, &peer(0x80)), (128, 16), "{test:?}");
+        assert_eq!(rd_atomic_depths(test, 1, &peer(4)), (4, 1), "{test:?}");
+        assert_eq!(rd_atomic_depths(test, 128, &peer(0xffff)), (128, 128), "{test:?}");
+        let e = check_peer_depth(test, &[peer(4), peer(0)]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "peer sent a malformed QP record message: QP 0x30 accepts no outstanding READ/atomic request (OUT 0)"
+        );
+        check_peer_depth(test, &[peer(1)]).unwrap();
+    }
+    for test in [TestKind::WriteBw, TestKind::SendBw, TestKind::WriteLat, TestKind::SendLat] {
+        assert_eq!(rd_atomic_depths(test, 4, &peer(1)), (16, 16), "{test:?}");
+        check_peer_depth(test, &[peer(0)]).unwrap();
+    }
+}

@@ -482,3 +482,13 @@ fn every_perftest_option_is_taken_or_refused_by_name() {
         refused(format!("--{name}"), format!("--{name}=1"));
     }
 }
+
+/// `-o` takes what a QP can hold: 1 to 128 (the engine's and rxe's maximum), default 16.
+#[test]
+fn outstanding_reads_range() {
+    assert_eq!(ok(TestKind::ReadBw, "-o 128").out_reads, Some(128));
+    assert_eq!(ok(TestKind::ReadBw, "").out_reads, None);
+    let e = err(TestKind::ReadBw, "-o 129");
+    assert!(e.contains("1..=128"), "{e}");
+    err(TestKind::AtomicLat, "-o 0");
+}

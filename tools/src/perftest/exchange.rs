@@ -267,6 +267,39 @@ pub fn check_peer_record(d: &Dest) -> Result<(), ExchangeError> {
     }
 }
 
+/// The most outstanding READ/atomic requests a QP takes each way (the engine's limit, and Linux rxe's
+/// `RXE_MAX_QP_RD_ATOM`).
+pub const MAX_OUT_READS: u8 = 128;
+
+/// A QP's READ/atomic depths as perftest sets them (`ctx_modify_qp_to_rtr`/`_rts`), in read and atomic tests:
+/// (initiator depth, responder resources) = (the peer's announced `out_reads`, ours); each side announces its
+/// `-o` (or the default) and accepts that many, and issues no more than the peer accepts. Other tests issue no
+/// READ or atomic: 16 each way.
+pub fn rd_atomic_depths(test: TestKind, ours: u8, peer: &Dest) -> (u8, u8) {
+    match test.verb() {
+        Verb::Read | Verb::Atomic => {
+            (peer.out_reads.clamp(1, u16::from(MAX_OUT_READS)) as u8, ours.clamp(1, MAX_OUT_READS))
+        }
+        Verb::Send | Verb::Write => (16, 16),
+    }
+}
+
+/// In a read or atomic test, a peer whose records accept no outstanding READ/atomic request (OUT 0) cannot be
+/// read from: one line, before any QP is connected (perftest would move the QP to RTS with an initiator depth of
+/// 0 and wait for ever).
+pub fn check_peer_depth(test: TestKind, remote: &[Dest]) -> Result<(), ExchangeError> {
+    if !matches!(test.verb(), Verb::Read | Verb::Atomic) {
+        return Ok(());
+    }
+    match remote.iter().find(|d| d.out_reads == 0) {
+        Some(d) => Err(ExchangeError::Malformed {
+            step: "QP record",
+            why: format!("QP {:#x} accepts no outstanding READ/atomic request (OUT 0)", d.qpn),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// `ibv_mtu`: the path MTU as perftest exchanges it (an enum value 1..=5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Mtu {

@@ -115,8 +115,8 @@ struct Cli {
     /// QP local ACK timeout exponent: 4.096 us * 2^N.
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
-    /// Outstanding RDMA READs / atomics (read and atomic tests; default: the device's maximum).
-    #[arg(short = 'o', long = "outs", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Outstanding RDMA READs / atomics each side accepts (read and atomic tests; default 16, at most 128).
+    #[arg(short = 'o', long = "outs", value_parser = clap::value_parser!(u32).range(1..=128))]
     outs: Option<u32>,
     /// Atomic operation (atomic tests).
     #[arg(short = 'A', long = "atomic_type", value_enum)]
