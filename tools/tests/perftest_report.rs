@@ -415,3 +415,45 @@ fn bw_peak_of_posts_stamped_per_pass_keeps_one_point_per_pass() {
         assert!(most <= stamps, "n={n}: {most} points kept for {stamps} distinct stamps");
     }
 }
+
+/// `--out_json`'s `test_info` carries the banner under the keys perftest's JSON uses (as a consumer of
+/// perftest's JSON reads them: Dual_port, Device, Number_of_qps, Transport_type, Connection_type, Using_SRQ,
+/// PCIe_relax_order, ibv_wr_API, TX_depth, RX_depth, CQ_Moderation, Mtu, Link_type, GID_index, Max_inline_data,
+/// rdma_cm_QPs, Data_ex_method), numbers as numbers; before, only our own keys. The document is valid JSON.
+#[test]
+fn json_test_info_has_perftests_keys() {
+    let p = Params::try_parse_from(TestKind::WriteBw, ["rdp_write_bw", "h", "-s", "4096", "-n", "20"]).unwrap();
+    let banner = Banner::new(&p, "rdp0", Mtu::Mtu1024, 1, 1);
+    let r = BwReport { size: 4096, iters: 20, bw_peak: 8.7, bw_avg: 7.93, msg_rate: 0.00203 };
+    let j: serde_json::Value = serde_json::from_str(&json(&banner, &Results::Bw(vec![r]), false)).unwrap();
+    let info = &j["test_info"];
+    for (k, v) in [
+        ("Dual_port", serde_json::json!("OFF")),
+        ("Device", serde_json::json!("rdp0")),
+        ("Number_of_qps", serde_json::json!(1)),
+        ("Transport_type", serde_json::json!("IB")),
+        ("Connection_type", serde_json::json!("RC")),
+        ("Using_SRQ", serde_json::json!("OFF")),
+        ("PCIe_relax_order", serde_json::json!("ON")),
+        ("ibv_wr_API", serde_json::json!("OFF")),
+        ("TX_depth", serde_json::json!(20)),
+        ("CQ_Moderation", serde_json::json!(20)),
+        ("Mtu", serde_json::json!(1024)),
+        ("Link_type", serde_json::json!("Ethernet")),
+        ("GID_index", serde_json::json!(1)),
+        ("Max_inline_data", serde_json::json!(0)),
+        ("rdma_cm_QPs", serde_json::json!("OFF")),
+        ("Data_ex_method", serde_json::json!("Ethernet")),
+        ("test", serde_json::json!("RDMA_Write BW Test")),
+    ] {
+        assert_eq!(info[k], v, "{k}: {info}");
+    }
+    assert!(info.get("RX_depth").is_none(), "a write client shows no RX depth: {info}");
+    assert_eq!(j["results"]["BW_average"], serde_json::json!(7.93));
+    // A read server: no TX depth, its outstanding reads.
+    let p = Params::try_parse_from(TestKind::ReadBw, ["rdp_read_bw", "-o", "4"]).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&json(&Banner::new(&p, "rdp0", Mtu::Mtu4096, 3, 4), &Results::Bw(vec![]), true)).unwrap();
+    assert_eq!(j["test_info"]["Outstand_reads"], serde_json::json!(4), "{j}");
+    assert!(j["test_info"].get("TX_depth").is_none(), "{j}");
+}

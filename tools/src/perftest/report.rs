@@ -151,6 +151,35 @@ impl Banner {
     }
 }
 
+impl Banner {
+    /// The banner's `label : value` pairs as perftest's `--out_json` names them in its `test_info`: the label with
+    /// `_` for spaces and dashes, without `*` and `.` (`Dual_port`, `Number_of_qps`, `ibv_wr_API`, `TX_depth`,
+    /// `CQ_Moderation`, `Mtu`, `GID_index`, `Max_inline_data`, `rdma_cm_QPs`, `Data_ex_method`), the value a
+    /// number when it is one (`1024[B]` is 1024), else a string; only the lines this side's banner shows.
+    pub fn json_fields(&self) -> Vec<(String, String)> {
+        let mut v = Vec::new();
+        for line in self.lines().iter().filter(|l| l.contains(':')) {
+            for part in line.split("\t\t") {
+                let Some((label, value)) = part.split_once(':') else { continue };
+                let key: String = label
+                    .trim()
+                    .chars()
+                    .filter(|c| !matches!(c, '*' | '.'))
+                    .map(|c| if c == ' ' || c == '-' { '_' } else { c })
+                    .collect();
+                let value = value.trim();
+                let number = value.trim_end_matches("[B]");
+                let value = match number.parse::<u64>() {
+                    Ok(n) => n.to_string(),
+                    Err(_) => json_str(value),
+                };
+                v.push((key, value));
+            }
+        }
+        v
+    }
+}
+
 /// The server's lines while it waits (perftest prints an empty line first).
 pub fn waiting_lines() -> Vec<String> {
     let stars = "************************************".to_string();
@@ -421,7 +450,8 @@ pub enum Results {
     Lat(Vec<LatStats>),
 }
 
-/// `--out_json`: `{"test_info": {...}, "results": {...}}`, the result keys as perftest names them (`MsgSize`,
+/// `--out_json`: `{"test_info": {...}, "results": {...}}`; `test_info` has our keys (`tool`, `role`, `num_qps`,
+/// `bw_unit`, ...) and the banner's as perftest's JSON names them ([`Banner::json_fields`]); the result keys as perftest names them (`MsgSize`,
 /// `n_iterations`, `BW_peak`, `BW_average`, `MsgRate`; `t_min` .. `t_stdev`, `percentile_99`,
 /// `percentile_99.9`), with the same figures (same rounding) as the table. With several sizes (`-a`),
 /// `results` is a list of such objects.
@@ -441,7 +471,13 @@ pub fn json(banner: &Banner, results: &Results, gbits: bool) -> String {
         ("rx_depth", banner.rx_depth.to_string()),
         ("bw_unit", json_str(if gbits { "Gb/sec" } else { "MiB/sec" })),
     ];
-    let body: Vec<String> = info.iter().map(|(k, v)| format!("    {}: {v}", json_str(k))).collect();
+    let perftest = banner.json_fields();
+    let body: Vec<String> = info
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .chain(perftest)
+        .map(|(k, v)| format!("    {}: {v}", json_str(&k)))
+        .collect();
     o.push_str(&body.join(",\n"));
     o.push_str("\n  },\n  \"results\": ");
     let conv = |v: f64| if gbits { mibs_to_gbits(v) } else { v };
