@@ -92,7 +92,7 @@ pf_infinite() {
 # exit non-zero within its timeout (not by the watchdog) and say why in one line.
 pf_vanish() {
     local who="$1" victim survivor rc=0 t0 log
-    pf_spawn "vanish-$who" rdp_write_bw 10 -s 4096 -n 5000000
+    pf_spawn "vanish-$who" rdp_write_bw 10 -s 4096 -n 50000000
     if [[ $who == client ]]; then victim=$PF_CPID survivor=$PF_SPID log=$PF_SLOG; else victim=$PF_SPID survivor=$PF_CPID log=$PF_CLOG; fi
     sleep 3
     check "$who vanishes: it was running" kill -0 "$victim"
