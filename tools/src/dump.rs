@@ -235,8 +235,12 @@ pub fn format_text(out: &mut String, ts: f64, f: &RoceFrame<'_>, raw: &[u8], ver
                 let _ = write!(out, " ipv6{{hlim={} dscp={} flow={:#07x}}}", r.ip.ttl, r.ip.dscp, r.ip.flow_label);
             }
         }
-        let icrc = raw_icrc(raw, f);
-        let _ = write!(out, " pkey={:#06x} icrc={icrc:#010x}\n    hdr ", bt.pkey);
+        let _ = write!(out, " pkey={:#06x}", bt.pkey);
+        // The ICRC as stored, when the capture kept it.
+        if let Some(icrc) = raw_icrc(raw, f) {
+            let _ = write!(out, " icrc={icrc:#010x}");
+        }
+        out.push_str("\n    hdr ");
         hex(out, &raw[..r.payload_offset().min(raw.len())]);
     }
 }
@@ -247,10 +251,11 @@ fn snapped(f: &RoceFrame<'_>, raw: &[u8]) -> Option<usize> {
     (raw.len() < whole).then_some(raw.len())
 }
 
-/// The ICRC as stored (little-endian) in the frame: the 4 bytes after the payload and pad.
-fn raw_icrc(raw: &[u8], f: &RoceFrame<'_>) -> u32 {
+/// The ICRC as stored (little-endian) in the frame: the 4 bytes after the payload and pad (`None` when the
+/// capture cut the frame before them).
+fn raw_icrc(raw: &[u8], f: &RoceFrame<'_>) -> Option<u32> {
     let at = f.repr.payload_offset() + f.payload.len() + usize::from(f.repr.bth.pad);
-    raw.get(at..at + 4).map_or(0, |t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
+    raw.get(at..at + 4).map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
 }
 
 /// A JSON string literal (escapes quotes, backslashes and control characters).
@@ -355,7 +360,7 @@ pub fn format_json(out: &mut String, ts: f64, f: &RoceFrame<'_>, raw: &[u8], ver
             r.ip.ident,
             r.ip.dont_frag,
             r.ip.flow_label,
-            raw_icrc(raw, f)
+            raw_icrc(raw, f).map_or("null".to_string(), |v| v.to_string())
         );
         hex(out, &raw[..r.payload_offset().min(raw.len())]);
         out.push('"');
