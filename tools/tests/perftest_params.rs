@@ -492,3 +492,14 @@ fn outstanding_reads_range() {
     assert!(e.contains("1..=128"), "{e}");
     err(TestKind::AtomicLat, "-o 0");
 }
+
+/// `-p 0` made the server listen on a port the kernel picked, which no client could know: it waited out its
+/// timeout. Refused in one line; 1 and 65535 are ports.
+#[test]
+fn port_zero_is_refused() {
+    let e = err(TestKind::WriteBw, "-p 0");
+    assert!(e.contains("-p") || e.contains("--port"), "{e}");
+    assert!(e.contains("1..=65535"), "{e}");
+    assert_eq!(ok(TestKind::WriteBw, "-p 1").port, 1);
+    assert_eq!(ok(TestKind::WriteBw, "-p 65535").port, 65535);
+}

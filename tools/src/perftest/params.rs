@@ -70,7 +70,8 @@ struct Cli {
     /// Server's management address (client mode); without it we are the server.
     host: Option<String>,
     /// TCP port of the out-of-band exchange.
-    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
+    /// (1-65535: port 0 would have the server listen on a port the kernel picks, which no client knows.)
+    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     port: u16,
     /// Device name (accepted for compatibility; shown in the banner).
     #[arg(short = 'd', long = "ib-dev")]
