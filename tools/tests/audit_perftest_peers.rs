@@ -236,3 +236,28 @@ fn a_read_peer_accepting_no_reads_is_refused_and_o_1_runs() {
         assert!(text.lines().any(|l| l.starts_with(" 4096       200  ")), "{who}: {text}");
     }
 }
+
+/// `--run_infinitely -b` ended by SIGINT to the client (README: a row every -D seconds until SIGINT/SIGTERM, then
+/// the teardown and exit 0): the server, also sending, sees the client's teardown and ends too; both exit 0 with
+/// their rows. Before, the server never read the teardown: write_bw's ended in RetryExcErr and its client in "peer
+/// sent nothing for 5.0 s", send_bw's in "no completion for 5 s" and "peer closed the connection".
+#[test]
+fn run_infinitely_bidirectional_ends_on_sigint_to_one_side() {
+    let d = daemon("inf", 1024);
+    for test in ["rdp_write_bw", "rdp_send_bw"] {
+        let port = free_port();
+        let args = ["--run_infinitely", "-D", "1", "-b", "-s", "4096", "--timeout", "5"];
+        let srv = tool(test, &d, port, &args);
+        let cl = tool(test, &d, port, &[&args[..], &["127.0.0.1"]].concat());
+        std::thread::sleep(Duration::from_millis(3500));
+        let kill = Command::new("kill").args(["-INT", &cl.id().to_string()]).status().unwrap();
+        assert!(kill.success());
+        let (c, s) = (finish(cl, 30, "client"), finish(srv, 30, "server"));
+        for (o, who) in [(&c, "client"), (&s, "server")] {
+            let out = String::from_utf8_lossy(&o.stdout);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(0), "{test} {who}: {err}{out}");
+            assert!(out.lines().filter(|l| l.starts_with(" 4096       ")).count() >= 2, "{test} {who}: {out}");
+        }
+    }
+}
