@@ -1,5 +1,6 @@
 //! roce-dump's decoding and formatting: one line (or JSON object) per RoCE frame, other frames counted, and the
-//! summary line `frames=N roce=N icrc_ok=N icrc_bad=N malformed=N`.
+//! summary line `frames=N roce=N icrc_ok=N icrc_bad=N malformed=N` (and `snapped=N` when the capture cut frames
+//! short: their headers are decoded, their ICRC cannot be checked).
 
 use roce_dp::wire::{
     parse_frame, AethKind, Error, EthernetFrame, IpAddrs, NakCode, RoceFrame, ETHERNET_HEADER_LEN, ROCE_UDP_PORT,
@@ -31,6 +32,9 @@ pub struct Summary {
     pub icrc_bad: u64,
     /// Malformed RoCE frames.
     pub malformed: u64,
+    /// RoCE frames the capture kept only the first bytes of (a snapshot length): their headers decoded when
+    /// captured whole, the ICRC not checked. Not an error.
+    pub snapped: u64,
 }
 
 impl Summary {
@@ -50,7 +54,11 @@ impl std::fmt::Display for Summary {
             f,
             "frames={} roce={} icrc_ok={} icrc_bad={} malformed={}",
             self.frames, self.roce, self.icrc_ok, self.icrc_bad, self.malformed
-        )
+        )?;
+        if self.snapped > 0 {
+            write!(f, " snapped={}", self.snapped)?;
+        }
+        Ok(())
     }
 }
 
@@ -142,7 +150,8 @@ fn b(v: bool) -> u8 {
     u8::from(v)
 }
 
-/// Appends the text line(s) for a well-formed RoCE frame (no trailing newline).
+/// Appends the text line(s) for a well-formed RoCE frame (no trailing newline). `raw` is the frame as captured;
+/// shorter than the frame when the capture cut it (a snapshot length): then `icrc=snapped caplen=N`.
 pub fn format_text(out: &mut String, ts: f64, f: &RoceFrame<'_>, raw: &[u8], verbose: bool) {
     let r = &f.repr;
     let bt = &r.bth;
@@ -199,13 +208,13 @@ pub fn format_text(out: &mut String, ts: f64, f: &RoceFrame<'_>, raw: &[u8], ver
     if let Some(v) = e.ieth {
         let _ = write!(out, " ieth{{rkey={v:#x}}}");
     }
-    let _ = write!(
-        out,
-        " len={} ecn={:02b} icrc={}",
-        f.payload.len(),
-        r.ip.ecn.bits(),
-        if f.icrc_ok { "ok" } else { "BAD" }
-    );
+    let _ = write!(out, " len={} ecn={:02b} icrc=", f.payload.len(), r.ip.ecn.bits());
+    match snapped(f, raw) {
+        Some(n) => {
+            let _ = write!(out, "snapped caplen={n}");
+        }
+        None => out.push_str(if f.icrc_ok { "ok" } else { "BAD" }),
+    }
     if verbose {
         let _ = write!(out, "\n    eth {} -> {}", r.eth.src, r.eth.dst);
         if let Some(v) = r.eth.vlan {
@@ -226,16 +235,27 @@ pub fn format_text(out: &mut String, ts: f64, f: &RoceFrame<'_>, raw: &[u8], ver
                 let _ = write!(out, " ipv6{{hlim={} dscp={} flow={:#07x}}}", r.ip.ttl, r.ip.dscp, r.ip.flow_label);
             }
         }
-        let icrc = raw_icrc(raw, f);
-        let _ = write!(out, " pkey={:#06x} icrc={icrc:#010x}\n    hdr ", bt.pkey);
+        let _ = write!(out, " pkey={:#06x}", bt.pkey);
+        // The ICRC as stored, when the capture kept it.
+        if let Some(icrc) = raw_icrc(raw, f) {
+            let _ = write!(out, " icrc={icrc:#010x}");
+        }
+        out.push_str("\n    hdr ");
         hex(out, &raw[..r.payload_offset().min(raw.len())]);
     }
 }
 
-/// The ICRC as stored (little-endian) in the frame: the 4 bytes after the payload and pad.
-fn raw_icrc(raw: &[u8], f: &RoceFrame<'_>) -> u32 {
+/// `Some(captured bytes)` when `raw` (as captured) is shorter than the frame `f` decodes.
+fn snapped(f: &RoceFrame<'_>, raw: &[u8]) -> Option<usize> {
+    let whole = f.repr.payload_offset() + f.payload.len() + usize::from(f.repr.bth.pad) + 4;
+    (raw.len() < whole).then_some(raw.len())
+}
+
+/// The ICRC as stored (little-endian) in the frame: the 4 bytes after the payload and pad (`None` when the
+/// capture cut the frame before them).
+fn raw_icrc(raw: &[u8], f: &RoceFrame<'_>) -> Option<u32> {
     let at = f.repr.payload_offset() + f.payload.len() + usize::from(f.repr.bth.pad);
-    raw.get(at..at + 4).map_or(0, |t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
+    raw.get(at..at + 4).map(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]))
 }
 
 /// A JSON string literal (escapes quotes, backslashes and control characters).
@@ -318,7 +338,15 @@ pub fn format_json(out: &mut String, ts: f64, f: &RoceFrame<'_>, raw: &[u8], ver
     if let Some(v) = e.ieth {
         let _ = write!(out, ",\"ieth\":{v}");
     }
-    let _ = write!(out, ",\"len\":{},\"ecn\":{},\"icrc_ok\":{}", f.payload.len(), r.ip.ecn.bits(), f.icrc_ok);
+    let _ = write!(out, ",\"len\":{},\"ecn\":{},\"icrc_ok\":", f.payload.len(), r.ip.ecn.bits());
+    match snapped(f, raw) {
+        Some(n) => {
+            let _ = write!(out, "null,\"caplen\":{n}");
+        }
+        None => {
+            let _ = write!(out, "{}", f.icrc_ok);
+        }
+    }
     if verbose {
         let _ = write!(out, ",\"eth_src\":\"{}\",\"eth_dst\":\"{}\"", r.eth.src, r.eth.dst);
         if let Some(v) = r.eth.vlan {
@@ -332,12 +360,25 @@ pub fn format_json(out: &mut String, ts: f64, f: &RoceFrame<'_>, raw: &[u8], ver
             r.ip.ident,
             r.ip.dont_frag,
             r.ip.flow_label,
-            raw_icrc(raw, f)
+            raw_icrc(raw, f).map_or("null".to_string(), |v| v.to_string())
         );
         hex(out, &raw[..r.payload_offset().min(raw.len())]);
         out.push('"');
     }
     out.push('}');
+}
+
+/// The longest frame a snapped frame is rebuilt to (an IPv6 jumbo-less datagram in a VLAN-tagged Ethernet frame):
+/// a capture's original-length field cannot make roce-dump allocate more.
+const MAX_FRAME: usize = 65_535 + 40 + 18;
+
+/// The headers a RoCE frame cannot do without (Ethernet with any VLAN tag, IPv4 without options or IPv6, UDP,
+/// BTH), judged from the captured bytes.
+fn base_headers(data: &[u8]) -> usize {
+    let tagged = data.get(12..14) == Some(&[0x81, 0x00]);
+    let eth = if tagged { 18 } else { ETHERNET_HEADER_LEN };
+    let ip = if data.get(eth - 2..eth) == Some(&[0x86, 0xdd]) { 40 } else { 20 };
+    eth + ip + 8 + 12
 }
 
 /// Decodes frames one by one and writes their lines; [`finish`](Dumper::finish) writes the summary.
@@ -348,29 +389,78 @@ pub struct Dumper<W: Write> {
     t0: Option<f64>,
     last: f64,
     line: String,
+    /// A snapped frame rebuilt to its original length (zeros after what was captured).
+    whole: Vec<u8>,
 }
 
 impl<W: Write> Dumper<W> {
     /// A dumper writing to `out`.
     pub fn new(out: W, opts: Options) -> Dumper<W> {
-        Dumper { out, opts, summary: Summary::default(), t0: None, last: 0.0, line: String::with_capacity(512) }
+        Dumper {
+            out,
+            opts,
+            summary: Summary::default(),
+            t0: None,
+            last: 0.0,
+            line: String::with_capacity(512),
+            whole: Vec::new(),
+        }
     }
 
-    /// Handles one captured frame (`time` in seconds; timestamps print relative to the first frame).
-    pub fn frame(&mut self, time: Option<f64>, ethernet: bool, data: &[u8]) -> io::Result<()> {
+    /// Handles one captured frame (`time` in seconds; timestamps print relative to the first frame). `orig_len`
+    /// is the frame's length on the wire as the capture records it: more than `data.len()` when the capture kept
+    /// only its first bytes (`tcpdump -s N`, Wireshark's "packet size limited during capture"). Such a frame's
+    /// headers are decoded as Wireshark does, its ICRC is not checked (`icrc=snapped caplen=N`), and it counts
+    /// as `snapped`, not as an error; one cut inside its headers is a `SNAPPED` line.
+    pub fn frame(&mut self, time: Option<f64>, ethernet: bool, data: &[u8], orig_len: usize) -> io::Result<()> {
         self.summary.frames += 1;
         if let Some(t) = time {
             let t0 = *self.t0.get_or_insert(t);
             self.last = t - t0;
         }
         let ts = self.last;
-        let verdict = if ethernet { classify(data) } else { Verdict::Other };
+        let n = self.summary.frames;
+        let snapped = orig_len > data.len();
+        let frame: &[u8] = if snapped {
+            // Rebuilt to its original length so that the IP and UDP lengths agree with it; the parser reads only
+            // the headers, which must have been captured (checked below), and the ICRC, which is not reported.
+            self.whole.clear();
+            self.whole.extend_from_slice(data);
+            self.whole.resize(orig_len.min(MAX_FRAME).max(data.len()), 0);
+            &self.whole
+        } else {
+            data
+        };
+        let verdict = if ethernet { classify(frame) } else { Verdict::Other };
+        let cut = match &verdict {
+            Verdict::Roce(f) => snapped && f.repr.payload_offset() > data.len(),
+            Verdict::Malformed(_) => snapped && data.len() < base_headers(data),
+            Verdict::Other => false,
+        };
         self.line.clear();
         match verdict {
             Verdict::Other => return Ok(()),
+            _ if cut => {
+                self.summary.roce += 1;
+                self.summary.snapped += 1;
+                let len = data.len();
+                if self.opts.json {
+                    let _ = write!(
+                        self.line,
+                        "{{\"ts\":{ts:.6},\"frame\":{n},\"snapped\":\"the capture cut the RoCE headers\",\"caplen\":{len},\"len\":{orig_len}}}"
+                    );
+                } else {
+                    let _ = write!(
+                        self.line,
+                        "{ts:.6} SNAPPED frame={n} caplen={len} len={orig_len} reason=\"the capture cut the RoCE headers\""
+                    );
+                }
+            }
             Verdict::Roce(f) => {
                 self.summary.roce += 1;
-                if f.icrc_ok {
+                if snapped {
+                    self.summary.snapped += 1;
+                } else if f.icrc_ok {
                     self.summary.icrc_ok += 1;
                 } else {
                     self.summary.icrc_bad += 1;
@@ -384,7 +474,6 @@ impl<W: Write> Dumper<W> {
             Verdict::Malformed(e) => {
                 self.summary.roce += 1;
                 self.summary.malformed += 1;
-                let n = self.summary.frames;
                 if self.opts.json {
                     let _ = write!(self.line, "{{\"ts\":{ts:.6},\"frame\":{n},\"malformed\":");
                     json_str(&mut self.line, &e.to_string());
@@ -537,11 +626,11 @@ mod tests {
         let mut out = Vec::new();
         let mut d = Dumper::new(&mut out, Options::default());
         for (i, f) in [&good, &bad_icrc, &malformed, &tcp, &other_udp, &good[..20].to_vec()].iter().enumerate() {
-            d.frame(Some(100.0 + i as f64), true, f).unwrap();
+            d.frame(Some(100.0 + i as f64), true, f, f.len()).unwrap();
         }
-        d.frame(None, false, &good).unwrap();
+        d.frame(None, false, &good, good.len()).unwrap();
         let s = d.finish().unwrap();
-        assert_eq!(s, Summary { frames: 7, roce: 4, icrc_ok: 1, icrc_bad: 1, malformed: 2 });
+        assert_eq!(s, Summary { frames: 7, roce: 4, icrc_ok: 1, icrc_bad: 1, malformed: 2, snapped: 0 });
         assert_eq!(s.exit_code(), 1);
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();

@@ -23,18 +23,22 @@ pub struct RcConnect {
     pub path_mtu: u32,
     /// Local ACK timeout exponent (4.096 us * 2^t).
     pub timeout: u8,
+    /// READ/atomic requests this QP may have outstanding (its initiator depth: at most the peer's responder
+    /// resources).
+    pub max_rd_atomic: u8,
+    /// READ/atomic requests of the peer this QP holds resources for (its responder resources).
+    pub max_dest_rd_atomic: u8,
 }
 
-/// The RTR and RTS attributes of an RC connection with the tools' fixed choices: 16 outstanding READ/atomic
-/// requests each way, retry_cnt and rnr_retry 7, min_rnr_timer 1 (RTR without the peer's address: the caller
-/// adds it, or the daemon builds it from the GID).
+/// The RTR and RTS attributes of an RC connection: the READ/atomic depths of `c`, retry_cnt and rnr_retry 7,
+/// min_rnr_timer 1 (RTR without the peer's address: the caller adds it, or the daemon builds it from the GID).
 pub fn rc_attrs(c: &RcConnect) -> (QpAttr, QpAttr) {
     let rtr = QpAttr {
         state: Some(QpState::Rtr),
         path_mtu: Some(c.path_mtu),
         dest_qpn: Some(c.dest_qpn),
         rq_psn: Some(c.rq_psn),
-        max_dest_rd_atomic: Some(16),
+        max_dest_rd_atomic: Some(c.max_dest_rd_atomic),
         min_rnr_timer: Some(1),
         ..QpAttr::default()
     };
@@ -44,7 +48,7 @@ pub fn rc_attrs(c: &RcConnect) -> (QpAttr, QpAttr) {
         timeout: Some(c.timeout),
         retry_cnt: Some(7),
         rnr_retry: Some(7),
-        max_rd_atomic: Some(16),
+        max_rd_atomic: Some(c.max_rd_atomic),
         ..QpAttr::default()
     };
     (rtr, rts)

@@ -984,3 +984,154 @@ fn latency_tests_follow_the_captured_perftest_ping_pong() {
     assert_eq!(roce_dp_tools::perftest::exchange::latency_marker(255), 0);
     assert_eq!(roce_dp_tools::perftest::exchange::latency_marker(256), 1);
 }
+
+// ============================================================================ session 11: a broken or hostile peer
+//
+// The timeout held each read, not each message: a peer sending a byte now and then (a byte every 59 s against the
+// default 60 s) kept a step alive for as long as it liked, 16 bytes of version or 108 of each record at a time. And a
+// record naming QP 0 or 1, or a GID that is no unicast address (unspecified, broadcast, multicast, loopback), was
+// taken: the QPs were connected towards it and failed only when their retries ran out (or never, for a peer that
+// answered ARP for 0.0.0.0).
+
+/// A perftest server that answers everything correctly, one byte every `gap`, until we close.
+fn trickling_server(listener: TcpListener, gap: Duration) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 16];
+        let _ = s.read_exact(&mut buf);
+        let answer: Vec<u8> = [&version_bytes("6.06")[..], &4096i32.to_be_bytes(), &64i32.to_be_bytes()].concat();
+        for b in answer {
+            thread::sleep(gap);
+            if s.write_all(&[b]).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Over TCP through `Exchange::new` (the generic stream path): the version trickling in at a byte per 150 ms ends
+/// at the read that passes the 1 s timeout, naming how much came; before, the version completed after 2.4 s and the
+/// session went on at the peer's pace.
+#[test]
+fn a_peer_trickling_a_message_ends_the_step_at_the_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let peer = trickling_server(listener, Duration::from_millis(150));
+    let s = connect("127.0.0.1", port, Duration::from_secs(5), Duration::from_secs(1)).unwrap();
+    let start = Instant::now();
+    let r = run_side(
+        Exchange::new(s, Role::Client, Duration::from_secs(1)),
+        TestKind::WriteBw,
+        &dest(0x11, 1, 1),
+        &BwReport::default(),
+        Mtu::Mtu1024,
+    );
+    let took = start.elapsed();
+    let e = r.err().expect("an error").to_string();
+    peer.join().unwrap();
+    assert!(e.starts_with("peer sent only ") && e.ends_with(" of the 16 bytes of its version message in 1.0 s"), "{e}");
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_millis(1400), "took {took:?}");
+}
+
+/// `Exchange::tcp` (what the tools use) holds the message to the timeout to the millisecond even when the peer's
+/// bytes come just slower than the timeout would notice per read: a byte every 700 ms against 1 s.
+#[test]
+fn over_tcp_the_message_deadline_is_exact() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let peer = trickling_server(listener, Duration::from_millis(700));
+    let s = connect("127.0.0.1", port, Duration::from_secs(5), Duration::from_secs(1)).unwrap();
+    let mut ex = Exchange::tcp(s, Role::Client, Duration::from_secs(1));
+    let start = Instant::now();
+    let e = ex.setup(SysData::default(), Mtu::Mtu1024, false).unwrap_err();
+    let took = start.elapsed();
+    drop(ex);
+    peer.join().unwrap();
+    assert!(matches!(e, ExchangeError::Slow { step: "version", got: 1, want: 16, .. }), "{e}");
+    assert!(took >= Duration::from_secs(1) && took < Duration::from_millis(1150), "took {took:?}");
+}
+
+/// A peer whose QP record names QP 0 or 1, or a GID that is no unicast address, is refused at the record, in one
+/// line naming what it sent; a record of a real RC QP at a unicast address is taken (IPv4-mapped or IPv6).
+#[test]
+fn peer_records_naming_no_rc_qp_or_no_unicast_gid_are_refused() {
+    let mapped = |a: [u8; 4]| {
+        let mut g = [0u8; 16];
+        g[10..12].copy_from_slice(&[0xff, 0xff]);
+        g[12..].copy_from_slice(&a);
+        g
+    };
+    let v6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+    let good = dest(0x22, 2, 1);
+    for (qpn, gid, why) in [
+        (0, good.gid, "QPN 0x0 is a management QP (QP0/QP1), not an RC QP"),
+        (1, good.gid, "QPN 0x1 is a management QP (QP0/QP1), not an RC QP"),
+        (0x22, mapped([0, 0, 0, 0]), "GID ::ffff:0.0.0.0 is unspecified, not the address of a RoCE port"),
+        (
+            0x22,
+            mapped([255, 255, 255, 255]),
+            "GID ::ffff:255.255.255.255 is the broadcast address, not the address of a RoCE port",
+        ),
+        (0x22, mapped([224, 0, 0, 1]), "GID ::ffff:224.0.0.1 is a multicast address, not the address of a RoCE port"),
+        (0x22, mapped([127, 0, 0, 1]), "GID ::ffff:127.0.0.1 is a loopback address, not the address of a RoCE port"),
+        (0x22, [0; 16], "GID :: is unspecified, not the address of a RoCE port"),
+        (0x22, v6("ff02::1"), "GID ff02::1 is a multicast address, not the address of a RoCE port"),
+        (0x22, v6("::1"), "GID ::1 is a loopback address, not the address of a RoCE port"),
+    ] {
+        let bad = Dest { qpn, gid, ..good };
+        let e = against(Role::Client, Duration::from_secs(2), move |mut p| {
+            answer_until_mtu(&mut p, *b"3\0");
+            let mut buf = [0u8; DEST_LEN];
+            for _ in 0..2 {
+                if p.read_exact(&mut buf).is_err() || p.write_all(&bad.encode().unwrap()).is_err() {
+                    return;
+                }
+            }
+            let _ = p.read(&mut buf);
+        });
+        assert!(matches!(e, ExchangeError::Malformed { step: "QP record", .. }), "{why}: {e}");
+        assert_eq!(e.to_string(), format!("peer sent a malformed QP record message: {why}"));
+    }
+    for gid in [mapped([10, 50, 0, 2]), v6("fe80::5054:ff:fe50:2"), v6("2001:db8::2")] {
+        let d = Dest { gid, ..good };
+        let (a, b) = pipe(Duration::from_secs(2));
+        let t = thread::spawn(move || {
+            let mut p = b;
+            answer_until_mtu(&mut p, *b"3\0");
+            let mut buf = [0u8; DEST_LEN];
+            for _ in 0..2 {
+                p.read_exact(&mut buf).unwrap();
+                p.write_all(&d.encode().unwrap()).unwrap();
+            }
+        });
+        let mut ex = Exchange::new(a, Role::Client, Duration::from_secs(2));
+        ex.setup(SysData::default(), Mtu::Mtu1024, false).unwrap();
+        assert_eq!(ex.exchange_dests(TestKind::WriteBw, &[dest(0x11, 1, 1)]).unwrap(), vec![d]);
+        t.join().unwrap();
+    }
+}
+
+/// perftest's READ/atomic depths (`ctx_modify_qp_to_rtr`/`_rts`): in read and atomic tests a QP issues at most
+/// what the peer's record announces (its `-o`, rxe's default 128) and accepts what its own announces; before, every
+/// QP issued and accepted 16 whatever `-o` and the peer said, so `-o 1` changed only the banner and a peer that
+/// accepts 4 (`ib_read_bw -o 4`) got 16 READs at once. A peer record of OUT 0 in a read test is refused.
+#[test]
+fn read_and_atomic_depths_follow_both_records() {
+    use roce_dp_tools::perftest::exchange::{check_peer_depth, rd_atomic_depths};
+    let peer = |out_reads: u16| Dest { out_reads, ..dest(0x30, 2, 0) };
+    for test in [TestKind::ReadBw, TestKind::ReadLat, TestKind::AtomicBw, TestKind::AtomicLat] {
+        assert_eq!(rd_atomic_depths(test, 16, &peer(0x80)), (128, 16), "{test:?}");
+        assert_eq!(rd_atomic_depths(test, 1, &peer(4)), (4, 1), "{test:?}");
+        assert_eq!(rd_atomic_depths(test, 128, &peer(0xffff)), (128, 128), "{test:?}");
+        let e = check_peer_depth(test, &[peer(4), peer(0)]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "peer sent a malformed QP record message: QP 0x30 accepts no outstanding READ/atomic request (OUT 0)"
+        );
+        check_peer_depth(test, &[peer(1)]).unwrap();
+    }
+    for test in [TestKind::WriteBw, TestKind::SendBw, TestKind::WriteLat, TestKind::SendLat] {
+        assert_eq!(rd_atomic_depths(test, 4, &peer(1)), (16, 16), "{test:?}");
+        check_peer_depth(test, &[peer(0)]).unwrap();
+    }
+}

@@ -187,8 +187,45 @@ fn bw_figures_from_a_measurement() {
     assert_eq!(bw_line(&r, false), " 4096       20               8.50               7.81   \t\t   0.002000");
     // Gb/s: 7.8125 MiB/s = 8192000 B/s = 0.065536 Gb/s.
     assert!((mibs_to_gbits(7.8125) - 0.065536).abs() < 1e-12);
-    assert_eq!(bw_line(&r, true), " 4096       20               0.07               0.07   \t\t   0.002000");
+    // Below 0.1 Gb/s perftest prints six decimals with other spacing (REPORT_FMT_EXT,
+    // " %-7lu    %lu           %-7.6lf            %-7.6lf            %-7.6lf"), where two decimals said 0.07.
+    assert_eq!(bw_line(&r, true), " 4096       20           0.071303            0.065536            0.002000");
+    // From 0.1 Gb/s on, REPORT_FMT again: 16 QPs, 1.048576 Gb/s.
+    let r16 = bw_report(4096, 20, 16, false, Duration::from_millis(10), 0.0);
+    assert_eq!(bw_line(&r16, true), " 4096       20               0.00               1.05   \t\t   0.032000");
     assert_eq!(bw_report(1, 1, 1, false, Duration::ZERO, 0.0).bw_avg, 0.0);
+}
+
+/// perftest's `print_report_lat` on the samples (microseconds), written from its description: sorted, the two
+/// largest left out (LAT_MEASURE_TAIL), t_max = the sample at index m (m = count - 2), median of the m kept
+/// (`get_median`), mean and population stdev of the m kept, 99% / 99.9% = the samples at ceil(m x 0.99) and
+/// ceil(m x 0.999), every figure divided by the RTT factor.
+fn perftest_lat(samples: &[u64], rtt: f64) -> [f64; 7] {
+    let mut d: Vec<f64> = samples.iter().map(|&s| s as f64 / rtt).collect();
+    d.sort_by(f64::total_cmp);
+    let m = d.len() - 2;
+    let median = if (m - 1) % 2 == 1 { (d[m / 2] + d[m / 2 - 1]) / 2.0 } else { d[m / 2] };
+    let avg = d[..m].iter().sum::<f64>() / m as f64;
+    let stdev = (d[..m].iter().map(|x| (avg - x).powi(2)).sum::<f64>() / m as f64).sqrt();
+    let p = |q: f64| d[((m as f64) * q).ceil() as usize];
+    [d[0], d[m], median, avg, stdev, p(0.99), p(0.999)]
+}
+
+/// Our row against perftest's figures: min, max, mean and stdev exact (to rounding), the median and percentiles
+/// within the histogram's 0.1%.
+#[track_caller]
+fn assert_as_perftest(samples: &[u64], rtt: u32) {
+    let mut rec = LatRecorder::new();
+    for &us in samples {
+        rec.record(Duration::from_micros(us));
+    }
+    let s = rec.stats(64, samples.len() as u64, rtt).unwrap();
+    let want = perftest_lat(samples, f64::from(rtt));
+    let got = [s.t_min, s.t_max, s.t_typical, s.t_avg, s.t_stdev, s.p99, s.p999];
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = if matches!(i, 2 | 5 | 6) { w * 0.001 } else { 1e-9 * w.max(1.0) };
+        assert!((g - w).abs() <= tol, "figure {i}: ours {g} perftest {w} ({} samples)", samples.len());
+    }
 }
 
 #[test]
@@ -199,33 +236,38 @@ fn latency_statistics_and_rtt_factor() {
     assert_eq!(rtt_factor(TestKind::AtomicLat), 1);
     let mut rec = LatRecorder::new();
     assert!(rec.stats(64, 20, 2).is_none());
-    // 1..=1000 us round trips.
-    for us in 1..=1000u64 {
+    // 1..=1000 us round trips: perftest leaves 999 and 1000 out; t_max is 999, the median of 1..=998 is 499.5,
+    // 99% is the sample at ceil(998 x 0.99) = 989, i.e. 990 us, 99.9% the one at 998, i.e. 999 us.
+    let all: Vec<u64> = (1..=1000).collect();
+    for &us in &all {
         rec.record(Duration::from_micros(us));
     }
     assert_eq!(rec.len(), 1000);
     let s = rec.stats(64, 1000, 1).unwrap();
-    assert_eq!((s.t_min, s.t_max), (1.0, 1000.0));
-    assert!((s.t_avg - 500.5).abs() < 1e-9);
-    // Population stdev of 1..=n: sqrt((n^2 - 1) / 12).
-    assert!((s.t_stdev - ((1000.0f64 * 1000.0 - 1.0) / 12.0).sqrt()).abs() < 1e-6, "{}", s.t_stdev);
+    assert_eq!((s.t_min, s.t_max), (1.0, 999.0));
+    assert!((s.t_avg - 499.5).abs() < 1e-9, "{}", s.t_avg);
+    // Population stdev of 1..=n: sqrt((n^2 - 1) / 12), n = 998.
+    assert!((s.t_stdev - ((998.0f64 * 998.0 - 1.0) / 12.0).sqrt()).abs() < 1e-6, "{}", s.t_stdev);
     let near = |got: f64, want: f64| (got - want).abs() <= want * 0.001 + 1e-9;
-    assert!(near(s.t_typical, 500.0), "median {}", s.t_typical);
+    assert!(near(s.t_typical, 499.5), "median {}", s.t_typical);
     assert!(near(s.p99, 990.0), "p99 {}", s.p99);
-    assert!(near(s.p999, 999.0), "p99.9 {}", s.p999);
+    assert_eq!(s.p999, 999.0);
     // Half round trip for send/write.
     let h = rec.stats(64, 1000, 2).unwrap();
-    assert_eq!((h.t_min, h.t_max), (0.5, 500.0));
-    assert!((h.t_avg - 250.25).abs() < 1e-9);
-    assert!(near(h.t_typical, 250.0));
-    // A skewed set: the median is not the mean.
-    let mut rec = LatRecorder::new();
-    for us in [10u64, 10, 10, 10, 1000] {
-        rec.record(Duration::from_micros(us));
+    assert_eq!((h.t_min, h.t_max), (0.5, 499.5));
+    assert!((h.t_avg - 249.75).abs() < 1e-9);
+    // Outliers: the two largest do not count (perftest's LAT_MEASURE_TAIL), the third does.
+    assert_as_perftest(&[10, 10, 10, 10, 1000], 1);
+    assert_as_perftest(&[10, 11, 12, 500, 900, 1000], 2);
+    assert_as_perftest(&all, 1);
+    assert_as_perftest(&all, 2);
+    // Odd and even counts, duplicates, skewed and random sets, perftest's smallest run (-n 5).
+    let mut next = xorshift(0x1a7e);
+    for n in [5usize, 6, 7, 8, 99, 100, 101, 1000, 4097] {
+        let v: Vec<u64> = (0..n).map(|_| 1 + next(50) * next(50) + next(3) * 4000).collect();
+        assert_as_perftest(&v, 1);
+        assert_as_perftest(&v, 2);
     }
-    let s = rec.stats(2, 5, 1).unwrap();
-    assert!(near(s.t_typical, 10.0) && (s.t_avg - 208.0).abs() < 1e-9);
-    assert!(near(s.p99, 1000.0));
 }
 
 #[test]
@@ -372,4 +414,46 @@ fn bw_peak_of_posts_stamped_per_pass_keeps_one_point_per_pass() {
         assert!(stamps < n / 2, "the input must batch posts: {stamps} passes for {n} posts");
         assert!(most <= stamps, "n={n}: {most} points kept for {stamps} distinct stamps");
     }
+}
+
+/// `--out_json`'s `test_info` carries the banner under the keys perftest's JSON uses (as a consumer of
+/// perftest's JSON reads them: Dual_port, Device, Number_of_qps, Transport_type, Connection_type, Using_SRQ,
+/// PCIe_relax_order, ibv_wr_API, TX_depth, RX_depth, CQ_Moderation, Mtu, Link_type, GID_index, Max_inline_data,
+/// rdma_cm_QPs, Data_ex_method), numbers as numbers; before, only our own keys. The document is valid JSON.
+#[test]
+fn json_test_info_has_perftests_keys() {
+    let p = Params::try_parse_from(TestKind::WriteBw, ["rdp_write_bw", "h", "-s", "4096", "-n", "20"]).unwrap();
+    let banner = Banner::new(&p, "rdp0", Mtu::Mtu1024, 1, 1);
+    let r = BwReport { size: 4096, iters: 20, bw_peak: 8.7, bw_avg: 7.93, msg_rate: 0.00203 };
+    let j: serde_json::Value = serde_json::from_str(&json(&banner, &Results::Bw(vec![r]), false)).unwrap();
+    let info = &j["test_info"];
+    for (k, v) in [
+        ("Dual_port", serde_json::json!("OFF")),
+        ("Device", serde_json::json!("rdp0")),
+        ("Number_of_qps", serde_json::json!(1)),
+        ("Transport_type", serde_json::json!("IB")),
+        ("Connection_type", serde_json::json!("RC")),
+        ("Using_SRQ", serde_json::json!("OFF")),
+        ("PCIe_relax_order", serde_json::json!("ON")),
+        ("ibv_wr_API", serde_json::json!("OFF")),
+        ("TX_depth", serde_json::json!(20)),
+        ("CQ_Moderation", serde_json::json!(20)),
+        ("Mtu", serde_json::json!(1024)),
+        ("Link_type", serde_json::json!("Ethernet")),
+        ("GID_index", serde_json::json!(1)),
+        ("Max_inline_data", serde_json::json!(0)),
+        ("rdma_cm_QPs", serde_json::json!("OFF")),
+        ("Data_ex_method", serde_json::json!("Ethernet")),
+        ("test", serde_json::json!("RDMA_Write BW Test")),
+    ] {
+        assert_eq!(info[k], v, "{k}: {info}");
+    }
+    assert!(info.get("RX_depth").is_none(), "a write client shows no RX depth: {info}");
+    assert_eq!(j["results"]["BW_average"], serde_json::json!(7.93));
+    // A read server: no TX depth, its outstanding reads.
+    let p = Params::try_parse_from(TestKind::ReadBw, ["rdp_read_bw", "-o", "4"]).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&json(&Banner::new(&p, "rdp0", Mtu::Mtu4096, 3, 4), &Results::Bw(vec![]), true)).unwrap();
+    assert_eq!(j["test_info"]["Outstand_reads"], serde_json::json!(4), "{j}");
+    assert!(j["test_info"].get("TX_depth").is_none(), "{j}");
 }

@@ -154,9 +154,9 @@ fn unreadable_files_exit_2_with_one_line() {
     let truncated = temp("truncated.pcap");
     let whole = std::fs::read(vectors_dir().join("rc_write_4k.pcap")).unwrap();
     std::fs::write(&truncated, &whole[..30]).unwrap();
-    // A Linux cooked (SLL) capture: readable, but not Ethernet.
-    let sll = temp("sll.pcap");
-    let header = pcap_file::pcap::PcapHeader { datalink: DataLink::LINUX_SLL, ..Default::default() };
+    // An 802.11 capture: readable, but no link type roce-dump decodes.
+    let sll = temp("wlan.pcap");
+    let header = pcap_file::pcap::PcapHeader { datalink: DataLink::IEEE802_11, ..Default::default() };
     pcap_file::pcap::PcapWriter::with_header(std::fs::File::create(&sll).unwrap(), header).unwrap();
     for (path, reason) in [
         (sll.clone(), "unsupported link type"),

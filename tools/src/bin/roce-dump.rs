@@ -1,11 +1,13 @@
 //! roce-dump: decode the RoCEv2 frames of a pcap/pcapng capture.
 //!
 //! One line per RoCE frame; other frames are counted, not printed. The last line is
-//! `frames=N roce=N icrc_ok=N icrc_bad=N malformed=N`. Exit status: 0 if every RoCE frame is well formed with a good
-//! ICRC, 1 otherwise, 2 if the file cannot be read.
+//! `frames=N roce=N icrc_ok=N icrc_bad=N malformed=N` (` snapped=N` when the capture cut frames short). Exit status:
+//! 0 if every RoCE frame is well formed with a good ICRC (or snapped), 1 otherwise, 2 if the file cannot be read.
+//! Frames of a pcapng interface whose link type is not decoded are counted, and named in one line on stderr per
+//! link type at the end.
 
 use clap::Parser;
-use roce_dp_tools::capture::for_each_frame;
+use roce_dp_tools::capture::{for_each_frame, link_name};
 use roce_dp_tools::dump::{Dumper, Options};
 use std::io::{self, BufWriter};
 use std::path::PathBuf;
@@ -33,9 +35,17 @@ fn main() -> ExitCode {
     let stdout = io::stdout();
     let mut dumper = Dumper::new(BufWriter::new(stdout.lock()), Options { verbose: args.verbose, json: args.json });
     let mut write_err: Option<io::Error> = None;
+    // Frames not decoded, per link type (`None`: a packet of an interface the file never described).
+    let mut undecoded: Vec<(Option<u32>, u64)> = Vec::new();
     let read = for_each_frame(&args.file, |f| {
+        if !f.ethernet {
+            match undecoded.iter_mut().find(|e| e.0 == f.link) {
+                Some(e) => e.1 += 1,
+                None => undecoded.push((f.link, 1)),
+            }
+        }
         if write_err.is_none() {
-            write_err = dumper.frame(f.time, f.ethernet, f.data).err();
+            write_err = dumper.frame(f.time, f.ethernet, f.data, f.orig_len).err();
         }
     });
     if let Some(e) = write_err {
@@ -48,7 +58,19 @@ fn main() -> ExitCode {
     }
     match read {
         Ok(()) => match dumper.finish() {
-            Ok(s) => ExitCode::from(s.exit_code() as u8),
+            Ok(s) => {
+                for (link, n) in undecoded {
+                    let what = match link {
+                        Some(l) => format!("of link type {}", link_name(l)),
+                        None => "of interfaces the file never described".to_string(),
+                    };
+                    eprintln!(
+                        "roce-dump: {}: {n} frames {what} not decoded (Ethernet, Linux cooked and raw IP are)",
+                        args.file.display()
+                    );
+                }
+                ExitCode::from(s.exit_code() as u8)
+            }
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("roce-dump: writing output: {e}");

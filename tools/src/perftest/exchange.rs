@@ -240,6 +240,66 @@ pub fn check_gid_compatibility(local: &Dest, remote: &Dest) -> Result<(), Exchan
     })
 }
 
+/// What a peer's QP record must name for our QPs to connect to it (perftest checks none of it; a broken or hostile
+/// peer's record is refused here in one line instead of QPs sent towards nowhere until their retries run out):
+/// not QP 0 or 1 (the InfiniBand management QPs, never an RC QP), and a GID that is a unicast address: not
+/// unspecified, multicast, broadcast or loopback, IPv4-mapped or IPv6.
+pub fn check_peer_record(d: &Dest) -> Result<(), ExchangeError> {
+    let bad = |why: String| Err(ExchangeError::Malformed { step: "QP record", why });
+    if d.qpn <= 1 {
+        return bad(format!("QPN {:#x} is a management QP (QP0/QP1), not an RC QP", d.qpn));
+    }
+    let gid = std::net::Ipv6Addr::from(d.gid);
+    let why = match gid.to_ipv4_mapped() {
+        Some(v4) if v4.is_unspecified() => Some("unspecified"),
+        Some(v4) if v4.is_broadcast() => Some("the broadcast address"),
+        Some(v4) if v4.is_multicast() => Some("a multicast address"),
+        Some(v4) if v4.is_loopback() => Some("a loopback address"),
+        Some(_) => None,
+        None if gid.is_unspecified() => Some("unspecified"),
+        None if gid.is_multicast() => Some("a multicast address"),
+        None if gid.is_loopback() => Some("a loopback address"),
+        None => None,
+    };
+    match why {
+        Some(why) => bad(format!("GID {gid} is {why}, not the address of a RoCE port")),
+        None => Ok(()),
+    }
+}
+
+/// The most outstanding READ/atomic requests a QP takes each way (the engine's limit, and Linux rxe's
+/// `RXE_MAX_QP_RD_ATOM`).
+pub const MAX_OUT_READS: u8 = 128;
+
+/// A QP's READ/atomic depths as perftest sets them (`ctx_modify_qp_to_rtr`/`_rts`), in read and atomic tests:
+/// (initiator depth, responder resources) = (the peer's announced `out_reads`, ours); each side announces its
+/// `-o` (or the default) and accepts that many, and issues no more than the peer accepts. Other tests issue no
+/// READ or atomic: 16 each way.
+pub fn rd_atomic_depths(test: TestKind, ours: u8, peer: &Dest) -> (u8, u8) {
+    match test.verb() {
+        Verb::Read | Verb::Atomic => {
+            (peer.out_reads.clamp(1, u16::from(MAX_OUT_READS)) as u8, ours.clamp(1, MAX_OUT_READS))
+        }
+        Verb::Send | Verb::Write => (16, 16),
+    }
+}
+
+/// In a read or atomic test, a peer whose records accept no outstanding READ/atomic request (OUT 0) cannot be
+/// read from: one line, before any QP is connected (perftest would move the QP to RTS with an initiator depth of
+/// 0 and wait for ever).
+pub fn check_peer_depth(test: TestKind, remote: &[Dest]) -> Result<(), ExchangeError> {
+    if !matches!(test.verb(), Verb::Read | Verb::Atomic) {
+        return Ok(());
+    }
+    match remote.iter().find(|d| d.out_reads == 0) {
+        Some(d) => Err(ExchangeError::Malformed {
+            step: "QP record",
+            why: format!("QP {:#x} accepts no outstanding READ/atomic request (OUT 0)", d.qpn),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// `ibv_mtu`: the path MTU as perftest exchanges it (an enum value 1..=5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Mtu {
@@ -394,6 +454,17 @@ pub enum ExchangeError {
         /// The timeout.
         after: Duration,
     },
+    /// The peer sent part of a message and not the rest within the timeout (a byte now and then).
+    Slow {
+        /// The step we were waiting for.
+        step: &'static str,
+        /// Bytes of the message that came.
+        got: usize,
+        /// Bytes of the message.
+        want: usize,
+        /// The timeout.
+        after: Duration,
+    },
     /// The peer closed (or reset) the connection.
     PeerClosed {
         /// The step we were in.
@@ -437,6 +508,11 @@ impl fmt::Display for ExchangeError {
             ExchangeError::Timeout { step, after } => {
                 write!(f, "peer sent nothing for {:.1} s during the {step} exchange", after.as_secs_f64())
             }
+            ExchangeError::Slow { step, got, want, after } => write!(
+                f,
+                "peer sent only {got} of the {want} bytes of its {step} message in {:.1} s",
+                after.as_secs_f64()
+            ),
             ExchangeError::PeerClosed { step } => {
                 write!(f, "peer closed the connection during the {step} exchange (did it exit?)")
             }
@@ -483,14 +559,18 @@ pub struct Negotiated {
 pub struct Exchange<S> {
     stream: S,
     role: Role,
-    /// Only for error messages: the timeout the caller set on the stream.
+    /// The timeout the caller set on the stream: also the most one message of the peer may take to arrive whole
+    /// (`Duration::MAX`: none).
     timeout: Duration,
+    /// The TCP socket under `stream` (a clone, [`Exchange::tcp`]): its read timeout is cut to what is left of a
+    /// message's deadline before each read, so that a peer trickling a message in ends the step on time.
+    deadline_socket: Option<TcpStream>,
 }
 
 impl<S: Read + Write> Exchange<S> {
     /// Wraps a connected stream. `timeout` is the read/write timeout the caller set on it (used in messages).
     pub fn new(stream: S, role: Role, timeout: Duration) -> Self {
-        Exchange { stream, role, timeout }
+        Exchange { stream, role, timeout, deadline_socket: None }
     }
 
     /// Our role.
@@ -507,8 +587,37 @@ impl<S: Read + Write> Exchange<S> {
         self.stream.write_all(mine).and_then(|()| self.stream.flush()).map_err(|e| io_error(step, e, self.timeout))
     }
 
+    /// Reads one message of the peer. The whole message must arrive within the timeout, not each byte: a peer
+    /// that sends a byte now and then (a broken or hostile one) ends the step when the timeout has passed since
+    /// the message began, as a silent one does (over TCP to the millisecond; over another stream, whose read
+    /// timeout this cannot shorten, by the end of the read that passes it).
     fn read_exact(&mut self, step: &'static str, theirs: &mut [u8]) -> Result<(), ExchangeError> {
-        self.stream.read_exact(theirs).map_err(|e| io_error(step, e, self.timeout))
+        let deadline = Instant::now().checked_add(self.timeout);
+        let want = theirs.len();
+        let (timeout, mut got) = (self.timeout, 0);
+        let late = |got| match got {
+            0 => ExchangeError::Timeout { step, after: timeout },
+            _ => ExchangeError::Slow { step, got, want, after: timeout },
+        };
+        while got < want {
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(late(got));
+                }
+                if let Some(sock) = &self.deadline_socket {
+                    sock.set_read_timeout(Some(left)).map_err(|err| ExchangeError::Io { step, err })?;
+                }
+            }
+            match self.stream.read(&mut theirs[got..]) {
+                Ok(0) => return Err(ExchangeError::PeerClosed { step }),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Err(late(got)),
+                Err(e) => return Err(io_error(step, e, timeout)),
+            }
+        }
+        Ok(())
     }
 
     /// One fixed-size swap: the client writes then reads, the server reads then writes.
@@ -603,7 +712,8 @@ impl<S: Read + Write> Exchange<S> {
     }
 
     /// The records that carry the QPs' parameters: one per QP, then (send BW only) one more, then one per QP
-    /// again. Returns the peer's QPs as the second round carried them; the caller then moves its QPs to RTR/RTS.
+    /// again. Returns the peer's QPs as the second round carried them ([`check_peer_record`]: each names an RC QP
+    /// and a unicast GID); the caller then moves its QPs to RTR/RTS.
     pub fn exchange_dests(&mut self, test: TestKind, mine: &[Dest]) -> Result<Vec<Dest>, ExchangeError> {
         let first = mine.first().ok_or_else(|| ExchangeError::Local("no QP to describe".into()))?;
         for d in mine {
@@ -612,7 +722,9 @@ impl<S: Read + Write> Exchange<S> {
         if test == TestKind::SendBw {
             self.hand_shake(first)?;
         }
-        mine.iter().map(|d| self.hand_shake(d)).collect()
+        let theirs = mine.iter().map(|d| self.hand_shake(d)).collect::<Result<Vec<Dest>, _>>()?;
+        theirs.iter().try_for_each(check_peer_record)?;
+        Ok(theirs)
     }
 
     /// The barrier(s) once our QPs are at RTR/RTS: one for write/read/atomic BW and send latency, two for the
@@ -731,6 +843,13 @@ impl<S: Read + Write> Exchange<S> {
 }
 
 impl Exchange<TcpStream> {
+    /// [`Exchange::new`] on a TCP connection, with each of the peer's messages held to the timeout to the
+    /// millisecond (the socket's read timeout is cut to what is left of it before each read).
+    pub fn tcp(stream: TcpStream, role: Role, timeout: Duration) -> Self {
+        let deadline_socket = stream.try_clone().ok();
+        Exchange { stream, role, timeout, deadline_socket }
+    }
+
     /// Changes the read/write timeout of the connection (e.g. for the server's wait through the client's run,
     /// which lasts as long as the test; `None` waits forever, as perftest).
     pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ExchangeError> {

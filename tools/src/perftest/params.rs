@@ -19,6 +19,12 @@ pub const MIN_ITERS: u64 = 5;
 pub const MAX_ITERS: u64 = 100_000_000;
 /// The largest size `-a` runs (2^23; it starts at 2).
 pub const MAX_ALL_SIZE_LOG2: u32 = 23;
+/// The largest `-s` (perftest: `UINT_MAX / 2`).
+pub const MAX_SIZE: u64 = (1 << 31) - 1;
+/// perftest signals every WR (CQ moderation 1) for messages above this size unless `-Q` is given, `-a` runs or
+/// `-e` sleeps on events (`MSG_SIZE_CQ_MOD_LIMIT`; "we disable cq_mod for large message size to prevent from
+/// incorrect BW calculation").
+pub const CQ_MOD_SIZE_LIMIT: u64 = 8192;
 
 /// `-A`: the atomic operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -64,7 +70,8 @@ struct Cli {
     /// Server's management address (client mode); without it we are the server.
     host: Option<String>,
     /// TCP port of the out-of-band exchange.
-    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
+    /// (1-65535: port 0 would have the server listen on a port the kernel picks, which no client knows.)
+    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT, value_parser = clap::value_parser!(u16).range(1..))]
     port: u16,
     /// Device name (accepted for compatibility; shown in the banner).
     #[arg(short = 'd', long = "ib-dev")]
@@ -81,8 +88,9 @@ struct Cli {
     /// Connection type (only RC).
     #[arg(short = 'c', long = "connection", default_value = "RC")]
     connection: String,
-    /// Message size in bytes (default 65536 in BW tests, 2 in latency tests, 8 in atomic tests).
-    #[arg(short = 's', long = "size", conflicts_with = "all")]
+    /// Message size in bytes, 1 to 2^31-1; as perftest, a K or M suffix multiplies by 1024 or 1024^2 and 0x
+    /// reads hex (default 65536 in BW tests, 2 in latency tests, 8 in atomic tests).
+    #[arg(short = 's', long = "size", conflicts_with = "all", value_parser = parse_size)]
     size: Option<u64>,
     /// Run all sizes from 2 to 2^23 bytes.
     #[arg(short = 'a', long = "all")]
@@ -108,8 +116,8 @@ struct Cli {
     /// QP local ACK timeout exponent: 4.096 us * 2^N.
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
-    /// Outstanding RDMA READs / atomics (read and atomic tests; default: the device's maximum).
-    #[arg(short = 'o', long = "outs", value_parser = clap::value_parser!(u32).range(1..))]
+    /// Outstanding RDMA READs / atomics each side accepts (read and atomic tests; default 16, at most 128).
+    #[arg(short = 'o', long = "outs", value_parser = clap::value_parser!(u32).range(1..=128))]
     outs: Option<u32>,
     /// Atomic operation (atomic tests).
     #[arg(short = 'A', long = "atomic_type", value_enum)]
@@ -144,6 +152,27 @@ struct Cli {
     /// Sleep on CQ events (default poll). With --daemon only; not in write_lat (its receiver polls memory).
     #[arg(short = 'e', long = "events", visible_alias = "use_event")]
     events: bool,
+}
+
+/// `-s` as perftest reads it: a trailing `K` or `M` multiplies by 1024 or 1024^2, the number is C's `strtol(s, NULL,
+/// 0)` (decimal, `0x` hex, a leading `0` octal); 1 to 2^31-1 ("Message Size should be between 1 and 2147483647").
+/// Where perftest's `strtol` would stop at the first stray character and use what came before, this refuses it.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, factor) = match s.strip_suffix('K') {
+        Some(d) => (d, 1024),
+        None => s.strip_suffix('M').map_or((s, 1), |d| (d, 1024 * 1024)),
+    };
+    let n = if let Some(h) = digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16)
+    } else if digits.len() > 1 && digits.starts_with('0') {
+        u64::from_str_radix(&digits[1..], 8)
+    } else {
+        digits.parse::<u64>()
+    };
+    let n = n.map_err(|_| format!("{s:?} is not a message size (bytes, or with a K or M suffix)"))?;
+    n.checked_mul(factor)
+        .filter(|v| (1..=MAX_SIZE).contains(v))
+        .ok_or_else(|| format!("message size {s} is out of range: it should be between 1 and {MAX_SIZE}"))
 }
 
 fn parse_mtu(s: &str) -> Result<Mtu, String> {
@@ -271,7 +300,9 @@ pub fn one_line_error(test: TestKind, e: &clap::Error) -> String {
         if let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) {
             let flag = arg.split_once('=').map_or(arg.as_str(), |(f, _)| f);
             if let Some((names, why)) = PERFTEST_ONLY.iter().find(|(names, _)| names.split('/').any(|n| n == flag)) {
-                return format!("{}: perftest's {names} is not supported by roce-dp: {why}", test.tool_name());
+                // A flag and its alias are named together (`-R/--rdma_cm`); one of a group, alone.
+                let shown = if names.split('/').count() <= 2 { names } else { flag };
+                return format!("{}: perftest's {shown} is not supported by roce-dp: {why}", test.tool_name());
             }
         }
     }
@@ -299,8 +330,37 @@ const PERFTEST_ONLY: &[(&str, &str)] = &[
     ("-g/--mcg", "no multicast: RC only"),
     ("-M/--MGID", "no multicast: RC only"),
     ("-O/--dualport", "one port per soft NIC"),
-    ("-j/--source_mac", "raw Ethernet tests are not implemented"),
-    ("-k/--num_of_qps_in_srq", "no shared receive queues"),
+    (
+        "-B/--source_mac/-E/--dest_mac/-J/--dest_ip/-j/--source_ip/-K/--dest_port/-k/--source_port/-Y/--ethertype/\
+         -Z/--server/-P/--client/-v/--mac_fwd/-G/--use_rss/--tcp/--remote_mac/--local_mac/--remote_ip/--local_ip/\
+         --remote_port/--local_port/--promiscuous/--sniffer/--raw_mcast/--raw_ipv6/--flows/--flows_burst/--vlan_en/\
+         --vlan_pcp/--typical_pkt_size/--connectionless/--disable_fcs",
+        "raw Ethernet and UD tests (raw_ethernet_*) are not implemented",
+    ),
+    (
+        "-C/--report-cycles/-H/--report-histogrm/-U/--report-unsorted/--output",
+        "the latency and BW tests print perftest's summary table, in microseconds and MiB/s or Gb/s",
+    ),
+    ("-T/--tos", "a ToS is for rdma_cm QPs (-R), which these tools do not use; the engine sends DSCP 0 with ECT(0)"),
+    ("-W/--report-counters", "no device counters here: roce-stat prints roce-dpd's"),
+    ("-X/--vector", "one completion channel per tool (-e)"),
+    ("--retry_count", "the QPs retry 7 times, perftest's default"),
+    ("--pkey_index", "one partition, P_Key 0xffff"),
+    ("--dlid", "RoCE has no LIDs"),
+    ("--force-link", "the link is always Ethernet"),
+    ("--rate_limit/--rate_limit_type/--rate_units/--burst_size", "no rate limiter: DCQCN paces the QPs"),
+    (
+        "--use_cuda_bus_id/--use_cuda_dmabuf/--use_neuron/--use_neuron_dmabuf/--use_hl/--use_mlu/--use_null_mr/\
+         --use-null-mr/--mmap-offset/--payload_file_path/--mr_per_qp/--inline_recv/--recv_post_list",
+        "every QP has one region of host memory, filled by the tool",
+    ),
+    (
+        "--latency_gap/--reply_every/--perform_warm_up/--wait_destroy/--flow_label/--use_old_post_send/--ipv6-addr/\
+         --use_ooo/--disable_pcie_relaxed/--no_lock/--no_ddp/--congest_type/--unsolicited_write/--aes_xts/\
+         --encrypt_on_tx/--sig_before/--aes_block_size/--kek_path/--credentials_path/--data_enc_keys_number/\
+         --data_enc_key_app_path/--log_dci_streams/--log_active_dci_streams/--use_exp/--verb_type/--use_res_domain",
+        "not implemented in these tools",
+    ),
     ("-L/--hop_limit", "the engine sends TTL/hop limit 64"),
     ("--report-both", "each side prints its own report"),
     ("--report-per-port", "one port per soft NIC"),
@@ -359,9 +419,6 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
         (_, true) => 65536,
         (_, false) => 2,
     });
-    if size == 0 || size > 1 << 31 {
-        return Err(format!("message size {size} is out of range (1 to 2^31 bytes)"));
-    }
     let sizes = if c.all { (1..=MAX_ALL_SIZE_LOG2).map(|i| 1u64 << i).collect() } else { vec![size] };
     let run = if c.run_infinitely {
         RunLength::Infinitely(c.duration.unwrap_or(5))
@@ -380,8 +437,13 @@ fn from_cli(test: TestKind, c: Cli) -> Result<Params, String> {
         _ => depth,
     };
     let tx_depth = clamp(c.tx_depth.unwrap_or(if bw { 128 } else { 1 }));
-    let rx_depth = clamp(c.rx_depth.unwrap_or(if verb == Verb::Send { 512 } else { 1 }));
-    let cq_mod = c.cq_mod.unwrap_or(100).min(tx_depth);
+    let mut rx_depth = clamp(c.rx_depth.unwrap_or(if verb == Verb::Send { 512 } else { 1 }));
+    // perftest's work-around of an odd receive depth in send tests (not with -a or --run_infinitely).
+    if verb == Verb::Send && rx_depth % 2 == 1 && !c.all && !c.run_infinitely {
+        rx_depth += 1;
+    }
+    let large = size > CQ_MOD_SIZE_LIMIT && !c.all && !c.events;
+    let cq_mod = c.cq_mod.unwrap_or(if large { 1 } else { 100 }).min(tx_depth);
     // perftest measures no peak in duration mode, and none above 20000 iterations (its search is quadratic).
     let no_peak = c.no_peak || !matches!(run, RunLength::Iterations(n) if n <= 20_000);
     if !test.is_bw() && !matches!(run, RunLength::Iterations(_)) {

@@ -42,13 +42,22 @@ fn f(v: f64, width: usize, prec: usize) -> String {
 
 /// The test's title line as perftest centres it (20 spaces), e.g. `RDMA_Write BW Test`.
 pub fn title(test: TestKind, atomic: AtomicType) -> String {
+    title_of(test, atomic, false)
+}
+
+/// [`title`], with perftest's `Bidirectional` before `BW` for `-b` (`RDMA_Write Bidirectional BW Test`).
+pub fn title_of(test: TestKind, atomic: AtomicType, duplex: bool) -> String {
     let op = match test.verb() {
         Verb::Send => "Send".to_string(),
         Verb::Write => "RDMA_Write".to_string(),
         Verb::Read => "RDMA_Read".to_string(),
         Verb::Atomic => format!("Atomic {}", atomic.name()),
     };
-    let kind = if test.is_bw() { "BW" } else { "Latency" };
+    let kind = match (test.is_bw(), duplex) {
+        (true, true) => "Bidirectional BW",
+        (true, false) => "BW",
+        (false, _) => "Latency",
+    };
     format!("                    {op} {kind} Test")
 }
 
@@ -61,6 +70,8 @@ pub struct Banner {
     pub atomic_type: AtomicType,
     /// Client or server: the client shows its TX depth; the server its RX depth in send tests, else none.
     pub role: Role,
+    /// `-b`: both sides send (and, in send tests, receive), so both show their TX depth (and RX depth).
+    pub duplex: bool,
     /// The device (perftest: `rxe0`; ours: the port or soft-NIC name).
     pub device: String,
     /// `-q`.
@@ -88,6 +99,7 @@ impl Banner {
             test: p.test,
             atomic_type: p.atomic_type,
             role: if p.is_client() { Role::Client } else { Role::Server },
+            duplex: p.duplex,
             device: device.to_string(),
             num_qps: p.num_qps,
             tx_depth: p.tx_depth,
@@ -105,7 +117,7 @@ impl Banner {
         let verb = self.test.verb();
         let mut v = vec![
             RESULT_LINE.to_string(),
-            title(self.test, self.atomic_type),
+            title_of(self.test, self.atomic_type, self.duplex),
             format!(" Dual-port       : OFF\t\tDevice         : {}", self.device),
             format!(" Number of qps   : {}\t\tTransport type : IB", self.num_qps),
             " Connection type : RC\t\tUsing SRQ      : OFF".to_string(),
@@ -113,10 +125,13 @@ impl Banner {
             format!(" PCIe relax order: {}", if self.test == TestKind::WriteLat { "OFF" } else { "ON" }),
             " ibv_wr* API     : OFF".to_string(),
         ];
-        match (self.role, verb) {
-            (Role::Client, _) => v.push(format!(" TX depth        : {}", self.tx_depth)),
-            (Role::Server, Verb::Send) => v.push(format!(" RX depth        : {}", self.rx_depth)),
-            (Role::Server, _) => {}
+        // perftest: the TX depth if this side sends (the client, or both with -b), the RX depth in send tests if
+        // this side receives (the server, or both with -b).
+        if self.role == Role::Client || self.duplex {
+            v.push(format!(" TX depth        : {}", self.tx_depth));
+        }
+        if verb == Verb::Send && (self.role == Role::Server || self.duplex) {
+            v.push(format!(" RX depth        : {}", self.rx_depth));
         }
         if self.test.is_bw() {
             v.push(format!(" CQ Moderation   : {}", self.cq_mod));
@@ -132,6 +147,35 @@ impl Banner {
         v.push(" rdma_cm QPs\t : OFF".to_string());
         v.push(" Data ex. method : Ethernet".to_string());
         v.push(RESULT_LINE.to_string());
+        v
+    }
+}
+
+impl Banner {
+    /// The banner's `label : value` pairs as perftest's `--out_json` names them in its `test_info`: the label with
+    /// `_` for spaces and dashes, without `*` and `.` (`Dual_port`, `Number_of_qps`, `ibv_wr_API`, `TX_depth`,
+    /// `CQ_Moderation`, `Mtu`, `GID_index`, `Max_inline_data`, `rdma_cm_QPs`, `Data_ex_method`), the value a
+    /// number when it is one (`1024[B]` is 1024), else a string; only the lines this side's banner shows.
+    pub fn json_fields(&self) -> Vec<(String, String)> {
+        let mut v = Vec::new();
+        for line in self.lines().iter().filter(|l| l.contains(':')) {
+            for part in line.split("\t\t") {
+                let Some((label, value)) = part.split_once(':') else { continue };
+                let key: String = label
+                    .trim()
+                    .chars()
+                    .filter(|c| !matches!(c, '*' | '.'))
+                    .map(|c| if c == ' ' || c == '-' { '_' } else { c })
+                    .collect();
+                let value = value.trim();
+                let number = value.trim_end_matches("[B]");
+                let value = match number.parse::<u64>() {
+                    Ok(n) => n.to_string(),
+                    Err(_) => json_str(value),
+                };
+                v.push((key, value));
+            }
+        }
         v
     }
 }
@@ -195,15 +239,27 @@ pub fn bw_header(gbits: bool) -> &'static str {
     }
 }
 
-/// One BW row (`REPORT_FMT`); `r` in MiB/s, printed in Gb/s with `gbits`.
+/// True when perftest prints a BW row with six decimals (`REPORT_FMT_EXT`): in Gb/s, below 0.1 Gb/s average.
+fn extended(r: &BwReport, gbits: bool) -> bool {
+    gbits && mibs_to_gbits(r.bw_avg) < 0.1
+}
+
+/// One BW row (`REPORT_FMT`); `r` in MiB/s, printed in Gb/s with `gbits`. Below 0.1 Gb/s perftest prints the
+/// figures with six decimals and other spacing (`REPORT_FMT_EXT`), and so does this.
 pub fn bw_line(r: &BwReport, gbits: bool) -> String {
     let conv = |v: f64| if gbits { mibs_to_gbits(v) } else { v };
+    // REPORT_FMT:     " %-7lu    %-10lu       %-7.2lf            %-7.2lf\t\t   %-7.6lf"
+    // REPORT_FMT_EXT: " %-7lu    %lu           %-7.6lf            %-7.6lf            %-7.6lf"
+    let (iters, sep, prec) = if extended(r, gbits) {
+        (format!("{}           ", r.iters), "            ", 6)
+    } else {
+        (format!("{:<10}       ", r.iters), "\t\t   ", 2)
+    };
     format!(
-        " {:<7}    {:<10}       {}            {}\t\t   {}",
+        " {:<7}    {iters}{}            {}{sep}{}",
         r.size,
-        r.iters,
-        f(conv(r.bw_peak), 7, 2),
-        f(conv(r.bw_avg), 7, 2),
+        f(conv(r.bw_peak), 7, prec),
+        f(conv(r.bw_avg), 7, prec),
         f(r.msg_rate, 7, 6)
     )
 }
@@ -240,15 +296,20 @@ pub struct LatStats {
     pub p999: f64,
 }
 
-/// Collects round-trip samples: min/max/mean/stdev exactly, median and percentiles from an HdrHistogram
-/// (nanoseconds, 3 significant digits, so within 0.1%).
+/// Collects round-trip samples and reports them as perftest's `print_report_lat` does: the samples sorted, the two
+/// largest left out (`LAT_MEASURE_TAIL`), so that `t_max` is the second largest sample, `t_avg` and `t_stdev` are
+/// over the rest, `t_typical` is their median (the mean of the middle two for an even count), and the 99% and
+/// 99.9% figures are the samples at ranks `ceil(0.99 m)` and `ceil(0.999 m)` of the sorted samples (`m` = the
+/// samples less two). Min, the two left out, sums and squares exactly; the other ranks from an HdrHistogram
+/// (nanoseconds, 3 significant digits, so within 0.1%) instead of perftest's array of every sample.
 pub struct LatRecorder {
     hist: Histogram<u64>,
     n: u64,
     sum: f64,
     sum_sq: f64,
     min: u64,
-    max: u64,
+    /// The three largest samples, largest first.
+    top: [u64; 3],
 }
 
 impl Default for LatRecorder {
@@ -263,7 +324,7 @@ impl LatRecorder {
         // Auto-resizing, so no sample is ever refused.
         let mut hist = Histogram::new(3).expect("3 significant digits is a valid precision");
         hist.auto(true);
-        LatRecorder { hist, n: 0, sum: 0.0, sum_sq: 0.0, min: u64::MAX, max: 0 }
+        LatRecorder { hist, n: 0, sum: 0.0, sum_sq: 0.0, min: u64::MAX, top: [0; 3] }
     }
 
     /// Records one sample (a full round trip, or one completion for read/atomic).
@@ -275,7 +336,30 @@ impl LatRecorder {
         self.sum += ns as f64;
         self.sum_sq += (ns as f64) * (ns as f64);
         self.min = self.min.min(ns);
-        self.max = self.max.max(ns);
+        if let Some(i) = self.top.iter().position(|&t| ns > t) {
+            self.top.copy_within(i..2, i + 1);
+            self.top[i] = ns;
+        }
+    }
+
+    /// The sample at `rank` (from 0) of the sorted samples: exact for the smallest and the three largest, else the
+    /// histogram's bucket.
+    fn at_rank(&self, rank: u64) -> u64 {
+        let from_top = self.n - 1 - rank.min(self.n - 1);
+        if from_top < 3 {
+            return self.top[from_top as usize];
+        }
+        if rank == 0 {
+            return self.min;
+        }
+        let mut seen = 0;
+        for v in self.hist.iter_recorded() {
+            seen += v.count_at_value();
+            if seen > rank {
+                return self.hist.highest_equivalent(v.value_iterated_to()).min(self.top[2]).max(self.min);
+            }
+        }
+        self.top[0]
     }
 
     /// Samples recorded.
@@ -294,20 +378,30 @@ impl LatRecorder {
             return None;
         }
         let k = 1000.0 * f64::from(rtt_factor);
-        let n = self.n as f64;
-        let mean = self.sum / n;
-        let var = (self.sum_sq / n - mean * mean).max(0.0);
-        let q = |quantile: f64| self.hist.value_at_quantile(quantile) as f64 / k;
+        // perftest leaves the two largest samples out when it has more than two.
+        let tail = if self.n > 2 { 2 } else { 0 };
+        let m = self.n - tail;
+        let (mut sum, mut sum_sq) = (self.sum, self.sum_sq);
+        for &t in &self.top[..tail as usize] {
+            sum -= t as f64;
+            sum_sq -= (t as f64) * (t as f64);
+        }
+        let mean = sum / m as f64;
+        let var = (sum_sq / m as f64 - mean * mean).max(0.0);
+        let rank = |r: u64| self.at_rank(r) as f64 / k;
+        // get_median over the m kept samples.
+        let median = if (m - 1) % 2 == 1 { (rank(m / 2) + rank(m / 2 - 1)) / 2.0 } else { rank(m / 2) };
+        let pct = |q: f64| rank(((m as f64) * q).ceil() as u64);
         Some(LatStats {
             size,
             iters,
             t_min: self.min as f64 / k,
-            t_max: self.max as f64 / k,
-            t_typical: q(0.5),
+            t_max: rank(m.min(self.n - 1)),
+            t_typical: median,
             t_avg: mean / k,
             t_stdev: var.sqrt() / k,
-            p99: q(0.99),
-            p999: q(0.999),
+            p99: pct(0.99),
+            p999: pct(0.999),
         })
     }
 }
@@ -356,13 +450,14 @@ pub enum Results {
     Lat(Vec<LatStats>),
 }
 
-/// `--out_json`: `{"test_info": {...}, "results": {...}}`, the result keys as perftest names them (`MsgSize`,
+/// `--out_json`: `{"test_info": {...}, "results": {...}}`; `test_info` has our keys (`tool`, `role`, `num_qps`,
+/// `bw_unit`, ...) and the banner's as perftest's JSON names them ([`Banner::json_fields`]); the result keys as perftest names them (`MsgSize`,
 /// `n_iterations`, `BW_peak`, `BW_average`, `MsgRate`; `t_min` .. `t_stdev`, `percentile_99`,
 /// `percentile_99.9`), with the same figures (same rounding) as the table. With several sizes (`-a`),
 /// `results` is a list of such objects.
 pub fn json(banner: &Banner, results: &Results, gbits: bool) -> String {
     let mut o = String::from("{\n  \"test_info\": {\n");
-    let title = title(banner.test, banner.atomic_type);
+    let title = title_of(banner.test, banner.atomic_type, banner.duplex);
     let info = [
         ("test", json_str(title.trim())),
         ("tool", json_str(banner.test.tool_name())),
@@ -376,7 +471,13 @@ pub fn json(banner: &Banner, results: &Results, gbits: bool) -> String {
         ("rx_depth", banner.rx_depth.to_string()),
         ("bw_unit", json_str(if gbits { "Gb/sec" } else { "MiB/sec" })),
     ];
-    let body: Vec<String> = info.iter().map(|(k, v)| format!("    {}: {v}", json_str(k))).collect();
+    let perftest = banner.json_fields();
+    let body: Vec<String> = info
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .chain(perftest)
+        .map(|(k, v)| format!("    {}: {v}", json_str(&k)))
+        .collect();
     o.push_str(&body.join(",\n"));
     o.push_str("\n  },\n  \"results\": ");
     let conv = |v: f64| if gbits { mibs_to_gbits(v) } else { v };
@@ -384,12 +485,13 @@ pub fn json(banner: &Banner, results: &Results, gbits: bool) -> String {
         Results::Bw(rows) => rows
             .iter()
             .map(|r| {
+                let prec = if extended(r, gbits) { 6 } else { 2 };
                 format!(
                     "{{\"MsgSize\": {}, \"n_iterations\": {}, \"BW_peak\": {}, \"BW_average\": {}, \"MsgRate\": {}}}",
                     r.size,
                     r.iters,
-                    json_num(conv(r.bw_peak), 2),
-                    json_num(conv(r.bw_avg), 2),
+                    json_num(conv(r.bw_peak), prec),
+                    json_num(conv(r.bw_avg), prec),
                     json_num(r.msg_rate, 6)
                 )
             })

@@ -284,8 +284,9 @@ pub(super) fn detail<'a>(counters: impl Iterator<Item = (&'a str, u64)>) -> Stri
     }
 }
 
-/// The RC connection of `l` towards `r`.
+/// The RC connection of `l` towards `r`, with perftest's READ/atomic depths ([`exchange::rd_atomic_depths`]).
 pub(super) fn rc_connect(l: &Local, r: &Dest, mtu: Mtu, p: &Params) -> crate::RcConnect {
+    let (max_rd_atomic, max_dest_rd_atomic) = exchange::rd_atomic_depths(p.test, out_reads(p), r);
     crate::RcConnect {
         qpn: l.qpn,
         sq_psn: l.psn,
@@ -293,7 +294,14 @@ pub(super) fn rc_connect(l: &Local, r: &Dest, mtu: Mtu, p: &Params) -> crate::Rc
         rq_psn: r.psn,
         path_mtu: mtu.bytes(),
         timeout: p.qp_timeout,
+        max_rd_atomic,
+        max_dest_rd_atomic,
     }
+}
+
+/// The outstanding READ/atomic requests this side accepts and announces in its QP records: `-o`, else 16.
+pub(super) fn out_reads(p: &Params) -> u8 {
+    p.out_reads.map_or(16, |o| o.min(u32::from(exchange::MAX_OUT_READS)) as u8)
 }
 
 /// The most a send BW receiver's region takes per QP with many or large receives.
@@ -360,16 +368,24 @@ pub(super) fn session<N: Nic>(
     let role = if client { Role::Client } else { Role::Server };
     // Shut down to end a blocked exchange step when the data path goes away (see `polling`).
     let abort = stream.try_clone().map_err(|e| err(format!("out-of-band socket: {e}")))?;
-    let mut ex = Exchange::new(stream, role, timeout);
+    let mut ex = Exchange::tcp(stream, role, timeout);
     let port_mtu = Mtu::from_bytes(nic.port_mtu()).unwrap_or(Mtu::Mtu1024);
-    let n = polling(nic, &abort, || ex.setup(SysData::default(), p.mtu.unwrap_or(port_mtu), p.mtu.is_some()))?
-        .map_err(err)?;
+    // perftest's set_mtu: a requested MTU above the port's active one is lowered to it, said on stdout so.
+    let mtu = match p.mtu {
+        Some(m) if m > port_mtu => {
+            println!("Requested mtu is higher than active mtu ");
+            println!("Changing to active mtu - {}", port_mtu as u8);
+            port_mtu
+        }
+        m => m.unwrap_or(port_mtu),
+    };
+    let n = polling(nic, &abort, || ex.setup(SysData::default(), mtu, p.mtu.is_some()))?.map_err(err)?;
     if n.mtu > port_mtu {
         return Err(err(format!("path MTU {} is above the port's {}", n.mtu.bytes(), port_mtu.bytes())));
     }
     let max_size = p.sizes.iter().copied().max().unwrap_or(1);
     let qps = create_qps(nic, p, test, max_size, client, n.sys)?;
-    let out_reads = p.out_reads.unwrap_or(16);
+    let out_reads = u32::from(out_reads(p));
     let gid = nic.gid();
     let mine: Vec<Dest> = qps.iter().map(|q| record(q.qpn, q.psn, q.rkey, q.va, gid, out_reads)).collect();
     // The data path runs from here on: a peer such as Linux rxe resolves our MAC (ARP) while it moves its QP to
@@ -377,6 +393,7 @@ pub(super) fn session<N: Nic>(
     nic.start(timeout)?;
     let remote = polling(nic, &abort, || ex.exchange_dests(test, &mine))?.map_err(err)?;
     exchange::check_gid_compatibility(&mine[0], &remote[0]).map_err(err)?;
+    exchange::check_peer_depth(test, &remote).map_err(err)?;
     let banner = print_banner(test, p, n.mtu, out_reads, &mine, &remote);
     nic.connect(&qps, &remote, n.mtu, p, timeout)?;
     polling(nic, &abort, || ex.connected(test, &mine[0]))?.map_err(err)?;

@@ -372,8 +372,14 @@ impl<'a> BwSide<'a> {
                 nic.check_alive()?;
                 match ex.peer_activity() {
                     PeerActivity::Gone => return Err(err("the peer closed the out-of-band connection mid-run")),
-                    // A receive-only side of a timed run ends when the sender moves on to the teardown.
-                    PeerActivity::Sent if !self.send && limit.is_none() => return Ok((false, busy)),
+                    // A receive-only side of a timed run ends when the sender moves on to the teardown, and so does
+                    // a side of an infinite run whose peer was interrupted (with -b both send: before, the side
+                    // still sending never read the peer's teardown, and both ended in errors at the timeout).
+                    PeerActivity::Sent
+                        if (!self.send && limit.is_none()) || matches!(p.run, RunLength::Infinitely(_)) =>
+                    {
+                        return Ok((false, busy))
+                    }
                     _ => {}
                 }
                 if now.duration_since(last_progress) > timeout {

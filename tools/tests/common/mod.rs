@@ -1,8 +1,26 @@
-//! Shared by the perftest tests: the captured vectors and the perftest TCP exchange inside the pcaps.
+//! Shared by the tools' tests: the captured vectors, the perftest TCP exchange inside the pcaps, and waiting for a
+//! tool's process.
 #![allow(dead_code, unreachable_pub)]
 
 use roce_dp_tools::capture::for_each_frame;
 use std::path::PathBuf;
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+/// Waits at most `secs` for `child` (a tool under test); kills it and fails the test if it still runs, with its
+/// stderr.
+pub fn wait_child(mut child: Child, secs: u64, what: &str) -> Output {
+    let until = Instant::now() + Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            child.kill().unwrap();
+            let o = child.wait_with_output().unwrap();
+            panic!("{what}: still running after {secs} s: {}", String::from_utf8_lossy(&o.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
 
 /// The rxe captures (roce-dp/tests/vectors/rxe, a vendored copy of shared/vectors/rxe); missing is a failure,
 /// never a skip.

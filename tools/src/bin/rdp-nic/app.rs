@@ -199,6 +199,8 @@ pub(crate) fn connect(e: &mut Engine, l: &Local, r: &Remote, p: &Params, peer: P
         rq_psn: r.psn,
         path_mtu: p.mtu,
         timeout: p.qp_timeout,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
     };
     roce_dp_tools::connect_rc(e, &c, peer)
 }
