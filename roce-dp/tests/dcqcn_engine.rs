@@ -281,16 +281,30 @@ fn timers_at_the_end_of_time_do_not_spin() {
     // Time jumps to the last representable instant: every timer due runs once; none may re-arm itself at a
     // deadline that is already due (now + period saturates at Instant::MAX), or handle_timeout never returns.
     // (The rate controller's own check: cc::dcqcn::tests::no_timer_is_left_due_after_it_ran_at_the_end_of_time.)
-    let [mut e0, _] = e;
+    let [e0, _] = e;
+    assert_eq!(timers_at_the_end_of_time(e0), None, "a timer due at the end of time");
+}
+
+/// Runs `e`'s timers at Instant::MAX in a thread; returns its next deadline after them, or fails the test if
+/// handle_timeout has not returned within 20 s. Nothing can be due after the last instant: a timer still armed then
+/// would be due at once, and run again.
+fn timers_at_the_end_of_time(mut e: Engine) -> Option<Instant> {
     let (done, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        e0.handle_timeout(Instant::MAX);
-        let next = e0.poll_timeout();
-        let _ = done.send(next);
+        e.handle_timeout(Instant::MAX);
+        let _ = done.send(e.poll_timeout());
     });
-    let next = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("handle_timeout(Instant::MAX) spins");
-    // Nothing can be due after the last instant: a timer still armed would be due at once, and run again.
-    assert_eq!(next, None, "a timer due at the end of time");
+    rx.recv_timeout(std::time::Duration::from_secs(20)).expect("handle_timeout(Instant::MAX) spins")
+}
+
+#[test]
+fn the_retransmission_timer_at_the_end_of_time_does_not_spin() {
+    // Retrying for ever at retry_cnt 7 (Linux rxe's rule, rdp-sim --rxe-retry): each local ACK timeout re-armed the
+    // timer at now + timeout, which at Instant::MAX is Instant::MAX again.
+    let (mut e, _) = sim_pair(EngineConfig { retry_cnt_7_infinite: true, ..EngineConfig::default() }, false);
+    assert!(tx(&mut e[0], Instant::ZERO).is_some());
+    let [e0, _] = e;
+    assert_eq!(timers_at_the_end_of_time(e0), None, "a timer due at the end of time");
 }
 
 /// `f` (untagged IPv4) with `extra` bytes inserted before the ICRC, the IP and UDP lengths, the IP checksum and the
@@ -370,11 +384,10 @@ fn hostile_cnps_are_counted_and_never_take_the_rate_out_of_its_bounds() {
     assert_eq!(e[0].qp_cc_state(q[0]).unwrap().rate_kbps, 1_000, "a flood of CNPs ends at the minimum rate");
 }
 
-#[test]
-fn an_ipv6_cnp_has_the_cnp_format_too() {
-    use roce_dp::sim::{LinkConfig, Sim, NODE_IP6};
-    let sim = Sim::new(EngineConfig::default(), [LinkConfig::default(); 2], 1);
-    let mut e = sim.nodes;
+/// The simulator's two nodes under `cfg`, one QP each connected over IPv6 or IPv4, a 100-byte WRITE posted on node 0.
+fn sim_pair(cfg: EngineConfig, ipv6: bool) -> ([Engine; 2], [u32; 2]) {
+    use roce_dp::sim::{LinkConfig, Sim};
+    let mut e = Sim::new(cfg, [LinkConfig::default(); 2], 1).nodes;
     let mut qpn = [0; 2];
     let mut keys = Vec::new();
     for n in 0..2 {
@@ -384,10 +397,17 @@ fn an_ipv6_cnp_has_the_cnp_format_too() {
         qpn[n] = e[n].create_qp(pd, cq, cq, QpCaps::default()).unwrap();
     }
     for n in 0..2 {
-        connect(&mut e[n], qpn[n], qpn[1 - n], Sim::peer6_of(1 - n), 1024).unwrap();
+        let peer = if ipv6 { Sim::peer6_of(1 - n) } else { Sim::peer_of(1 - n) };
+        connect(&mut e[n], qpn[n], qpn[1 - n], peer, 1024).unwrap();
     }
     let wr = SendWr::new(1, WrOpcode::RdmaWrite).remote(VA, keys[1].rkey);
     e[0].post_send(qpn[0], &wr, &[Sge { addr: VA, len: 100, lkey: keys[0].lkey }]).unwrap();
+    (e, qpn)
+}
+
+#[test]
+fn an_ipv6_cnp_has_the_cnp_format_too() {
+    let (mut e, qpn) = sim_pair(EngineConfig::default(), true);
     let mut f = tx(&mut e[0], Instant::ZERO).unwrap();
     assert_eq!(wire::parse_frame(&f).unwrap().repr.ip.ecn, Ecn::Ect0);
     // CE: the two low bits of the traffic class (byte 15's 0x30); the ICRC masks the traffic class.
@@ -402,7 +422,7 @@ fn an_ipv6_cnp_has_the_cnp_format_too() {
     assert_eq!((r.bth.opcode, r.bth.becn, r.bth.fecn, r.bth.ack_req), (Opcode::CNP, true, false, false));
     assert_eq!((r.bth.dest_qp, r.bth.pkey, r.bth.psn.value()), (qpn[0], 0xffff, 0));
     assert_eq!((r.ip.dscp, r.ip.ecn), (48, Ecn::NotEct));
-    assert_eq!(r.ip.addrs, IpAddrs::V6 { src: NODE_IP6[1], dst: NODE_IP6[0] });
+    assert_eq!(r.ip.addrs, IpAddrs::V6 { src: roce_dp::sim::NODE_IP6[1], dst: roce_dp::sim::NODE_IP6[0] });
     // Ethernet 14 + IPv6 40 + UDP 8 + BTH 12 + 16 reserved zero bytes + ICRC 4.
     assert_eq!(cnp.len(), 94);
     assert_eq!(&cnp[74..90], &[0u8; 16]);

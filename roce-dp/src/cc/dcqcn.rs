@@ -356,7 +356,7 @@ impl Dcqcn {
     /// True if no increase event can change the rate again before the next CNP: Rc has reached Rt, and Rt cannot
     /// grow (no additive step, and no hyper step: rp_hai_rate 0 or no byte counter to reach the hyper stage). The
     /// rate-increase timer then stops: it would fire every T (T/2) for ever and change nothing (with
-    /// rp_time_reset = 1 a limited QP, idle or not, woke its engine twice a microsecond for good).
+    /// rp_time_reset = 1 a limited QP, idle or not, woke its engine every microsecond for good).
     fn stuck(&self) -> bool {
         self.rc == self.rt && self.p.ai_kbps == 0 && (self.p.hai_kbps == 0 || self.p.byte_reset == 0)
     }

@@ -379,7 +379,12 @@ impl Qp {
         }
         self.rewind();
         if let Some(t) = self.ack_timeout() {
-            self.timers.set(TimerKind::Retransmit, ctx.now + t);
+            // At the end of representable time `now + t` saturates to `now`: a deadline already due would run this
+            // retry again at once, for ever when retries are unlimited (handle_timeout would never return).
+            let at = ctx.now + t;
+            if at > ctx.now {
+                self.timers.set(TimerKind::Retransmit, at);
+            }
         }
     }
 
