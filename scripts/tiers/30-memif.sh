@@ -1,6 +1,7 @@
 # Tier 3: two processes over memif (copy mode): server on lcore 1, client on lcore 0, each with its own
 # --file-prefix and no hugepages; frames both ways verified; in-band STOP handshake before either port stops.
-# Bad input: a socket that is already in use, and a port that fails to start (a client with no server).
+# Bad input: a socket that is already in use, and a port that fails to start (a client with no server); such a client
+# stopped by SIGTERM while it waits.
 TIERS+=(tier3_memif)
 
 tier3_memif() {
@@ -42,6 +43,24 @@ tier3_memif() {
     expect_setup_error "memif port that fails to start" "${RUN_ID}t3n" "rte_eth_dev_start failed" -- \
         "$PORTTEST" memif --role client --socket "/run/rdp-${RUN_ID}-nobody.sock" --lcore 0 \
         --file-prefix "${RUN_ID}t3n" --link-timeout 1
+    # The same client waiting for its server is stopped by SIGTERM at once (session 11: it kept retrying the port
+    # start until --link-timeout, then said the start failed, exit 2): "interrupted", exit 130, nothing left.
+    local ip="${RUN_ID}t3i" ipid rc=0 t0
+    track_prefix "$ip"
+    "$PORTTEST" memif --role client --socket "/run/rdp-${RUN_ID}-nobody.sock" --lcore 0 --file-prefix "$ip" \
+        --link-timeout 60 >"$LOG_DIR/tier3-interrupted.log" 2>"$LOG_DIR/tier3-interrupted.err" &
+    ipid=$!
+    track_pid "$ipid"
+    sleep 2
+    t0=$SECONDS
+    kill -TERM "$ipid" 2>/dev/null
+    wait_pid "$ipid" 30 || rc=$?
+    check "memif client waiting for its server, SIGTERM: exit 130 within 5 s (got $rc after $((SECONDS - t0)) s)" \
+        test "$rc" -eq 130 -a $((SECONDS - t0)) -le 5
+    check "memif client waiting for its server, SIGTERM: one line says so" \
+        grep -qx 'rdp-porttest: interrupted' "$LOG_DIR/tier3-interrupted.err"
+    left=$(prefix_leftovers "$ip")
+    check "memif client waiting for its server, SIGTERM: nothing left behind${left:+ ($left)}" test -z "$left"
     TIER_NOTE="($(grep -m1 '^RESULT' "$clog" | grep -Eo 'rx [0-9]+ frames' | head -1) each way)"
     tier_end
 }

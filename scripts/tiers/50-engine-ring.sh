@@ -2,7 +2,8 @@
 # cross-connected by rte_rings, one worker thread each on its own core, peers resolved with ARP. SEND, WRITE, READ
 # and atomics at path MTU 1024 and 4096 with every byte verified; 1% and 5% loss injected in the data path; RoCE over
 # IPv6 with neighbour discovery; two workers per NIC behind the software dispatcher; the mempool holds as many mbufs
-# after each run as before (rdp-nic's own CHECK lines); confined to one CPU, the run stops at once with one line.
+# after each run as before (rdp-nic's own CHECK lines); confined to one CPU, the run stops at once with one line;
+# SIGTERM mid-run: exit 130, one line, nothing left behind.
 # Bad input: bad profiles and arguments give one line and exit 2 without touching DPDK.
 TIERS+=(tier5_engine_ring)
 
@@ -63,6 +64,24 @@ ring_on_one_cpu() {
     check "ring on one CPU: one line" test "$(wc -l <"$err")" -eq 1
 }
 
+# ring_interrupted: SIGTERM in the middle of a run (SIGINT too; a background job of a script ignores SIGINT, so the
+# tier sends SIGTERM): rdp-nic stops polling, cleans up and says so, exit 130, its EAL runtime directory gone
+# (session 11: it died at once, leaving /var/run/dpdk/PREFIX behind).
+ring_interrupted() {
+    local p="${RUN_ID}t5i" out="$LOG_DIR/tier5-interrupted.log" err="$LOG_DIR/tier5-interrupted.err" pid rc=0 left
+    track_prefix "$p"
+    "$NIC" ring --op write --size 64 --iters 100000000 --file-prefix "$p" >"$out" 2>"$err" &
+    pid=$!
+    track_pid "$pid"
+    sleep 3
+    kill -TERM "$pid" 2>/dev/null
+    wait_pid "$pid" 30 || rc=$?
+    check "ring interrupted by SIGTERM: exit status 130 (got $rc)" test "$rc" -eq 130
+    check "ring interrupted by SIGTERM: one line says so ($(head -c 200 "$err"))" grep -qx 'rdp-nic: interrupted' "$err"
+    left=$(prefix_leftovers "$p")
+    check "ring interrupted by SIGTERM: its EAL runtime directory is gone${left:+ ($left)}" test -z "$left"
+}
+
 tier5_engine_ring() {
     tier_begin "tier 5 engine over net_ring"
     if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
@@ -116,6 +135,7 @@ tier5_engine_ring() {
     done
 
     ring_on_one_cpu
+    ring_interrupted
 
     local bad="$LOG_DIR/bad-profile.toml"
     printf '[port]\ndriver = "af_packet"\n[net]\nipv4 = "10.0.0.1"\nmtu = 4096\n' >"$bad"

@@ -24,6 +24,12 @@ pub fn stop_on_signals() {
     }
 }
 
+/// The flag the handler sets: a polling loop's stop flag (e.g. [`super::Worker::run`]'s), so that SIGINT or SIGTERM
+/// ends it at its next turn.
+pub fn stop_flag() -> &'static AtomicBool {
+    &STOP
+}
+
 /// True once SIGINT or SIGTERM arrived (after [`stop_on_signals`]).
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::Relaxed)

@@ -214,6 +214,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // SIGINT/SIGTERM stop the polling loops and waits; the ports, EAL and its runtime directory are then cleaned up
+    // as after a run (a second signal kills at once).
+    dpdk::signal::stop_on_signals();
     let mode = match cli.mode {
         Mode::Ring => "ring",
         Mode::Tap { .. } => "tap",
@@ -228,6 +231,10 @@ fn main() -> ExitCode {
         Mode::Client { profile } => run_peer(&cli.o, &prefix, profile, true),
     };
     roce_dp_tools::remove_runtime_dir(&prefix);
+    if dpdk::signal::stop_requested() {
+        eprintln!("rdp-nic: interrupted");
+        return ExitCode::from(130);
+    }
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -308,7 +315,7 @@ fn configure_and_start(
     loop {
         match port.start() {
             Ok(()) => return Ok(()),
-            Err(e) if client_retry.is_some() && Instant::now() < until => {
+            Err(e) if client_retry.is_some() && Instant::now() < until && !dpdk::signal::stop_requested() => {
                 let _ = e;
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -879,12 +886,11 @@ fn node<'p, S: NodeState>(
     let resolved = start.cross(ready)?;
     let init = init.unwrap_or_else(|| Err("not ready".into()));
     let mut state = init.map_err(|e| SetupError(format!("node {i} worker {wi}: {e}")))?;
-    let stop = AtomicBool::new(false);
     let mut timing = Timing { start: Some(Instant::now()), ..Timing::default() };
     let mut n = 0u64;
     let mut timed_out = false;
     let mut gate = AppGate::default();
-    w.run(&stop, |w| {
+    w.run(dpdk::signal::stop_flag(), |w| {
         if !gate.due(&w.stats) {
             return (true, false);
         }
@@ -1144,7 +1150,6 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         app::connect(&mut w.engine, l, r, &p, peer).map_err(SetupError)?;
     }
     let mut ok = true;
-    let stop = AtomicBool::new(false);
     let mut n = 0u64;
     let mut timed_out = false;
     if client {
@@ -1158,7 +1163,7 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
                 }
                 return Err(SetupError(format!("out-of-band: expected READY, got {l:?}")));
             }
-            if Instant::now() > deadline {
+            if Instant::now() > deadline || dpdk::signal::stop_requested() {
                 return Err(SetupError("out-of-band: no READY from the server".into()));
             }
         }
@@ -1166,7 +1171,7 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         let mut t = Timing { start: Some(Instant::now()), ..Timing::default() };
         let mut sent_done = false;
         let mut gate = AppGate::default();
-        w.run(&stop, |w| {
+        w.run(dpdk::signal::stop_flag(), |w| {
             if !gate.due(&w.stats) {
                 return (true, false);
             }
@@ -1201,7 +1206,7 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         oob.set_nonblocking(true)?;
         let mut peer_done: Option<String> = None;
         let mut gate = AppGate::default();
-        w.run(&stop, |w| {
+        w.run(dpdk::signal::stop_flag(), |w| {
             if !gate.due(&w.stats) {
                 return (true, false);
             }

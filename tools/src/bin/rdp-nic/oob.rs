@@ -107,7 +107,7 @@ impl Oob {
             };
             match r {
                 Ok(s) => return Ok(Oob { stream: s, buf: Vec::new() }),
-                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(e) if Instant::now() >= deadline || roce_dp::dpdk::signal::stop_requested() => return Err(e),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
         }
@@ -158,7 +158,7 @@ impl Oob {
             if let Some(l) = self.try_line()? {
                 return Ok(l);
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline || roce_dp::dpdk::signal::stop_requested() {
                 return Err(SetupError("out-of-band: timed out waiting for the peer".into()));
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -194,7 +194,11 @@ impl Listener {
                     s.set_nonblocking(false).map_err(|e| oob_err("accept", e))?;
                     return Ok(Oob { stream: s, buf: Vec::new() });
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
+                Err(e)
+                    if e.kind() == ErrorKind::WouldBlock
+                        && Instant::now() < deadline
+                        && !roce_dp::dpdk::signal::stop_requested() =>
+                {
                     std::thread::sleep(Duration::from_millis(10))
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {

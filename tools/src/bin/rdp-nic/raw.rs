@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use roce_dp::dpdk::signal::stop_requested;
 use roce_dp::dpdk::Burst;
 
 use crate::app::rtt_summary;
@@ -40,7 +41,7 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
                 let mut n = 0u64;
                 loop {
                     n += 1;
-                    if n.is_multiple_of(256) && Instant::now() >= end {
+                    if n.is_multiple_of(256) && (Instant::now() >= end || stop_requested()) {
                         break;
                     }
                     fill(&mut tx, s, size, &mut seq);
@@ -74,7 +75,7 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
                             rx.clear();
                             break;
                         }
-                        if Instant::now() > deadline {
+                        if Instant::now() > deadline || stop_requested() {
                             return Err(SetupError("raw rtt: no echo before the timeout".into()));
                         }
                     }
@@ -125,7 +126,7 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
                         break;
                     }
                 }
-                if Instant::now() > deadline {
+                if Instant::now() > deadline || stop_requested() {
                     break;
                 }
             }
@@ -150,7 +151,7 @@ pub(crate) fn run(o: &Opts, s: &mut Setup, client: bool, mut oob: Oob, mode: Raw
 /// `deadline` passed first (a peer that stopped reading, or a memif link that went down: its tx takes nothing).
 fn send_all(s: &mut Setup, b: &mut Burst, deadline: Instant) -> bool {
     while !b.is_empty() {
-        if s.port.tx_burst(0, b) == 0 && Instant::now() > deadline {
+        if s.port.tx_burst(0, b) == 0 && (Instant::now() > deadline || stop_requested()) {
             return false;
         }
     }

@@ -289,6 +289,10 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
         // A memif client cannot start before its server listens: retry until the link timeout.
         let retry_until = Instant::now() + Duration::from_secs(o.link_timeout);
         while let Err(e) = port.start() {
+            if dpdk::signal::stop_requested() {
+                // main says "interrupted", exit 130.
+                return Ok(false);
+            }
             if !matches!(cli.mode, Mode::Memif { role: Role::Client, .. }) || Instant::now() >= retry_until {
                 return Err(e).ctx(|| format!("{label}, after {} s", o.link_timeout));
             }
