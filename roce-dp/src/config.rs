@@ -185,6 +185,20 @@ pub enum Driver {
     Ice,
 }
 
+impl Driver {
+    /// The name a profile gives it (`driver = "..."`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Driver::Memif => "memif",
+            Driver::AfPacket => "af_packet",
+            Driver::AfXdp => "af_xdp",
+            Driver::NetRing => "net_ring",
+            Driver::Mlx5 => "mlx5",
+            Driver::Ice => "ice",
+        }
+    }
+}
+
 /// `[port]`.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -526,8 +540,25 @@ impl Profile {
             }
             Driver::NetRing => {}
         }
+        // A key the driver does not use is refused rather than ignored: `iface` on a memif port or `pci` on an
+        // af_packet one is a profile written for another port (or a typo for the right driver).
+        let name = port.driver.name();
         if port.driver != Driver::Memif && (port.role.is_some() || port.socket.is_some() || port.zero_copy) {
-            return Err(("port.role", "role/socket/zero_copy are memif keys".into()));
+            return Err((
+                "port.role",
+                format!("role/socket/zero_copy are memif keys; driver {name} does not use them"),
+            ));
+        }
+        if !matches!(port.driver, Driver::AfPacket | Driver::AfXdp) && port.iface.is_some() {
+            return Err(("port.iface", format!("iface is an af_packet/af_xdp key; driver {name} does not use it")));
+        }
+        if !matches!(port.driver, Driver::Mlx5 | Driver::Ice) {
+            if port.pci.is_some() {
+                return Err(("port.pci", format!("pci is an mlx5/ice key; driver {name} does not use it")));
+            }
+            if port.devargs.is_some() {
+                return Err(("port.devargs", format!("devargs is an mlx5/ice key; driver {name} does not use it")));
+            }
         }
         if let Some(v) = &port.socket {
             check_socket(v).map_err(|why| ("port.socket", why))?;
@@ -593,7 +624,10 @@ impl Profile {
                 (port.framesz.unwrap_or(2048), port.blocksz.unwrap_or(4096), port.framecnt.unwrap_or(512));
             check_af_packet_ring(fs, bs, fc, frame, n.mtu)?;
         } else if port.framesz.is_some() || port.blocksz.is_some() || port.framecnt.is_some() {
-            return Err(("port.framesz", "framesz/blocksz/framecnt are af_packet keys".into()));
+            return Err((
+                "port.framesz",
+                format!("framesz/blocksz/framecnt are af_packet keys; driver {} does not use them", port.driver.name()),
+            ));
         }
         if port.driver == Driver::AfXdp && frame > AF_XDP_MAX_FRAME {
             return Err((

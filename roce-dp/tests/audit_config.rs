@@ -252,3 +252,49 @@ fn addresses_a_port_cannot_own_and_starving_pools_are_refused() {
     let e = base(ip, "[eal]\nextra = [\"--log-level=x\\u0000y\"]").unwrap_err();
     assert!(e.starts_with("t.toml: eal.extra: ") && e.contains("control character"), "{e}");
 }
+
+/// A key the port's driver does not use is refused with one line naming it and the driver, not ignored: `iface` on
+/// a memif port, `pci`/`devargs` on a vdev, are a profile written for another port (or for another driver).
+/// Session 11: `iface`, `pci` and `devargs` were ignored without a word on drivers that do not use them.
+#[test]
+fn keys_of_another_driver_are_refused_not_ignored() {
+    let port = |driver: &str, keys: &str| {
+        Profile::parse(
+            "t.toml",
+            &format!("[port]\ndriver = \"{driver}\"\n{keys}\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n"),
+        )
+        .map_err(|e| e.0)
+    };
+    let own = [
+        ("memif", "role = \"server\"\nsocket = \"/run/x.sock\""),
+        ("af_packet", "iface = \"vp0\""),
+        ("af_xdp", "iface = \"vx0\""),
+        ("net_ring", ""),
+        ("mlx5", "pci = \"0000:3b:00.0\"\ndevargs = \"txq_inline_max=128\""),
+        ("ice", "pci = \"0000:5e:00.0\""),
+    ];
+    for (driver, keys) in own {
+        assert!(port(driver, keys).is_ok(), "{driver} with its own keys: {:?}", port(driver, keys));
+    }
+    let foreign = [
+        ("iface = \"vp0\"", "port.iface", &["memif", "net_ring", "mlx5", "ice"][..]),
+        ("pci = \"0000:3b:00.0\"", "port.pci", &["memif", "af_packet", "af_xdp", "net_ring"][..]),
+        ("devargs = \"txq_inline_max=128\"", "port.devargs", &["memif", "af_packet", "af_xdp", "net_ring"][..]),
+        ("socket = \"/run/x.sock\"", "port.role", &["af_packet", "af_xdp", "net_ring", "mlx5", "ice"][..]),
+        ("framesz = 2048", "port.framesz", &["memif", "af_xdp", "net_ring", "mlx5", "ice"][..]),
+    ];
+    for (key, named, drivers) in foreign {
+        for &driver in drivers {
+            let mine = own.iter().find(|o| o.0 == driver).expect("driver").1;
+            // The driver's own keys, minus one the foreign key would repeat.
+            let mine: String =
+                mine.lines().filter(|l| l.split(' ').next() != key.split(' ').next()).collect::<Vec<_>>().join("\n");
+            let e = port(driver, &format!("{mine}\n{key}")).expect_err(&format!("{key} on {driver}"));
+            assert!(e.starts_with(&format!("t.toml: {named}: ")), "{key} on {driver}: {e}");
+            assert!(
+                e.contains(&format!("driver {driver} does not use")) && !e.contains('\n'),
+                "{key} on {driver}: {e}"
+            );
+        }
+    }
+}
