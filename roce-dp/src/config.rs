@@ -486,16 +486,31 @@ pub fn check_own_ipv4(ip: Ipv4Addr) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest profile [`Profile::load`] reads (the shipped ones are under 4 KiB).
+pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
+
 /// Whether `m` can be a station's own address: not group (multicast, broadcast) and not all zero.
 fn unicast(m: MacAddr) -> bool {
     m.0[0] & 1 == 0 && m.0 != [0; 6]
 }
 
 impl Profile {
-    /// Read and validate `path`.
+    /// Read and validate `path` (at most [`MAX_PROFILE_BYTES`]: `/dev/zero` or a FIFO someone keeps writing to is
+    /// refused instead of read until memory runs out).
     pub fn load(path: &Path) -> Result<Profile, ConfigError> {
+        use std::io::Read;
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("{name}: cannot read: {e}")))?;
+        let cannot = |e: std::io::Error| ConfigError(format!("{name}: cannot read: {e}"));
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_PROFILE_BYTES + 1).read_to_string(&mut text))
+            .map_err(cannot)?;
+        if text.len() as u64 > MAX_PROFILE_BYTES {
+            return Err(ConfigError(format!(
+                "{name}: longer than {} KiB: not a port profile",
+                MAX_PROFILE_BYTES >> 10
+            )));
+        }
         Self::parse(&name, &text)
     }
 

@@ -298,3 +298,23 @@ fn keys_of_another_driver_are_refused_not_ignored() {
         }
     }
 }
+
+/// A profile path that never ends (`/dev/zero`) or is too long to be a profile is one line, read no further than
+/// 1 MiB; it was read until memory ran out (session 11, left open by the congestion-control audit).
+#[test]
+fn a_profile_that_never_ends_is_refused_after_a_mebibyte() {
+    let e = Profile::load(std::path::Path::new("/dev/zero")).unwrap_err().0;
+    assert_eq!(e, "/dev/zero: longer than 1024 KiB: not a port profile");
+    let big = std::env::temp_dir().join(format!("roce-dp-big-{}.toml", std::process::id()));
+    let mut text = String::from("[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n");
+    std::fs::write(&big, &text).unwrap();
+    let ok = Profile::load(&big);
+    assert!(ok.is_ok(), "{ok:?}");
+    while text.len() <= 1 << 20 {
+        text.push_str("# padding padding padding padding padding padding padding padding padding padding\n");
+    }
+    std::fs::write(&big, &text).unwrap();
+    let e = Profile::load(&big).unwrap_err().0;
+    assert!(e.ends_with("longer than 1024 KiB: not a port profile"), "{e}");
+    let _ = std::fs::remove_file(&big);
+}
