@@ -4,12 +4,12 @@
 
 mod common;
 
-use common::wait_child as finish;
+use common::{wait_child as finish, Running};
 use roce_dp::ctrl::loopback::{LoopbackConfig, LoopbackDaemon};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn temp(name: &str) -> PathBuf {
@@ -26,7 +26,8 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn tool(name: &str, d: &LoopbackDaemon, port: u16, args: &[&str]) -> Child {
+/// The tool as a process on the daemon `d`, its output read as it runs.
+fn tool(name: &str, d: &LoopbackDaemon, port: u16, args: &[&str]) -> Running {
     let exe = match name {
         "rdp_write_bw" => env!("CARGO_BIN_EXE_rdp_write_bw"),
         "rdp_send_bw" => env!("CARGO_BIN_EXE_rdp_send_bw"),
@@ -41,6 +42,7 @@ fn tool(name: &str, d: &LoopbackDaemon, port: u16, args: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the tool")
+        .into()
 }
 
 /// Connects to the tool's exchange port once it listens.
@@ -259,5 +261,26 @@ fn run_infinitely_bidirectional_ends_on_sigint_to_one_side() {
             assert_eq!(o.status.code(), Some(0), "{test} {who}: {err}{out}");
             assert!(out.lines().filter(|l| l.starts_with(" 4096       ")).count() >= 2, "{test} {who}: {out}");
         }
+    }
+}
+
+/// `-q N` through a daemon whose QP limit is above its PD limit (here 400 QPs, 256 PDs a session): perftest's QPs
+/// share one PD, and so do the tools' now. Before, each QP had a PD of its own and `-q 300` was refused at the
+/// 257th: "this session already has 256 protection domains".
+#[test]
+fn many_qps_share_one_pd() {
+    let mut cfg = LoopbackConfig::new(temp("pd.sock"));
+    cfg.limits.qps = 400;
+    let d = LoopbackDaemon::start(cfg).expect("loopback daemon starts");
+    let port = free_port();
+    let args = ["-q", "300", "-s", "64", "-n", "5", "--timeout", "20"];
+    let srv = tool("rdp_write_bw", &d, port, &args);
+    let cl = tool("rdp_write_bw", &d, port, &[&args[..], &["127.0.0.1"]].concat());
+    let (c, s) = (finish(cl, 60, "client"), finish(srv, 60, "server"));
+    let errs = format!("client: {} server: {}", String::from_utf8_lossy(&c.stderr), String::from_utf8_lossy(&s.stderr));
+    for (o, who) in [(&c, "client"), (&s, "server")] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{who}: {errs}");
+        assert!(out.contains(" Number of qps   : 300\t\t"), "{who}: {out}");
     }
 }

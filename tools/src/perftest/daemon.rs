@@ -30,13 +30,13 @@ use super::params::Params;
 use super::report;
 use super::run::{detail, err, rc_connect, session, Fail, Local, NewQp, Nic};
 
-/// One QP of ours in the daemon, with everything it needs (dropped QP first, PD last).
+/// One QP of ours in the daemon, with everything it needs (dropped QP first, its region last; the PD they share
+/// is [`Daemon::pd`]).
 struct DQp {
     qp: Qp,
     /// Its own CQ, or `None` with `-e` (the QPs' [`Shared`] CQ).
     cq: Option<Cq>,
     mr: Mr,
-    _pd: Pd,
     /// The responder's expected PSN at the last look ([`Nic::rx_activity`]).
     rq_psn: u32,
 }
@@ -54,6 +54,9 @@ struct Shared {
 struct Daemon {
     qps: Vec<DQp>,
     shared: Option<Shared>,
+    /// The one PD of every QP and region, as perftest's (a PD per QP spent the session's PD limit, 256 by
+    /// default, before its QP limit, and `-q 257` was refused for PDs the test never needed). Dropped after them.
+    pd: Option<Pd>,
     dev: Device,
     /// `--poll-sleep`.
     nap: Duration,
@@ -113,6 +116,7 @@ pub(super) fn run(
     let mut nic = Daemon {
         qps: Vec::new(),
         shared: None,
+        pd: None,
         dev: dev.clone(),
         nap,
         channel,
@@ -176,26 +180,29 @@ impl Nic for Daemon {
     }
 
     fn add_qp(&mut self, p: &Params, region_len: usize) -> Result<NewQp, Fail> {
-        let pd = self.dev.alloc_pd().map_err(err)?;
+        if self.pd.is_none() {
+            self.pd = Some(self.dev.alloc_pd().map_err(err)?);
+        }
         let depth = p.tx_depth.max(p.rx_depth).max(1);
         let own = if self.channel.is_some() { None } else { Some(self.dev.create_cq(depth * 2 + 16).map_err(err)?) };
-        let mr = pd.reg_mr(region_len, AccessFlags::ALL).map_err(err)?;
-        let init = QpInit { sq_depth: p.tx_depth.max(1), rq_depth: p.rx_depth.max(1), ..QpInit::default() };
         if own.is_none() {
             self.make_shared_cq(p, depth)?;
         }
+        let pd = self.pd.as_ref().ok_or_else(|| err("no PD"))?;
+        let mr = pd.reg_mr(region_len, AccessFlags::ALL).map_err(err)?;
+        let init = QpInit { sq_depth: p.tx_depth.max(1), rq_depth: p.rx_depth.max(1), ..QpInit::default() };
         let cq = match (&own, &self.shared) {
             (Some(cq), _) | (None, Some(Shared { cq, .. })) => cq,
             (None, None) => return Err(err("no CQ for the QP")),
         };
-        let qp = self.dev.create_qp(&pd, cq, cq, init).map_err(err)?;
+        let qp = self.dev.create_qp(pd, cq, cq, init).map_err(err)?;
         qp.to_init(AccessFlags::ALL).map_err(err)?;
         let n = NewQp { qpn: qp.qpn(), rkey: mr.rkey(), va: mr.addr() };
         if let Some(sh) = &mut self.shared {
             sh.index.insert(qp.qpn(), self.qps.len());
             sh.queued.push(VecDeque::with_capacity(64));
         }
-        self.qps.push(DQp { qp, cq: own, mr, _pd: pd, rq_psn: 0 });
+        self.qps.push(DQp { qp, cq: own, mr, rq_psn: 0 });
         Ok(n)
     }
 

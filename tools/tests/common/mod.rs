@@ -7,19 +7,54 @@ use std::path::PathBuf;
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
-/// Waits at most `secs` for `child` (a tool under test); kills it and fails the test if it still runs, with its
-/// stderr.
-pub fn wait_child(mut child: Child, secs: u64, what: &str) -> Output {
+/// A tool under test whose stdout and stderr are being read as it runs (a tool that prints more than a pipe holds
+/// must not block on it while the test waits for another process).
+pub struct Running {
+    child: Child,
+    out: std::thread::JoinHandle<Vec<u8>>,
+    err: std::thread::JoinHandle<Vec<u8>>,
+}
+
+impl Running {
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl From<Child> for Running {
+    fn from(mut child: Child) -> Running {
+        fn drain(r: Option<impl std::io::Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut v);
+                }
+                v
+            })
+        }
+        let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+        Running { child, out, err }
+    }
+}
+
+/// Waits at most `secs` for a tool under test; kills it and fails the test if it still runs, with its stderr.
+pub fn wait_child(run: impl Into<Running>, secs: u64, what: &str) -> Output {
+    let Running { mut child, out, err } = run.into();
     let until = Instant::now() + Duration::from_secs(secs);
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
         if Instant::now() > until {
             child.kill().unwrap();
-            let o = child.wait_with_output().unwrap();
-            panic!("{what}: still running after {secs} s: {}", String::from_utf8_lossy(&o.stderr));
+            let _ = child.wait();
+            let err = err.join().unwrap();
+            panic!("{what}: still running after {secs} s: {}", String::from_utf8_lossy(&err));
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    };
+    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
 }
 
 /// The rxe captures (roce-dp/tests/vectors/rxe, a vendored copy of shared/vectors/rxe); missing is a failure,
