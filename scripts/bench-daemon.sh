@@ -16,7 +16,8 @@
 # default was lcore 1, the receiving daemon's core: there the tool took ~3x the CPU, 0.9-1.06 s against 0.27-0.36 s
 # per 4 KiB run, and the daemon path ran ~15% slower; figures in the README.) Post -> completion: the loopback bench
 # (roce-dp-bench --bin daemon --only embedded|daemon: 64 B WRITE, one in flight, no DPDK; client and worker on the
-# two cores), alternated the same way. Prints a markdown table of medians and ends with:
+# two cores), alternated the same way. Prints a markdown table of medians, each round's own ratio (the daemon run
+# over the embedded run of the same round) and their median, and ends with:
 #   bench-daemon: write_4k_vs_tool=R write_64k_vs_tool=R post_to_cqe_ns=N
 #
 #   scripts/bench-daemon.sh              3 rounds
@@ -52,7 +53,7 @@ while [[ $# -gt 0 ]]; do
         --bin) bin_dir="${2:?}"; shift 2 ;;
         --tx-depth) tx_depth="${2:?}"; shift 2 ;;
         --event-moderation) moderation="${2:?}"; shift 2 ;;
-        -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
         *) echo "bench-daemon.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -224,6 +225,17 @@ latE=$(med latembedded) latD=$(med latdaemon)
 echo "| post -> completion, 64 B WRITE, one in flight (loopback engine) | $latE ns | $latD ns | $(ratio "$latE" "$latD") |"
 echo
 echo "tool runs: ${R[tool4096]}| ${R[tool65536]}; daemon runs: ${R[daemon4096]}| ${R[daemon65536]}"
+# paired SIZE: each round's daemon run over the same round's tool run (the two modes ran seconds apart, so a host
+# phase longer than a round hits both: the spread of these ratios shows what the medians' ratio hides).
+paired() {
+    awk -v d="${R[daemon$1]}" -v t="${R[tool$1]}" 'BEGIN {
+        n = split(d, a, " "); split(t, b, " "); m = 0
+        for (i = 1; i <= n; i++) if (a[i] ~ /^[0-9.]+$/ && b[i] ~ /^[0-9.]+$/ && b[i] > 0) { r[++m] = a[i] / b[i]; out = out sprintf("%.3f ", r[m]) }
+        for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (r[j] < r[i]) { x = r[i]; r[i] = r[j]; r[j] = x }
+        med = m == 0 ? "nan" : (m % 2 ? sprintf("%.3f", r[(m + 1) / 2]) : sprintf("%.3f", (r[m / 2] + r[m / 2 + 1]) / 2))
+        printf "%s(median %s)", out, med }'
+}
+echo "per-round ratios (daemon / tool, same round): 4 KiB $(paired 4096); 64 KiB $(paired 65536)"
 echo "client tool CPU s / run s with the daemons: ${R[cpu4096]}| ${R[cpu65536]}; logs: $LOG_DIR"
 echo "completion events the sending roce-dpd signalled per round (4 KiB + 64 KiB runs): ${EVENTS:-?}"
 echo "reproduce: flock /tmp/roce-dp-busy.lock scripts/bench-daemon.sh --rounds $rounds $WAIT_ARG --tool-cpu $tool_cpu --tx-depth $tx_depth${bin_dir:+ --bin $bin_dir}"
