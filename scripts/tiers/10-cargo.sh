@@ -1,5 +1,5 @@
 # Tier 1: cargo test --workspace (no EAL needed), the protocol core without DPDK, and the one-line build hints when
-# libdpdk is missing or too old.
+# libdpdk is missing or too old, and the API documentation without a rustdoc warning.
 TIERS+=(tier1_cargo)
 
 # cargo_counts LOG: add the passed/failed counts of every "test result:" line in LOG (also in CARGO_PASSED and
@@ -52,6 +52,13 @@ tier1_cargo() {
         --target-dir "$ROOT/target/no-dpdk-check" >"$log" 2>&1 || rc=$?
     check "build against DPDK 21.11 fails (exit $rc) with one line: not a supported release" \
         test "$rc" -ne 0 -a "$(grep -c 'not a supported release.*scripts/setup.sh' "$log")" -eq 1
-    TIER_NOTE="(cargo test --workspace: $ws, roce-dp without DPDK: $core, build hints: 4)"
+
+    # The API documentation builds without a warning (broken or private intra-doc links).
+    log="$LOG_DIR/tier1-doc.log"
+    rc=0
+    RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps >"$log" 2>&1 || rc=$?
+    check "cargo doc --workspace --no-deps: no warning (exit $rc$( ((rc)) && echo ": $(grep -m1 -E '^(warning|error)' "$log")"))" \
+        test "$rc" -eq 0
+    TIER_NOTE="(cargo test --workspace: $ws, roce-dp without DPDK: $core, build hints: 4, docs: 1)"
     tier_end
 }

@@ -1,7 +1,7 @@
-//! The eight `rdp_*` tools' run, on either of two backends behind one trait ([`Nic`]): an engine embedded in the
-//! process on the DPDK port of a profile (`--port-conf FILE`, [`super::embedded`]), or QPs in a running roce-dpd
-//! through the client library (`--daemon SOCKET`, [`super::daemon`]). Everything else is shared: the session flow
-//! here and the traffic loops ([`super::traffic`]) are generic over the backend, so every test and flag works the
+//! The eight `rdp_*` tools' run, on either of two backends behind one trait (`Nic`): an engine embedded in the
+//! process on the DPDK port of a profile (`--port-conf FILE`, `perftest::embedded`), or QPs in a running roce-dpd
+//! through the client library (`--daemon SOCKET`, `perftest::daemon`). Everything else is shared: the session flow
+//! here and the traffic loops (`perftest::traffic`) are generic over the backend, so every test and flag works the
 //! same on both.
 //!
 //! Flow: perftest flags ([`Params`]) -> the backend (EAL and port from the profile, or the daemon's device) -> the
@@ -24,7 +24,7 @@
 //! default 60), `--poll-sleep US` (with `--daemon`: sleep US microseconds after each turn of a traffic loop that
 //! found no completion and could post nothing, instead of spinning: for an application sharing its core with a
 //! daemon worker). perftest's `-e`/`--events` (alias `--use_event`) works with `--daemon` only: a turn that moved
-//! nothing arms the CQs, looks at them once more and sleeps on the completion channel ([`super::daemon`]).
+//! nothing arms the CQs, looks at them once more and sleeps on the completion channel (`perftest::daemon`).
 //!
 //! `--data_validation` (the side that checks needs it; the source always fills its region with the pattern, the
 //! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;

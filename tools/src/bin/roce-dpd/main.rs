@@ -17,6 +17,9 @@
 //! Exit status 2 with one line on stderr when the configuration is invalid, the socket is in use, or a DPDK setup
 //! step (or pinning a worker to its lcore) fails.
 
+// The clap help texts are these doc comments, and `[daemon]` in them is the config's TOML section, not a link.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -16,6 +16,9 @@
 //! Exit status: 0, or 2 with one line on stderr (daemon absent, permission denied on its socket, ABI or protocol
 //! mismatch, the daemon went away during --watch, bad arguments).
 
+// The clap help texts are these doc comments, and `[daemon]` in them is the config's TOML section, not a link.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
