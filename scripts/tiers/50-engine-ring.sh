@@ -82,6 +82,29 @@ ring_interrupted() {
     check "ring interrupted by SIGTERM: its EAL runtime directory is gone${left:+ ($left)}" test -z "$left"
 }
 
+# ring_hold_interrupted: `--hold` ends on SIGTERM too, with stdin still open (session 11: the blocking read of stdin
+# restarted after the signal, so only a second signal, which kills at once, or stdin's end ended the hold).
+ring_hold_interrupted() {
+    local p="${RUN_ID}t5h" out="$LOG_DIR/tier5-hold.log" err="$LOG_DIR/tier5-hold.err" fifo="$LOG_DIR/tier5-hold.fifo"
+    local pid rc=0 i t0 hold_fd
+    track_prefix "$p"
+    mkfifo "$fifo"
+    "$NIC" ring --op write --size 64 --iters 1000 --hold --file-prefix "$p" <"$fifo" >"$out" 2>"$err" &
+    pid=$!
+    track_pid "$pid"
+    # The writing end stays open (no end of file) until the check is over.
+    exec {hold_fd}>"$fifo"
+    for i in $(seq 300); do grep -q '^HOLD' "$out" && break; sleep 0.1; done
+    check "ring --hold: the run reached its hold" grep -q '^HOLD' "$out"
+    t0=$SECONDS
+    kill -TERM "$pid" 2>/dev/null
+    wait_pid "$pid" 10 || rc=$?
+    exec {hold_fd}>&-
+    check "ring --hold: SIGTERM ends the hold with stdin still open (exit $rc after $((SECONDS - t0)) s; 130 wanted)" \
+        test "$rc" -eq 130
+    check "ring --hold: one line says so ($(head -c 200 "$err"))" grep -qx 'rdp-nic: interrupted' "$err"
+}
+
 tier5_engine_ring() {
     tier_begin "tier 5 engine over net_ring"
     if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
@@ -136,6 +159,7 @@ tier5_engine_ring() {
 
     ring_on_one_cpu
     ring_interrupted
+    ring_hold_interrupted
 
     local bad="$LOG_DIR/bad-profile.toml"
     printf '[port]\ndriver = "af_packet"\n[net]\nipv4 = "10.0.0.1"\nmtu = 4096\n' >"$bad"

@@ -703,11 +703,30 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
     }
     if o.hold {
         println!("HOLD rules and ports kept until stdin closes");
-        // Whatever stdin holds is read and dropped; end of file (or a read error) ends the hold.
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        hold_until_eof_or_signal();
     }
     // The rules go, then the ports stop and close when they drop (after every worker that borrowed a queue pair).
     Ok(ok)
+}
+
+/// `--hold`: reads and drops whatever stdin holds until its end of file (or a read error), or until SIGINT/SIGTERM.
+/// stdin is polled in 100 ms steps, so a signal ends the hold too (a blocking read restarts after the signal, and
+/// until session 11 only a second signal, which kills at once, or end of file ended it).
+fn hold_until_eof_or_signal() {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    let mut buf = [0u8; 4096];
+    while !dpdk::signal::stop_requested() {
+        match roce_dp::ctrl::shm::channel_wait(stdin.as_fd(), Some(Duration::from_millis(100))) {
+            Ok(false) => {}
+            Ok(true) => match stdin.lock().read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            },
+            Err(_) => return,
+        }
+    }
 }
 
 /// The requesters' results, summed over workers.
