@@ -1476,6 +1476,20 @@ struct Session {
     sock: UnixStream,
 }
 
+impl Session {
+    /// Sends the unsolicited `notice` (seq 0) and shuts the socket down, so the session thread ends and reclaims.
+    /// The notice waits at most 100 ms for the writer and 100 ms to be sent: a client that sends requests and never
+    /// reads the answers (its session thread blocked writing one, holding the writer) gets none; shutting its socket
+    /// down then ends that blocked write.
+    fn cut_off(&self, notice: &Response) {
+        let _ = self.sock.set_write_timeout(Some(Duration::from_millis(100)));
+        if let Some(w) = lock_within(&self.writer, Duration::from_millis(100)) {
+            let _ = w.send_response(0, notice, &[]);
+        }
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
 /// The lock within `wait`, or None (a writer blocked on its client holds it).
 fn lock_within<T>(m: &Mutex<T>, wait: Duration) -> Option<std::sync::MutexGuard<'_, T>> {
     let until = std::time::Instant::now() + wait;
@@ -1638,15 +1652,9 @@ impl Server {
         }
         self.router.stop_qps();
         let sessions: Vec<Arc<Session>> = self.sessions.lock().expect("sessions").values().cloned().collect();
-        // The notice waits at most 100 ms for the session's writer and 100 ms to be sent: a client that sends
-        // requests and never reads the answers (its session thread blocked writing one, holding the writer) gets
-        // none; shutting its socket down then ends that blocked write, so every session thread ends.
+        // Each notice is bounded (Session::cut_off), so every session thread ends.
         for s in sessions {
-            let _ = s.sock.set_write_timeout(Some(Duration::from_millis(100)));
-            if let Some(w) = lock_within(&s.writer, Duration::from_millis(100)) {
-                let _ = w.send_response(0, &Response::Shutdown { reason: reason.into() }, &[]);
-            }
-            let _ = s.sock.shutdown(std::net::Shutdown::Both);
+            s.cut_off(&Response::Shutdown { reason: reason.into() });
         }
         let threads = std::mem::take(&mut *self.threads.lock().expect("threads"));
         for h in threads {
@@ -1677,12 +1685,9 @@ fn close_poisoned(sessions: &Mutex<HashMap<u32, Arc<Session>>>, log: bool) {
                 None => eprintln!("roce-dpd: a page of shared memory of no open session vanished (replaced by zeros)"),
             }
         }
-        let Some(s) = sess else { continue };
-        let _ = s.sock.set_write_timeout(Some(Duration::from_millis(100)));
-        if let Some(w) = lock_within(&s.writer, Duration::from_millis(100)) {
-            let _ = w.send_response(0, &Response::Closed { reason: WHY.into() }, &[]);
+        if let Some(s) = sess {
+            s.cut_off(&Response::Closed { reason: WHY.into() });
         }
-        let _ = s.sock.shutdown(std::net::Shutdown::Both);
     }
 }
 

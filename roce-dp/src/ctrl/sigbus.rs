@@ -233,11 +233,11 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             }
         }
     }
-    chain(sig, info, ctx);
+    chain(sig, code, info, ctx);
 }
 
 /// Hands the signal to the disposition [`install`] replaced.
-fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+fn chain(sig: libc::c_int, code: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     let prev = PREVIOUS.get().map_or(libc::SIG_DFL, |p| p.sa_sigaction);
     if prev == libc::SIG_DFL || prev == libc::SIG_IGN {
         // Back to the default action and return: the faulting access runs again and the process dies of SIGBUS,
@@ -246,7 +246,7 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         let dfl: libc::sigaction = unsafe { core::mem::zeroed() };
         // SAFETY: a valid action; sigaction is async-signal-safe.
         unsafe { libc::sigaction(sig, &dfl, ptr::null_mut()) };
-        if code_is_user(info) {
+        if code <= 0 {
             // A SIGBUS sent by kill: deliver it again, now with the default action.
             // SAFETY: raise is async-signal-safe.
             unsafe { libc::raise(sig) };
@@ -264,9 +264,4 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
         let f: extern "C" fn(libc::c_int) = unsafe { core::mem::transmute::<usize, _>(prev) };
         f(sig);
     }
-}
-
-fn code_is_user(info: *mut libc::siginfo_t) -> bool {
-    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-    unsafe { (*info).si_code <= 0 }
 }
