@@ -542,6 +542,14 @@ impl Profile {
                     return Err(("port.role", "must be \"server\" or \"client\"".into()));
                 }
                 need(&port.socket, "port.socket", "memif needs the control socket path")?;
+                if port.zero_copy && port.role.as_deref() != Some("client") {
+                    return Err((
+                        "port.zero_copy",
+                        "memif zero-copy is a client-side mode (DPDK's memif server always copies); set it on the \
+                         client's profile"
+                            .into(),
+                    ));
+                }
             }
             Driver::AfPacket | Driver::AfXdp => need(&port.iface, "port.iface", "the kernel interface to attach to")?,
             Driver::Mlx5 | Driver::Ice => {
@@ -1007,6 +1015,11 @@ impl Profile {
             args.vdevs.push(format!("{name},{vargs}"));
         }
         args.extra.extend(self.eal.extra.iter().cloned());
+        // memif zero-copy exports the mempool's memory to the peer, which DPDK only does from one file per memory
+        // segment list: without this the vdev's probe fails and EAL reports no port at all.
+        if self.port.zero_copy && !args.extra.iter().any(|a| a == "--single-file-segments") {
+            args.extra.push("--single-file-segments".into());
+        }
         args
     }
 }
@@ -1056,7 +1069,7 @@ mod tests {
                 n += 1;
             }
         }
-        assert_eq!(n, 12, "the port profiles in conf/ (every .toml but dcqcn.toml): one added or lost?");
+        assert_eq!(n, 13, "the port profiles in conf/ (every .toml but dcqcn.toml): one added or lost?");
     }
 
     #[test]

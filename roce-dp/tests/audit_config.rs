@@ -318,3 +318,33 @@ fn a_profile_that_never_ends_is_refused_after_a_mebibyte() {
     assert!(e.ends_with("longer than 1024 KiB: not a port profile"), "{e}");
     let _ = std::fs::remove_file(&big);
 }
+
+/// memif zero-copy (session 12): `zero_copy = true` only ever works on the client, and DPDK's memif probe refuses it
+/// unless EAL runs with `--single-file-segments`. The profile key used to add `zero-copy=yes` alone: the probe
+/// failed and the tools said `rte_eth_dev_get_port_by_name failed: No such device`, naming neither cause. Now the
+/// EAL argument follows the key (once, even if `eal.extra` already has it), and a server is refused by name.
+#[cfg(feature = "dpdk")]
+#[test]
+fn memif_zero_copy_brings_its_eal_argument_and_is_client_only() {
+    let text = |role: &str, extra: &str| {
+        format!(
+            "[port]\ndriver = \"memif\"\nrole = \"{role}\"\nsocket = \"/run/x.sock\"\nzero_copy = true\n[net]\n\
+             ipv4 = \"10.0.0.2\"\nmtu = 4096\n[eal]\n{extra}\n"
+        )
+    };
+    let sfs = |p: &Profile| {
+        let args = p.eal_args("t", None, "pfx").to_vec();
+        assert!(args.iter().any(|a| a.starts_with("--vdev=net_memif0,") && a.ends_with(",zero-copy=yes")), "{args:?}");
+        args.iter().filter(|a| *a == "--single-file-segments").count()
+    };
+    let client = Profile::parse("t.toml", &text("client", "")).unwrap_or_else(|e| panic!("{}", e.0));
+    assert_eq!(sfs(&client), 1);
+    let given = Profile::parse("t.toml", &text("client", "extra = [\"--single-file-segments\"]")).unwrap();
+    assert_eq!(sfs(&given), 1);
+    // Copy mode adds nothing.
+    let copy = memif("/run/x.sock").unwrap();
+    assert!(!copy.eal_args("t", None, "pfx").to_vec().iter().any(|a| a == "--single-file-segments"));
+    let err = Profile::parse("t.toml", &text("server", "")).map(|_| ()).unwrap_err().0;
+    assert!(err.starts_with("t.toml: port.zero_copy: memif zero-copy is a client-side mode"), "{err}");
+    assert!(!err.contains('\n'), "{err}");
+}

@@ -2,10 +2,11 @@
 # no hugepages): QPN/PSN/rkey/VA exchanged over TCP on 127.0.0.1; SEND, WRITE, READ and atomics at path MTU 1024 and
 # 4096 with every byte verified, 1% and 5% loss injected on both sides, mempool leak checks in both processes, and
 # the stop order memif needs (the server stops polling before the client disconnects); a raw echo server whose peer
-# never reads ends by its --timeout.
+# never reads ends by its --timeout; WRITE and READ with the client in memif zero-copy mode.
 TIERS+=(tier6_engine_memif)
 
-# memif_pair NAME N CLIENT-ARGS...: one server/client run; socket, TCP port and prefixes unique per run.
+# memif_pair NAME N CLIENT-ARGS...: one server/client run; socket, TCP port and prefixes unique per run; the client's
+# profile is conf/${CLIENT_PROFILE:-memif-client.toml}.
 memif_pair() {
     local name="$1" n="$2"
     shift 2
@@ -17,8 +18,8 @@ memif_pair() {
         --timeout 60 --stats "$@" >"$slog" 2>&1 &
     spid=$!
     track_pid "$spid"
-    timeout 90 "$NIC" client --profile "$ROOT/conf/memif-client.toml" --socket "$sock" --oob-port "$port" \
-        --file-prefix "$pc" --timeout 60 --stats "$@" >"$clog" 2>&1 || crc=$?
+    timeout 90 "$NIC" client --profile "$ROOT/conf/${CLIENT_PROFILE:-memif-client.toml}" --socket "$sock" \
+        --oob-port "$port" --file-prefix "$pc" --timeout 60 --stats "$@" >"$clog" 2>&1 || crc=$?
     wait_pid "$spid" 30 || src=$?
     check "$name: client exit status 0 (got $crc)" test "$crc" -eq 0
     check "$name: server exit status 0 (got $src)" test "$src" -eq 0
@@ -73,6 +74,16 @@ tier6_engine_memif() {
             --inject-loss "$loss" --seed "$n" --qp-timeout 13
         check "write with ${loss}% loss: frames were dropped" \
             grep -Eq 'loss_injected=[1-9]' "$LOG_DIR/tier6-write-loss$loss-server.log"
+    done
+    # The client in memif zero-copy mode (conf/memif-client-zc.toml: the tools add the --single-file-segments EAL
+    # needs; session 12: without it the port was never created). Its mempool line must show the PMD's rings holding
+    # mbufs after the stop, i.e. zero-copy really ran.
+    for op in write read; do
+        n=$((n + 1))
+        CLIENT_PROFILE=memif-client-zc.toml memif_pair "zc-$op-4096" "$n" --op "$op" --mtu 4096 --size 10000 \
+            --iters 300 --qps 2 --depth 16
+        check "zc-$op-4096: the client ran memif zero-copy (its rings hold mbufs after the stop)" grep -Eq \
+            'CHECK ok   client: mempool: .* [1-9][0-9]* after port stop \(memif zero-copy' "$LOG_DIR/tier6-zc-$op-4096-client.log"
     done
     raw_echo_peer_stops_reading
     TIER_NOTE="($(grep -h '^RESULT op' "$LOG_DIR"/tier6-write-4096-client.log | grep -Eo 'avg_mib_s=[0-9.]+'))"
