@@ -13,6 +13,8 @@
 #   scripts/bench.sh --rounds 5
 #   scripts/bench.sh --nic PATH  run the rdp-nic binary at PATH instead of building this tree's (before/after
 #                                comparisons in one window: e.g. a copy of main's target/release/rdp-nic)
+#   scripts/bench.sh --zero-copy both modes' clients in memif zero-copy mode (conf/memif-client-zc.toml): their
+#                                transmit hands the server descriptors instead of copying into the ring
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -21,11 +23,13 @@ cd "$ROOT"
 
 rounds=3
 nic=""
+client_profile=conf/memif-client.toml
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --rounds) rounds="${2:?}"; shift 2 ;;
         --nic) nic="${2:?}"; shift 2 ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        --zero-copy) client_profile=conf/memif-client-zc.toml; shift ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -64,7 +68,7 @@ pair() {
         --timeout 120 --qp-timeout 14 "$@" >"$slog" 2>&1 &
     spid=$!
     track_pid "$spid"
-    timeout 150 "$NIC" client --profile conf/memif-client.toml --socket "$sock" --oob-port "$port" --file-prefix "$pc" \
+    timeout 150 "$NIC" client --profile "$client_profile" --socket "$sock" --oob-port "$port" --file-prefix "$pc" \
         --timeout 120 --qp-timeout 14 "$@" >"$clog" 2>&1 || echo "bench.sh: $name run $n failed (logs $clog)" >&2
     wait_pid "$spid" 30 >/dev/null 2>&1
     # A run that did not complete (status=FAIL, e.g. `transport retry counter exceeded` when a descheduled peer
@@ -106,7 +110,7 @@ rttgap=$(tr ' ' '\n' <<<"${R[rttgap]:-}" | grep -E '^-?[0-9.]+$' | median)
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "nan" || b == "nan" || b == 0) print "nan"; else printf "%.3f", a * 1e6 / b }'; }
 mib() { awk -v f="$1" -v s="$2" 'BEGIN { if (f == "nan") print "nan"; else printf "%.0f", f * s / 1048576 }'; }
 echo
-echo "memif copy mode, server lcore 1 / client lcore 0, MTU 4096, medians of $rounds alternating runs ($NIC)"
+echo "memif $([[ $client_profile == *zc* ]] && echo "zero-copy (client)" || echo copy) mode, server lcore 1 / client lcore 0, MTU 4096, medians of $rounds alternating runs ($NIC)"
 echo
 echo "| case | raw memif | roce-dp WRITE | ratio |"
 echo "|---|---|---|---|"
