@@ -2,7 +2,8 @@
 # no hugepages): QPN/PSN/rkey/VA exchanged over TCP on 127.0.0.1; SEND, WRITE, READ and atomics at path MTU 1024 and
 # 4096 with every byte verified, 1% and 5% loss injected on both sides, mempool leak checks in both processes, and
 # the stop order memif needs (the server stops polling before the client disconnects); a raw echo server whose peer
-# never reads ends by its --timeout; WRITE and READ with the client in memif zero-copy mode.
+# never reads ends by its --timeout; an rdp-nic server whose client is killed ends at once; WRITE and READ with the
+# client in memif zero-copy mode.
 TIERS+=(tier6_engine_memif)
 
 # memif_pair NAME N CLIENT-ARGS...: one server/client run; socket, TCP port and prefixes unique per run; the client's
@@ -58,6 +59,35 @@ raw_echo_peer_stops_reading() {
     wait_pid "$cpid" 30 >/dev/null || true
 }
 
+# client_killed_mid_run: the rdp-nic client of a long WRITE run is killed with SIGKILL 2 s in; its server must see
+# the out-of-band connection end and stop at once with a CHECK FAIL line naming it, exit 1, mempool whole (session
+# 12: it ignored the closed connection and waited out its --timeout, here 60 s).
+client_killed_mid_run() {
+    local sock="/run/rdp-${RUN_ID}-mkill.sock" ps="${RUN_ID}mks" pc="${RUN_ID}mkc" port=$((20000 + ($$ % 10000) + 98))
+    local slog="$LOG_DIR/tier6-killed-server.log" clog="$LOG_DIR/tier6-killed-client.log" spid cpid rc=0 t0
+    track_prefix "$ps"
+    track_prefix "$pc"
+    "$NIC" server --profile "$ROOT/conf/memif-server.toml" --socket "$sock" --oob-port "$port" --file-prefix "$ps" \
+        --timeout 60 --op write --mtu 4096 --size 65536 --iters 100000000 --qps 1 --depth 16 >"$slog" 2>&1 &
+    spid=$!
+    track_pid "$spid"
+    "$NIC" client --profile "$ROOT/conf/memif-client.toml" --socket "$sock" --oob-port "$port" --file-prefix "$pc" \
+        --timeout 60 --op write --mtu 4096 --size 65536 --iters 100000000 --qps 1 --depth 16 >"$clog" 2>&1 &
+    cpid=$!
+    track_pid "$cpid"
+    sleep 2
+    check "client killed mid-run: the client was still running after 2 s" kill -0 "$cpid"
+    kill -9 "$cpid" 2>/dev/null
+    t0=$SECONDS
+    wait_pid "$spid" 30 || rc=$?
+    check "client killed mid-run: the server ends with exit 1 (got $rc) within 10 s of the kill (took $((SECONDS - t0)) s)" \
+        test "$rc" -eq 1 -a $((SECONDS - t0)) -le 10
+    check "client killed mid-run: one CHECK line says the client went away" \
+        grep -q '^CHECK FAIL server: the client went away before it said DONE (out-of-band: the peer closed the connection)' "$slog"
+    check "client killed mid-run: the server's mempool is whole" grep -q '^CHECK ok   server: mempool: ' "$slog"
+    wait_pid "$cpid" 5 >/dev/null 2>&1 || true
+}
+
 tier6_engine_memif() {
     tier_begin "tier 6 engine over memif"
     if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
@@ -86,6 +116,7 @@ tier6_engine_memif() {
             'CHECK ok   client: mempool: .* [1-9][0-9]* after port stop \(memif zero-copy' "$LOG_DIR/tier6-zc-$op-4096-client.log"
     done
     raw_echo_peer_stops_reading
+    client_killed_mid_run
     TIER_NOTE="($(grep -h '^RESULT op' "$LOG_DIR"/tier6-write-4096-client.log | grep -Eo 'avg_mib_s=[0-9.]+'))"
     tier_end
 }

@@ -1224,6 +1224,9 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         oob.send("READY")?;
         oob.set_nonblocking(true)?;
         let mut peer_done: Option<String> = None;
+        // The client's out-of-band connection ended (or broke) before its DONE: it is gone, and with it every
+        // message it had still to send; waiting out --timeout would only delay the same FAIL.
+        let mut peer_gone: Option<String> = None;
         let mut gate = AppGate::default();
         w.run(dpdk::signal::stop_flag(), |w| {
             if !gate.due(&w.stats) {
@@ -1233,8 +1236,13 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
             gate.ran(busy);
             n += 1;
             if peer_done.is_none() && (resp.finished() || n.is_multiple_of(1024)) {
-                if let Ok(Some(l)) = oob.try_line() {
-                    peer_done = Some(l);
+                match oob.try_line() {
+                    Ok(Some(l)) => peer_done = Some(l),
+                    Ok(None) => {}
+                    Err(e) => {
+                        peer_gone = Some(e.0);
+                        return (false, busy);
+                    }
                 }
             }
             // The client says DONE only once every WR completed (or failed): everything it sent was ACKed, so
@@ -1252,6 +1260,9 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         let _ = oob.send("STOPPED");
         resp.final_check(&w.engine);
         ok &= check(label, !timed_out, format!("finished within {} s", o.timeout));
+        if let Some(why) = &peer_gone {
+            ok &= check(label, false, format!("the client went away before it said DONE ({why})"));
+        }
         ok &= check(
             label,
             peer_done.as_deref() == Some("DONE ok"),
