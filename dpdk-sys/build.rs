@@ -189,6 +189,7 @@ fn bindings(cflags: &[String]) -> bindgen::Builder {
         .clang_args(cflags)
         .clang_macro_fallback()
         .allowlist_function(r"rte_[a-z0-9_]+_") // the shim
+        .allowlist_function(r"rdp_[a-z0-9_]+") // the shim's burst guard
         .opaque_type("rte_gtp_psc_generic_hdr") // packed struct with a flexible array: Debug derive breaks
         .derive_default(true)
         .layout_tests(true)

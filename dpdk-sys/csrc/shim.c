@@ -110,3 +110,121 @@ unsigned int rte_ring_count_(const struct rte_ring *r)
 {
 	return rte_ring_count(r);
 }
+
+/* The burst guard (see shim.h). */
+
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* Non-NULL while this thread runs a guarded burst: where the handler jumps. */
+static __thread __attribute__((tls_model("initial-exec"))) sigjmp_buf *guard_jump;
+static struct sigaction guard_previous;
+static atomic_int guard_installed;
+static atomic_uint_fast64_t guard_faults;
+
+static void guard_handler(int sig, siginfo_t *si, void *uc)
+{
+	sigjmp_buf *jb = guard_jump;
+
+	if (jb != NULL) {
+		guard_jump = NULL;
+		atomic_fetch_add_explicit(&guard_faults, 1, memory_order_relaxed);
+		siglongjmp(*jb, 1);
+	}
+	/* Not ours: what was there before decides (Rust's stack-overflow handler returns after restoring the default
+	 * action when the address is not a guard page; the fault then repeats and kills, as it would have). */
+	if (guard_previous.sa_flags & SA_SIGINFO) {
+		guard_previous.sa_sigaction(sig, si, uc);
+	} else if (guard_previous.sa_handler == SIG_IGN) {
+		return;
+	} else if (guard_previous.sa_handler == SIG_DFL) {
+		signal(sig, SIG_DFL);
+	} else {
+		guard_previous.sa_handler(sig);
+	}
+}
+
+int rdp_burst_guard_install(void)
+{
+	struct sigaction sa;
+	int expected = 0;
+
+	if (!atomic_compare_exchange_strong(&guard_installed, &expected, 1))
+		return 0;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = guard_handler;
+	/* SA_ONSTACK: Rust's threads have an alternate signal stack (a stack overflow must still reach its handler). */
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+	sigemptyset(&sa.sa_mask);
+	if (sigaction(SIGSEGV, &sa, &guard_previous) != 0) {
+		int e = errno;
+		atomic_store(&guard_installed, 0);
+		return -e;
+	}
+	return 0;
+}
+
+/* The jump lands here with SIGSEGV still blocked (the handler's mask: sigsetjmp(.., 0) saves no mask, which keeps
+ * the guarded burst free of a sigprocmask call); unblock it for the next fault. */
+static void guard_unblock(void)
+{
+	sigset_t s;
+
+	sigemptyset(&s);
+	sigaddset(&s, SIGSEGV);
+	pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+}
+
+uint16_t rdp_burst_guarded(rdp_burst_fn burst, uint16_t port_id, uint16_t queue_id, struct rte_mbuf **pkts,
+			   uint16_t nb_pkts, int rx, int *faulted)
+{
+	sigjmp_buf jb;
+	uint16_t n;
+
+	/* rx: the PMD stores each received mbuf as it completes it, so after a fault the leading non-NULL slots are
+	 * whole frames. */
+	if (rx)
+		memset(pkts, 0, sizeof(*pkts) * nb_pkts);
+	if (sigsetjmp(jb, 0) != 0) {
+		guard_unblock();
+		*faulted = 1;
+		if (!rx)
+			return nb_pkts;
+		for (n = 0; n < nb_pkts && pkts[n] != NULL; n++)
+			;
+		return n;
+	}
+	guard_jump = &jb;
+	n = burst(port_id, queue_id, pkts, nb_pkts);
+	guard_jump = NULL;
+	return n;
+}
+
+/* Test aid (see shim.h). */
+static volatile const char *test_fault_at;
+
+void rdp_burst_guard_test_set_fault_(const void *at)
+{
+	test_fault_at = at;
+}
+
+uint16_t rdp_burst_guard_test_burst_(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **pkts, uint16_t nb_pkts)
+{
+	uint16_t i;
+	char c;
+
+	(void)port_id;
+	for (i = 0; i < queue_id && i < nb_pkts; i++)
+		pkts[i] = (struct rte_mbuf *)(uintptr_t)(0x1000 + i);
+	c = *test_fault_at;
+	(void)c;
+	return i;
+}
+
+uint64_t rdp_burst_guard_faults(void)
+{
+	return atomic_load_explicit(&guard_faults, memory_order_relaxed);
+}

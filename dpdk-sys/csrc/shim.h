@@ -90,4 +90,40 @@ unsigned int rte_ring_dequeue_burst_(struct rte_ring *r, void **obj_table, unsig
 /** Entries currently in ring r. */
 unsigned int rte_ring_count_(const struct rte_ring *r);
 
+
+/*
+ * The burst guard (memif). DPDK 22.11's memif PMD handles its peer's disconnect on the EAL interrupt thread:
+ * memif_disconnect unmaps the shared regions and frees their descriptors while a worker may be inside
+ * rx_burst/tx_burst reading them, and the worker dies of SIGSEGV (three times in one day of this project's test
+ * and benchmark runs, when a peer was killed or stopped). A guarded burst runs the PMD's burst under a sigsetjmp point; the
+ * guard's SIGSEGV handler, when the faulting thread is inside a guarded burst, jumps back to it and the burst ends
+ * early: rx returns the mbufs the PMD had already stored whole (the one it was filling is lost), tx reports every
+ * packet taken (the PMD may have freed some: taking them back could free twice; the rest are lost). Any other
+ * SIGSEGV goes to the handler that was installed before (Rust's stack-overflow handler, or the default: the
+ * process dies as it would have). The port is down after such a fault; the PMD resets its queues when the peer
+ * connects again.
+ */
+
+/** Install the guard's SIGSEGV handler (once per process; later calls do nothing). 0, or -errno from sigaction. */
+int rdp_burst_guard_install(void);
+
+/** A burst function: rte_eth_rx_burst_ or rte_eth_tx_burst_ (or the test aid below). */
+typedef uint16_t (*rdp_burst_fn)(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **pkts, uint16_t nb_pkts);
+
+/** burst(port_id, queue_id, pkts, nb_pkts) under the guard; rx says which kind (what a fault returns: rx the leading
+ * stored mbufs, tx nb_pkts); *faulted is set to 1 after a fault and left alone otherwise. The port layer calls it
+ * with rte_eth_rx_burst_ / rte_eth_tx_burst_ on memif ports. */
+uint16_t rdp_burst_guarded(rdp_burst_fn burst, uint16_t port_id, uint16_t queue_id, struct rte_mbuf **pkts,
+			   uint16_t nb_pkts, int rx, int *faulted);
+
+/** How many guarded bursts a fault has cut short in this process. */
+uint64_t rdp_burst_guard_faults(void);
+
+/** Test aid: the address rdp_burst_guard_test_burst_ reads (a PROT_NONE page makes it fault). */
+void rdp_burst_guard_test_set_fault_(const void *at);
+
+/** Test aid, a burst function: stores queue_id fake mbuf pointers (0x1000 + i, never dereferenced) into pkts, then
+ * reads the byte set by rdp_burst_guard_test_set_fault_ and returns how many it stored. */
+uint16_t rdp_burst_guard_test_burst_(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **pkts, uint16_t nb_pkts);
+
 #endif /* ROCE_DP_DPDK_SHIM_H */

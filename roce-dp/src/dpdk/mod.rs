@@ -30,7 +30,8 @@ pub use error::{DpdkError, Result};
 pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for, pool_size, Mempool};
 pub use port::{
-    offload_names, FlowDest, FlowError, FlowRule, Link, Port, PortConfig, PortInfo, PortStats, QueuePair, RoceMatch,
+    guard_faults, offload_names, FlowDest, FlowError, FlowRule, Link, Port, PortConfig, PortInfo, PortStats, QueuePair,
+    RoceMatch,
 };
 pub use ring::Ring;
 pub use worker::{

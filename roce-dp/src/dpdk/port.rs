@@ -116,7 +116,40 @@ pub struct Port {
     queues: (u16, u16),
     /// Queue pairs handed out by [`Port::queue_pair`] (bit q).
     taken: Cell<u64>,
+    /// Bursts run under the shim's burst guard (memif: see [`guard_faults`]).
+    guarded: bool,
     _not_sync: PhantomData<Cell<()>>,
+}
+
+/// How many rx/tx bursts a SIGSEGV inside the PMD cut short in this process: DPDK 22.11's memif PMD unmaps its
+/// shared regions on the EAL interrupt thread when its peer disconnects, possibly while a worker is inside a burst
+/// reading them. Bursts on memif ports run under a guard (dpdk-sys's `rdp_burst_guarded`) whose SIGSEGV
+/// handler ends such a burst early instead of letting the process die: rx keeps the frames the PMD had stored whole,
+/// tx counts its whole burst as sent (at most a burst of mbufs is lost per fault). Any other SIGSEGV is left to
+/// the handler installed before (or the default action).
+pub fn guard_faults() -> u64 {
+    // SAFETY: reads an atomic counter in the shim.
+    unsafe { dpdk_sys::rdp_burst_guard_faults() }
+}
+
+/// One rx (`rx`) or tx burst of `n` mbuf slots at `pkts` on `(id, queue)`, under the burst guard when `guarded`:
+/// how many mbufs the PMD stored (rx) or took (tx; after a fault inside a guarded burst, all `n`).
+///
+/// # Safety
+/// As `rte_eth_rx_burst` / `rte_eth_tx_burst`: a valid, started port whose queue is used by this thread only; for
+/// rx `pkts` has room for `n` mbuf pointers, for tx it holds `n` owned mbufs.
+#[inline]
+unsafe fn burst_raw(rx: bool, guarded: bool, id: u16, queue: u16, pkts: *mut *mut dpdk_sys::rte_mbuf, n: u16) -> u16 {
+    let plain = if rx { dpdk_sys::rte_eth_rx_burst_ } else { dpdk_sys::rte_eth_tx_burst_ };
+    if guarded {
+        let mut faulted = 0;
+        // SAFETY: as the caller promised; the guard only adds its jump point (see guard_faults), and after a
+        // fault a tx burst reports all n taken, so none is ever given back twice.
+        unsafe { dpdk_sys::rdp_burst_guarded(Some(plain), id, queue, pkts, n, i32::from(rx), &mut faulted) }
+    } else {
+        // SAFETY: as the caller promised.
+        unsafe { plain(id, queue, pkts, n) }
+    }
 }
 
 /// Rx queue `q` and tx queue `q` of a started port, owned by one thread (a worker): DPDK allows bursts on
@@ -128,6 +161,8 @@ pub struct QueuePair<'p> {
     /// Whether rx queue `queue` exists (a port with fewer rx than tx queues: workers past the rx queues get their
     /// frames from a software dispatcher instead).
     has_rx: bool,
+    /// Bursts under the burst guard (the port's [`Port`] field).
+    guarded: bool,
     _port: PhantomData<&'p ()>,
 }
 
@@ -163,19 +198,19 @@ impl QueuePair<'_> {
         if !self.has_rx {
             return 0;
         }
-        let (id, q) = (self.port, self.queue);
+        let (id, q, g) = (self.port, self.queue, self.guarded);
         let max = u16::try_from(max).unwrap_or(u16::MAX);
         // SAFETY: as Port::rx_burst (the PMD stores at most n.min(max) mbufs); &mut self and the
         // one-handle-per-queue rule make this the queue's only user.
-        unsafe { burst.fill_with(|slots, n| dpdk_sys::rte_eth_rx_burst_(id, q, slots, n.min(max))) }
+        unsafe { burst.fill_with(|slots, n| burst_raw(true, g, id, q, slots, n.min(max))) }
     }
 
     /// Transmit from the front of `burst`; unsent mbufs stay in it. How many were sent.
     #[inline]
     pub fn tx_burst(&mut self, burst: &mut Burst) -> usize {
-        let (id, q) = (self.port, self.queue);
+        let (id, q, g) = (self.port, self.queue, self.guarded);
         // SAFETY: as Port::tx_burst; this handle is the queue's only user.
-        unsafe { burst.take_with(|pkts, n| dpdk_sys::rte_eth_tx_burst_(id, q, pkts, n)) }
+        unsafe { burst.take_with(|pkts, n| burst_raw(false, g, id, q, pkts, n)) }
     }
 }
 
@@ -257,7 +292,7 @@ impl Port {
     }
 
     fn wrap(eal: &Eal, id: u16, vdev: Option<CString>, rings: Vec<Ring>) -> Port {
-        Port {
+        let mut port = Port {
             id,
             state: State::Idle,
             vdev,
@@ -266,8 +301,15 @@ impl Port {
             eal: eal.clone(),
             queues: (0, 0),
             taken: Cell::new(0),
+            guarded: false,
             _not_sync: PhantomData,
-        }
+        };
+        // memif is the PMD whose peer's disconnect can unmap memory under a burst (see guard_faults). If the
+        // handler cannot be installed the bursts run unguarded, as before.
+        // SAFETY: installs a process-wide SIGSEGV handler that chains to the previous one.
+        port.guarded =
+            port.info().is_ok_and(|i| i.driver == "net_memif") && unsafe { dpdk_sys::rdp_burst_guard_install() } == 0;
+        port
     }
 
     /// The port id.
@@ -368,7 +410,13 @@ impl Port {
             return None;
         }
         self.taken.set(self.taken.get() | bit);
-        Some(QueuePair { port: self.id, queue: q, has_rx: q < self.queues.0, _port: PhantomData })
+        Some(QueuePair {
+            port: self.id,
+            queue: q,
+            has_rx: q < self.queues.0,
+            guarded: self.guarded,
+            _port: PhantomData,
+        })
     }
 
     /// Start the port (after [`Port::configure`]).
@@ -484,20 +532,20 @@ impl Port {
     /// Receive into the free slots of `burst` from rx queue `queue`; returns how many frames arrived.
     #[inline]
     pub fn rx_burst(&self, queue: u16, burst: &mut Burst) -> usize {
-        let id = self.id;
+        let (id, g) = (self.id, self.guarded);
         // SAFETY: the port is valid and (when the caller configured the queue) the PMD writes at most `n` owned
         // mbufs to the slots it is given and returns their number, as fill_with requires. Port is !Sync, so no
         // other thread polls this queue through this Port.
-        unsafe { burst.fill_with(|slots, n| dpdk_sys::rte_eth_rx_burst_(id, queue, slots, n)) }
+        unsafe { burst.fill_with(|slots, n| burst_raw(true, g, id, queue, slots, n)) }
     }
 
     /// Transmit `burst` on tx queue `queue`; the mbufs the PMD did not take stay in `burst` (at the front).
     /// Returns how many were sent.
     #[inline]
     pub fn tx_burst(&self, queue: u16, burst: &mut Burst) -> usize {
-        let id = self.id;
+        let (id, g) = (self.id, self.guarded);
         // SAFETY: the PMD takes ownership of exactly the first `ret` mbufs, as take_with requires; Port is !Sync.
-        unsafe { burst.take_with(|pkts, n| dpdk_sys::rte_eth_tx_burst_(id, queue, pkts, n)) }
+        unsafe { burst.take_with(|pkts, n| burst_raw(false, g, id, queue, pkts, n)) }
     }
 
     /// The EAL this port belongs to.
@@ -780,5 +828,95 @@ mod tests {
     fn default_config_is_one_queue_pair() {
         let c = PortConfig::default();
         assert_eq!((c.rx_queues, c.tx_queues, c.mtu), (1, 1, None));
+    }
+}
+
+/// The burst guard's mechanism with the shim's test burst (no EAL needed): a fault inside a guarded burst ends the
+/// burst as documented and the process lives on; a fault anywhere else still kills.
+#[cfg(test)]
+mod guard_tests {
+    use std::ptr;
+
+    /// A page that faults on any access.
+    fn prot_none_page() -> *const u8 {
+        // SAFETY: a fresh anonymous mapping; nothing else refers to it. Leaked on purpose (test process).
+        let p = unsafe {
+            libc::mmap(ptr::null_mut(), 4096, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast()
+    }
+
+    /// The test burst under the guard: `stored` fake mbufs written, then a read of the fault address.
+    fn guarded(stored: u16, rx: bool, pkts: &mut [*mut dpdk_sys::rte_mbuf; 8]) -> (u16, i32) {
+        let mut faulted = 0;
+        // SAFETY: the test burst writes at most `stored` (<= 8) slots of `pkts` and reads the address set by
+        // rdp_burst_guard_test_set_fault_ (a PROT_NONE page, or a readable byte).
+        let n = unsafe {
+            dpdk_sys::rdp_burst_guarded(
+                Some(dpdk_sys::rdp_burst_guard_test_burst_),
+                0,
+                stored,
+                pkts.as_mut_ptr(),
+                8,
+                i32::from(rx),
+                &mut faulted,
+            )
+        };
+        (n, faulted)
+    }
+
+    #[test]
+    fn a_fault_inside_a_guarded_burst_ends_the_burst_and_the_process_lives() {
+        // SAFETY: installs the chaining SIGSEGV handler.
+        assert_eq!(unsafe { dpdk_sys::rdp_burst_guard_install() }, 0);
+        let before = super::guard_faults();
+        let page = prot_none_page();
+        // SAFETY: stores the address the test burst reads.
+        unsafe { dpdk_sys::rdp_burst_guard_test_set_fault_(page.cast()) };
+        let mut pkts = [ptr::null_mut(); 8];
+        // rx: the three mbufs stored before the fault are returned, the slots after them cleared.
+        assert_eq!(guarded(3, true, &mut pkts), (3, 1));
+        assert_eq!(pkts.map(|p| p as usize), [0x1000, 0x1001, 0x1002, 0, 0, 0, 0, 0]);
+        // tx: every packet counts as taken. A second fault is caught too (SIGSEGV was unblocked after the first).
+        assert_eq!(guarded(2, false, &mut pkts), (8, 1));
+        assert_eq!(guarded(0, true, &mut pkts), (0, 1));
+        assert!(super::guard_faults() >= before + 3);
+        // No fault: the burst's own count, nothing flagged.
+        let byte = 7u8;
+        // SAFETY: a readable byte that outlives the calls below.
+        unsafe { dpdk_sys::rdp_burst_guard_test_set_fault_((&raw const byte).cast()) };
+        assert_eq!(guarded(5, true, &mut pkts), (5, 0));
+        assert_eq!(guarded(5, false, &mut pkts), (5, 0));
+    }
+
+    /// With the guard installed, a SIGSEGV outside a guarded burst still ends the process by the signal (checked
+    /// in a child: this test binary again, running only this test with RDP_GUARD_CHILD set).
+    #[test]
+    fn a_fault_outside_a_guarded_burst_still_kills() {
+        const TEST: &str = "dpdk::port::guard_tests::a_fault_outside_a_guarded_burst_still_kills";
+        if std::env::var_os("RDP_GUARD_CHILD").is_some() {
+            // SAFETY: installs the handler, then reads a PROT_NONE page outside any guarded burst: the process is
+            // meant to die here.
+            unsafe {
+                assert_eq!(dpdk_sys::rdp_burst_guard_install(), 0);
+                ptr::read_volatile(prot_none_page());
+            }
+            std::process::exit(0);
+        }
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args(["--exact", TEST, "--test-threads", "1"])
+            .env("RDP_GUARD_CHILD", "1")
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGSEGV),
+            "{:?} {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
 }

@@ -1007,8 +1007,17 @@ pub(crate) fn engine_line(e: &Engine) -> String {
 pub(crate) fn print_port_stats(label: &str, port: &Port) {
     let s = port.stats().unwrap_or_default();
     println!(
-        "STATS {label}: ipackets={} opackets={} ibytes={} obytes={} imissed={} ierrors={} oerrors={} rx_nombuf={}",
-        s.ipackets, s.opackets, s.ibytes, s.obytes, s.imissed, s.ierrors, s.oerrors, s.rx_nombuf
+        "STATS {label}: ipackets={} opackets={} ibytes={} obytes={} imissed={} ierrors={} oerrors={} rx_nombuf={} \
+         guard_faults={}",
+        s.ipackets,
+        s.opackets,
+        s.ibytes,
+        s.obytes,
+        s.imissed,
+        s.ierrors,
+        s.oerrors,
+        s.rx_nombuf,
+        dpdk::guard_faults()
     );
 }
 
@@ -1262,6 +1271,13 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
         ok &= check(label, !timed_out, format!("finished within {} s", o.timeout));
         if let Some(why) = &peer_gone {
             ok &= check(label, false, format!("the client went away before it said DONE ({why})"));
+        }
+        if dpdk::guard_faults() > 0 {
+            println!(
+                "{label}: {} burst(s) cut short by a fault inside the PMD (memif: the peer's disconnect unmapped its \
+                 rings under the burst; guarded)",
+                dpdk::guard_faults()
+            );
         }
         ok &= check(
             label,
