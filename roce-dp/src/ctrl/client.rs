@@ -22,8 +22,9 @@
 //! ```
 //!
 //! Only the slow path (open, PD, MR, CQ, QP, modify, query, destroy) talks to the daemon over its socket
-//! ([`super::proto`]); posting and polling touch only the shared rings. Objects are destroyed when dropped (QPs
-//! before the CQs they use, as with verbs). When the daemon goes away, the next control call fails with
+//! ([`super::proto`]); posting and polling touch only the shared rings. Objects are destroyed when dropped; one
+//! dropped while another still uses it (a PD before its QPs or MRs, a CQ before its QPs, a completion channel
+//! before its CQs, which verbs refuses with EBUSY) is destroyed when its last user is. When the daemon goes away, the next control call fails with
 //! [`Error::DaemonGone`], and so does [`Cq::poll`] once it has found its ring empty for a while and looked at the
 //! socket (without blocking): never a hang. A daemon that does not answer (stopped, stuck, or another program's
 //! socket) makes a control call fail with [`Error::Timeout`] after [`DEFAULT_CALL_TIMEOUT`] (or what
@@ -251,6 +252,11 @@ struct Inner {
     /// The last call timed out and no answer came since: destroying objects on drop then only sends the request
     /// (dropping a device with many objects must not wait one timeout per object).
     stalled: AtomicBool,
+    /// Destroys the daemon refused as busy because something of this session still used the object (a PD dropped
+    /// before its QPs or MRs, a CQ before its QPs, a channel before its CQs: verbs' EBUSY, which a drop cannot
+    /// return). Retried after each destroy that succeeds, so the object goes with its last user instead of
+    /// staying, and counting against the session's limits, until the session ends.
+    deferred: Mutex<Vec<Request>>,
 }
 
 impl Inner {
@@ -367,7 +373,38 @@ impl Inner {
             let _ = conn.send_request(self.seq.fetch_add(1, Ordering::Relaxed), &q, &[]);
             return;
         }
-        let _ = self.call(&q, &[]);
+        match self.call(&q, &[]) {
+            Err(Error::Refused { code: ErrorCode::Busy, .. }) => self.deferred().push(q),
+            Ok(_) => self.retry_deferred(),
+            Err(_) => {}
+        }
+    }
+
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<Request>> {
+        self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Retries the destroys refused as busy (see `deferred`), as long as each round frees something: a QP's
+    /// destroy can free its CQ, whose destroy can free its channel.
+    fn retry_deferred(&self) {
+        loop {
+            let pending = std::mem::take(&mut *self.deferred());
+            let before = pending.len();
+            if before == 0 {
+                return;
+            }
+            let mut left = Vec::new();
+            for q in pending {
+                if let Err(Error::Refused { code: ErrorCode::Busy, .. }) = self.call(&q, &[]) {
+                    left.push(q);
+                }
+            }
+            let progress = left.len() < before;
+            self.deferred().extend(left);
+            if !progress {
+                return;
+            }
+        }
     }
 }
 
@@ -441,6 +478,7 @@ impl Device {
             regions: AtomicU32::new(0),
             checking: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
+            deferred: Mutex::new(Vec::new()),
         };
         match inner.call(&Request::Hello { abi }, &[])? {
             (Response::Hello(info), _) => inner.info = info,
@@ -683,7 +721,8 @@ impl Mr {
 
     /// An SGE for `len` bytes at `offset` of this region.
     pub fn sge(&self, offset: usize, len: u32) -> Sge {
-        Sge { addr: self.va + offset as u64, len, lkey: self.lkey }
+        // Wrapping: an offset past the region is the daemon's to refuse (LOC_PROT_ERR), not a panic here.
+        Sge { addr: self.va.wrapping_add(offset as u64), len, lkey: self.lkey }
     }
 }
 
