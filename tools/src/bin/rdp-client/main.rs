@@ -74,8 +74,8 @@ struct Common {
     /// Out-of-band Unix socket between the two clients (the passive side listens).
     #[arg(long)]
     oob: Option<PathBuf>,
-    /// Give up after this many seconds.
-    #[arg(long, default_value_t = 30)]
+    /// Give up after this many seconds without progress (no peer, no answer, no completion), 1 s to a year.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
     timeout: u64,
     /// Bytes of the registered buffer (at least the default: a 1 MiB message slot and the atomics' words). With a
     /// daemon on hugetlbfs backing it is rounded up to 2 MiB pages.
@@ -163,7 +163,8 @@ struct Node {
     cq: Cq,
     qp: Qp,
     psn: u32,
-    deadline: Instant,
+    /// `--timeout`: the longest wait for one completion.
+    timeout: Duration,
 }
 
 fn node(c: &Common, psn: u32, max_inline: u32) -> Result<Node, Fail> {
@@ -178,8 +179,7 @@ fn node(c: &Common, psn: u32, max_inline: u32) -> Result<Node, Fail> {
         QpInit { sq_depth: 64, rq_depth: 64, max_send_sge: 2, max_recv_sge: 2, max_inline },
     )?;
     qp.to_init(AccessFlags::ALL)?;
-    let deadline = Instant::now() + Duration::from_secs(c.timeout);
-    Ok(Node { dev, _pd: pd, mr, cq, qp, psn, deadline })
+    Ok(Node { dev, _pd: pd, mr, cq, qp, psn, timeout: Duration::from_secs(c.timeout) })
 }
 
 /// What one side tells the other.
@@ -218,7 +218,7 @@ struct Oob {
 
 impl Oob {
     fn new(s: UnixStream, timeout: u64) -> Result<Oob, Fail> {
-        let t = Some(Duration::from_secs(timeout.max(1)));
+        let t = Some(Duration::from_secs(timeout));
         s.set_read_timeout(t)?;
         s.set_write_timeout(t)?;
         Ok(Oob { r: BufReader::new(s.try_clone()?), w: s, timeout })
@@ -271,15 +271,17 @@ fn connect(n: &Node, oob: &mut Oob, mtu: u32) -> Result<Peer, Fail> {
     Ok(p)
 }
 
-/// The next completion (or an error after the deadline / when the daemon is gone).
+/// The next completion (or an error after --timeout without one / when the daemon is gone). The wait counts from
+/// this call: a run longer than --timeout goes on as long as each completion comes in time.
 fn wait(n: &mut Node) -> Result<Cqe, Fail> {
     let mut out = [Cqe::EMPTY; 1];
+    let deadline = Instant::now() + n.timeout;
     loop {
         if n.cq.poll(&mut out)? == 1 {
             return Ok(out[0]);
         }
-        if Instant::now() > n.deadline {
-            return Err(Fail("no completion before --timeout".into()));
+        if Instant::now() > deadline {
+            return Err(Fail(format!("no completion within --timeout {} s", n.timeout.as_secs())));
         }
         std::thread::yield_now();
     }
