@@ -234,3 +234,35 @@ fn roce_stat_json_and_text_hold_in_every_state() {
     }
     drop(qps);
 }
+
+// ============================================================================ perftest tools with --daemon
+
+/// The perftest tools' own `--timeout` took any number of seconds: a server with --daemon and a huge one panicked
+/// at its accept's deadline ("overflow when adding duration to instant", exit 101) after printing its banner, and
+/// 0 was quietly 1. `--poll-sleep` took any number of microseconds, so a typo made the client nap for days after
+/// every idle turn, past every timeout. Both are bounded now and refused in one line, before anything is printed.
+#[test]
+fn perftest_daemon_timeout_and_poll_sleep_out_of_range_are_one_line() {
+    let d = daemon("pt");
+    let path = d.path().to_str().unwrap();
+    let exe = env!("CARGO_BIN_EXE_rdp_write_bw");
+    for (flag, v) in [
+        ("--timeout", "18446744073709551615"),
+        ("--timeout", "31536001"),
+        ("--timeout", "0"),
+        ("--poll-sleep", "18446744073709551615"),
+        ("--poll-sleep", "1000001"),
+    ] {
+        let o = run_bounded(exe, &["--daemon", path, flag, v], 20);
+        let e = one_line_error(&o, "rdp_write_bw: ");
+        assert!(e.contains(&format!("{flag} \"{v}\"")), "{flag} {v}: {e}");
+        assert!(o.stdout.is_empty(), "{flag} {v}: {}", text(&o.stdout));
+    }
+    // The bounds themselves are taken: a server that then waits 1 s for its client, in one line (exit 1).
+    let o = run_bounded(exe, &["--daemon", path, "--timeout", "1", "--poll-sleep", "1000000", "-p", "18599"], 20);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o.stderr));
+    assert_eq!(
+        text(&o.stderr),
+        "rdp_write_bw: couldn't listen for a client on TCP port 18599: no client connected in time\n"
+    );
+}
