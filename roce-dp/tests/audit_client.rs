@@ -8,11 +8,11 @@
 #![cfg(target_os = "linux")]
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use roce_dp::client::{Device, QpInit};
+use roce_dp::client::{Cq, Device, Error, Mr, Qp, QpInit, Remote};
 use roce_dp::ctrl::loopback::{wait_cqe, LoopPair, LoopbackConfig, LoopbackDaemon};
-use roce_dp::{AccessFlags, SendWr, WcStatus, WrOpcode};
+use roce_dp::{AccessFlags, Cqe, QpState, SendWr, WcStatus, WrOpcode};
 
 fn sock(tag: &str) -> PathBuf {
     std::env::temp_dir().join(format!("roce-dp-audit-client-{}-{tag}.sock", std::process::id()))
@@ -82,4 +82,115 @@ fn an_sge_offset_past_the_region_is_refused_by_the_daemon_not_a_panic() {
         // The QP went to ERR: a fresh pair for the next offset.
         p = LoopPair::open(d.path(), 4096, 8, 1024).unwrap();
     }
+}
+
+/// Two connected QPs of `depth` WRs on one CQ of `cq_depth` entries.
+fn pair_on_small_cq(d: &LoopbackDaemon, depth: u32, cq_depth: u32) -> (Device, Mr, Cq, Qp, Qp) {
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.reg_mr(1 << 16, AccessFlags::ALL).unwrap();
+    let cq = dev.create_cq(cq_depth).unwrap();
+    let init = QpInit { sq_depth: depth, rq_depth: depth, ..QpInit::default() };
+    let a = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    let b = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    for (x, y, psn) in [(&a, &b, 100), (&b, &a, 5000)] {
+        x.to_init(AccessFlags::ALL).unwrap();
+        let peer_psn = if psn == 100 { 5000 } else { 100 };
+        x.to_rtr(&Remote { qpn: y.qpn(), psn: peer_psn, gid: dev.gid(), mac: None }, 1024).unwrap();
+        x.to_rts(psn).unwrap();
+    }
+    drop(pd); // goes with its last user
+    (dev, mr, cq, a, b)
+}
+
+/// A CQ smaller than what its QPs have outstanding (verbs leaves sizing it to the application; an overrun is
+/// a fatal CQ error there, an async event). The daemon gave the engine's CQ the ring's depth and fed it every WR
+/// the rings held: completions past it were dropped (`cq_overflows`) and the QP moved to ERR, so the application
+/// saw completions that never came, with no error anywhere it looks (a QP of 64 WRs on a CQ of 16, polled as fast
+/// as completions came: 16 of 64 WRITEs completed, 48 lost; 200 WRITEs: 56, the rest lost or flushed). Now the
+/// engine's CQ holds the ring's depth plus what its QPs may have outstanding, and the worker feeds it only what
+/// it can take; the rest waits in the QP's ring (and then the application's posts find it full) until the
+/// application polls. Every WR completes, in order, successfully, and nothing overflows: WRITEs polled as they
+/// come, 2000 WRITEs posted for 300 ms without a poll, and SENDs into receives posted on a CQ smaller than them.
+#[test]
+fn a_cq_smaller_than_the_outstanding_wrs_loses_no_completion() {
+    let d = daemon("overrun");
+    for (cq_depth, n, nap) in [(1u32, 64u64, false), (16, 64, false), (16, 300, false), (4, 2000, true)] {
+        let what = format!("CQ of {cq_depth}, {n} WRITEs{}", if nap { ", posted unpolled for 300 ms" } else { "" });
+        let (dev, mr, mut cq, mut a, _b) = pair_on_small_cq(&d, 64, cq_depth);
+        let (mut posted, mut next) = (0u64, 0u64);
+        let mut out = [Cqe::EMPTY; 8];
+        let until = Instant::now() + Duration::from_secs(20);
+        let post = |a: &mut Qp, posted: &mut u64| {
+            while *posted < n {
+                let wr = SendWr::new(*posted, WrOpcode::RdmaWrite).remote(mr.addr() + 4096, mr.rkey());
+                match a.post_send(&wr, &[mr.sge(0, 64)]) {
+                    Ok(()) => *posted += 1,
+                    Err(Error::QueueFull) => return,
+                    Err(e) => panic!("{what}: {e}"),
+                }
+            }
+        };
+        if nap {
+            // Posting without polling: the engine's CQ fills, then the QP's ring, then posting says so.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(300) {
+                post(&mut a, &mut posted);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(posted > 64 && posted < n, "{what}: {posted} posted without polling");
+        }
+        while next < n {
+            assert!(Instant::now() < until, "{what}: {next} completions after 20 s");
+            post(&mut a, &mut posted);
+            let k = cq.poll(&mut out).unwrap();
+            for c in &out[..k] {
+                assert_eq!((c.wr_id, c.status), (next, WcStatus::Success), "{what}");
+                next += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(cq.poll(&mut out).unwrap(), 0, "{what}: a completion too many");
+        assert_eq!(a.query().unwrap().state, QpState::Rts, "{what}");
+        let lost: u64 = dev.stats().unwrap().iter().filter(|r| r.name == "cq_overflows").map(|r| r.value).sum();
+        assert_eq!(lost, 0, "{what}: completions lost");
+    }
+
+    // Receives: b posts 64 on a CQ of 8 that a's send completions share; a sends 64 messages (its RNR retries are
+    // unlimited, as `to_rts` sets them): every message lands in its own receive, in order.
+    let (dev, mut mr, mut cq, mut a, mut b) = pair_on_small_cq(&d, 64, 8);
+    for k in 0..64u32 {
+        b.post_recv(u64::from(k) | 1 << 32, &[mr.sge(8192 + 64 * k as usize, 64)]).unwrap();
+        mr.as_mut_slice()[64 * k as usize..][..64].fill(k as u8 + 1);
+    }
+    let (mut posted, mut sends, mut recvs) = (0u32, 0u32, 0u32);
+    let mut out = [Cqe::EMPTY; 8];
+    let until = Instant::now() + Duration::from_secs(20);
+    while sends < 64 || recvs < 64 {
+        assert!(Instant::now() < until, "{sends} send and {recvs} receive completions after 20 s");
+        while posted < 64 {
+            let wr = SendWr::new(u64::from(posted), WrOpcode::Send);
+            match a.post_send(&wr, &[mr.sge(64 * posted as usize, 64)]) {
+                Ok(()) => posted += 1,
+                Err(Error::QueueFull) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let k = cq.poll(&mut out).unwrap();
+        for c in &out[..k] {
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            if c.wr_id >> 32 == 1 {
+                assert_eq!(c.wr_id as u32, recvs, "receives complete in order");
+                recvs += 1;
+            } else {
+                assert_eq!(c.wr_id as u32, sends, "sends complete in order");
+                sends += 1;
+            }
+        }
+    }
+    for k in 0..64usize {
+        assert!(mr.as_slice()[8192 + 64 * k..][..64].iter().all(|&x| x == k as u8 + 1), "message {k}");
+    }
+    let lost: u64 = dev.stats().unwrap().iter().filter(|r| r.name == "cq_overflows").map(|r| r.value).sum();
+    assert_eq!(lost, 0, "completions lost");
 }
