@@ -268,3 +268,32 @@ fn perftest_daemon_timeout_and_poll_sleep_out_of_range_are_one_line() {
         "rdp_write_bw: couldn't listen for a client on TCP port 18599: no client connected in time\n"
     );
 }
+
+/// `rdp-client passive --oob PATH` removed whatever was at PATH before it bound its socket there: a typo naming
+/// one of the user's files deleted it. And a passive side that failed after binding (no daemon, say) left its
+/// socket file behind. Now only a socket (an earlier run's) is replaced, anything else is refused in one line and
+/// kept, and the socket goes with the passive side however it ends.
+#[test]
+fn rdp_client_passive_keeps_a_file_at_its_oob_path_and_leaves_no_socket() {
+    let exe = env!("CARGO_BIN_EXE_rdp-client");
+    let file = temp("precious.txt");
+    std::fs::write(&file, b"the user's notes\n").unwrap();
+    let absent = temp("absent-daemon.sock");
+    let o = run_bounded(exe, &["passive", "--oob", file.to_str().unwrap(), "--daemon", absent.to_str().unwrap()], 20);
+    assert_eq!(std::fs::read(&file).ok().as_deref(), Some(&b"the user's notes\n"[..]), "the file is kept");
+    let e = one_line_error(&o, "rdp-client: ");
+    assert!(e.contains("--oob") && e.contains("not a socket"), "{e}");
+    std::fs::remove_file(&file).unwrap();
+
+    let oob = temp("left.oob");
+    let o = run_bounded(exe, &["passive", "--oob", oob.to_str().unwrap(), "--daemon", absent.to_str().unwrap()], 20);
+    let e = one_line_error(&o, "rdp-client: ");
+    assert!(e.contains("no roce-dpd listening"), "{e}");
+    assert!(!oob.exists(), "the passive side left its socket {} behind", oob.display());
+    // A socket left by an earlier run (one that was killed) is replaced.
+    let stale = std::os::unix::net::UnixListener::bind(&oob).unwrap();
+    drop(stale);
+    let o = run_bounded(exe, &["passive", "--oob", oob.to_str().unwrap(), "--daemon", absent.to_str().unwrap()], 20);
+    assert!(one_line_error(&o, "rdp-client: ").contains("no roce-dpd listening"));
+    assert!(!oob.exists());
+}

@@ -303,10 +303,42 @@ fn first_diff(k: u64, buf: &[u8]) -> Option<usize> {
     buf.iter().zip(&want).position(|(a, b)| a != b)
 }
 
+/// Removes the out-of-band socket this process bound when dropped (every way out of [`passive`]) or at
+/// [`now`](Unlink::now), whichever comes first.
+struct Unlink<'a>(Option<&'a std::path::Path>);
+
+impl Unlink<'_> {
+    fn now(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Drop for Unlink<'_> {
+    fn drop(&mut self) {
+        self.now();
+    }
+}
+
 fn passive(c: &Common) -> Result<bool, Fail> {
     let path = oob_path(c)?;
-    let _ = std::fs::remove_file(path);
+    // A socket left by an earlier run is replaced; anything else there is the user's file and stays.
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(_) => {
+            return Err(Fail(format!(
+                "--oob {}: that path exists and is not a socket (give a new path for the out-of-band socket)",
+                path.display()
+            )))
+        }
+        Err(_) => {}
+    }
     let l = UnixListener::bind(path).map_err(|e| Fail(format!("out-of-band listen on {}: {e}", path.display())))?;
+    let mut unlink = Unlink(Some(path));
     let mut n = node(c, 0x2000, 0)?;
     // Wait for the active side at most --timeout (a blocking accept would wait for ever).
     l.set_nonblocking(true)?;
@@ -318,7 +350,6 @@ fn passive(c: &Common) -> Result<bool, Fail> {
                 std::thread::sleep(Duration::from_millis(20))
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let _ = std::fs::remove_file(path);
                 return Err(Fail(format!(
                     "no active side connected to {} within --timeout {} s (run `rdp-client active --oob {}`)",
                     path.display(),
@@ -330,7 +361,7 @@ fn passive(c: &Common) -> Result<bool, Fail> {
         }
     };
     s.set_nonblocking(false)?;
-    let _ = std::fs::remove_file(path);
+    unlink.now();
     let mut oob = Oob::new(s, c.timeout)?;
     let mtu = n.dev.info().mtu;
     connect(&n, &mut oob, mtu)?;
