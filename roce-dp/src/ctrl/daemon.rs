@@ -237,9 +237,6 @@ struct CqSlot {
     /// Completions of refused WQEs that found the ring full, delivered before the engine's (at most the ring's
     /// capacity; see [`Appliance::poll_qp`]).
     refusals: std::collections::VecDeque<abi::Cqe>,
-    /// The WRs its QPs have in the engine's queues (each may still make a completion here), as last seen: an
-    /// upper bound (see [`Appliance::cq_room`]).
-    outstanding: u32,
 }
 
 /// A CQ's completion channel, worker side (see [`super::client`] for the protocol).
@@ -333,9 +330,9 @@ struct QpSlot {
     region: DaemonQpRegion,
     sq_cap: u32,
     rq_cap: u32,
-    /// The engine's send and receive queue lengths as last seen (counted in their CQs' `outstanding`).
-    out_sq: u32,
-    out_rq: u32,
+    /// The capacity of its send and receive CQs' rings (see [`Appliance::poll_qp`]).
+    send_cq_cap: u32,
+    recv_cq_cap: u32,
     /// A ring of this QP is corrupt: it is no longer read.
     broken: bool,
 }
@@ -599,7 +596,6 @@ impl Appliance {
                     broken: false,
                     event,
                     refusals: Default::default(),
-                    outstanding: 0,
                 });
                 self.cq_ids.insert(handle, cq);
                 Response::Cq { cq: handle }
@@ -624,10 +620,15 @@ impl Appliance {
                     max_inline: h.sq_inline.per_slot,
                 };
                 let qpn = e.create_qp(pd, scq, rcq, caps).map_err(|x| no(verbs_err(x)))?;
-                // The engine's CQs hold the ring's depth plus every WR their QPs may have outstanding (see
-                // `cq_room`): what is outstanding never blocks what the ring's depth lets through.
+                // The engine's CQs hold their ring's capacity plus every WR of their QPs (see `poll_qp`); the
+                // depth only grows (a destroyed QP's WRs complete without completions), the memory as entries come.
                 e.set_cq_depth(scq, e.cq_depth(scq).saturating_add(caps.max_send_wr));
                 e.set_cq_depth(rcq, e.cq_depth(rcq).saturating_add(caps.max_recv_wr));
+                let ring_cap = |cq: CqId| match self.cqs.get(cq.0 as usize) {
+                    Some(Some(c)) => c.region.header.sq.capacity,
+                    _ => 0,
+                };
+                let (send_cq_cap, recv_cq_cap) = (ring_cap(scq), ring_cap(rcq));
                 self.qps.push(QpSlot {
                     qpn,
                     client,
@@ -636,8 +637,8 @@ impl Appliance {
                     region: *region,
                     sq_cap: caps.max_send_wr,
                     rq_cap: caps.max_recv_wr,
-                    out_sq: 0,
-                    out_rq: 0,
+                    send_cq_cap,
+                    recv_cq_cap,
                     broken: false,
                 });
                 Response::Qp { qpn }
@@ -664,11 +665,7 @@ impl Appliance {
             Cmd::DestroyQp(qpn) => {
                 let i = self.own_qp(client, qpn).map_err(no)?;
                 let _ = e.destroy_qp(qpn);
-                let q = self.qps.swap_remove(i);
-                e.set_cq_depth(q.send_cq, e.cq_depth(q.send_cq).saturating_sub(q.sq_cap));
-                e.set_cq_depth(q.recv_cq, e.cq_depth(q.recv_cq).saturating_sub(q.rq_cap));
-                self.add_outstanding(q.send_cq, q.out_sq, 0);
-                self.add_outstanding(q.recv_cq, q.out_rq, 0);
+                self.qps.swap_remove(i);
                 Response::Ok
             }
             Cmd::Stats => Response::Stats(self.stat_records(e, extra_stats)),
@@ -830,18 +827,20 @@ impl Appliance {
             return false;
         }
         let Some((sq_len, rq_len)) = e.wq_lens(q.qpn) else { return false };
-        let (send_cq, recv_cq) = (q.send_cq, q.recv_cq);
-        let want = if sq_new { q.sq_cap.saturating_sub(sq_len) } else { 0 };
-        let (out_sq, out_rq) = (q.out_sq, q.out_rq);
-        (q.out_sq, q.out_rq) = (sq_len, rq_len);
-        self.add_outstanding(send_cq, out_sq, sq_len);
-        self.add_outstanding(recv_cq, out_rq, rq_len);
-        let sq_room = self.cq_room(e, send_cq, want);
-        let q = &mut self.qps[i];
         let mut moved = false;
         let mut failed: Option<abi::Cqe> = None;
-        // Send queue: only as many as the engine's queue, and its CQ, have room for; the rest wait in the ring.
-        let mut room = sq_room;
+        // No completion is lost to a CQ smaller than what its QPs have outstanding (an overflow of the engine's
+        // CQ drops the completion and errors the QP: the application only sees completions that never come). The
+        // engine's CQ holds its ring's capacity plus every WR of its QPs (set at create_qp), and a QP is fed new
+        // WRs only while its CQ's engine queue holds less than a ring's capacity: then what is in it plus every WR
+        // its QPs can have in the engine fits, whatever completes. The engine's queue grows that far only when
+        // the ring is full too (the application is not polling): then the WRs wait in the QP's ring until it
+        // polls, and posts find the ring full.
+        let cq_full = |cq: CqId, cap: u32| e.cq_len(cq) >= cap as usize;
+        let (scq_full, rcq_full) =
+            (sq_new && cq_full(q.send_cq, q.send_cq_cap), rq_new && cq_full(q.recv_cq, q.recv_cq_cap));
+        // Send queue: only as many as the engine's queue has room for; the rest wait in the ring.
+        let mut room = if sq_new && !scq_full { q.sq_cap.saturating_sub(sq_len) } else { 0 };
         while room > 0 {
             // Inline payload is copied out of the slot into `inline` (at most the QP's max_inline bytes: the
             // reader refuses a longer inline_len), then into the engine's own inline area.
@@ -876,12 +875,7 @@ impl Appliance {
             }
         }
         q.region.sq.release();
-        q.out_sq += sq_room - room;
-        self.add_outstanding(send_cq, 0, sq_room - room);
-        let want = if rq_new && failed.is_none() { self.qps[i].rq_cap.saturating_sub(rq_len) } else { 0 };
-        let rq_room = self.cq_room(e, recv_cq, want);
-        let q = &mut self.qps[i];
-        let mut room = rq_room;
+        let mut room = if rq_new && !rcq_full { q.rq_cap.saturating_sub(rq_len) } else { 0 };
         while room > 0 && failed.is_none() {
             match q.region.rq.poll_into(&mut self.sges) {
                 Ok(None) => break,
@@ -903,12 +897,10 @@ impl Appliance {
             }
         }
         q.region.rq.release();
-        let qpn = q.qpn;
-        q.out_rq += rq_room - room;
-        self.add_outstanding(recv_cq, 0, rq_room - room);
         if let Some(cqe) = failed {
             self.stats.wqes_refused += 1;
-            let cq = if cqe.opcode == abi::wc_opcode::RECV { recv_cq } else { send_cq };
+            let cq = if cqe.opcode == abi::wc_opcode::RECV { q.recv_cq } else { q.send_cq };
+            let qpn = q.qpn;
             // The refusal goes first, then the flush of everything the engine held. A full ring holds it back like
             // the engine's completions (delivered first, as room comes), so the WR still completes; only beyond
             // the CQ's own depth of held refusals (a client that posts past its CQ's depth and never polls: a CQ
@@ -932,44 +924,6 @@ impl Appliance {
             moved = true;
         }
         moved
-    }
-
-    /// How many of `want` WRs may go to the engine on a QP completing into `cq` without overflowing the engine's
-    /// CQ: an overflow loses the completion and errors the QP, which the application only sees as completions
-    /// that never come (a QP of 64 WRs on a CQ of 16 lost 48 of 64 signaled WRITEs, polled as fast as they came).
-    /// The engine's CQ is as deep as the ring plus every WR its QPs may have outstanding, so this holds WRs back
-    /// only when the engine's CQ already holds about a ring's worth that the full ring could not take (the
-    /// application is not polling): then they wait in the QP's ring until it polls, never lost. `outstanding` only
-    /// overestimates (a QP not looked at since its WRs completed, or reset), so it is recounted from the engine
-    /// before it holds anything back.
-    fn cq_room(&mut self, e: &Engine, cq: CqId, want: u32) -> u32 {
-        if want == 0 {
-            return 0;
-        }
-        let depth = e.cq_depth(cq);
-        let in_cq = e.cq_len(cq) as u32;
-        let Some(Some(slot)) = self.cqs.get(cq.0 as usize) else { return want };
-        let mut used = in_cq.saturating_add(slot.outstanding);
-        if used.saturating_add(want) > depth {
-            let mut n = 0u32;
-            for q in self.qps.iter_mut().filter(|q| q.send_cq == cq || q.recv_cq == cq) {
-                (q.out_sq, q.out_rq) = e.wq_lens(q.qpn).unwrap_or((0, 0));
-                n = n.saturating_add(if q.send_cq == cq { q.out_sq } else { 0 });
-                n = n.saturating_add(if q.recv_cq == cq { q.out_rq } else { 0 });
-            }
-            if let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) {
-                slot.outstanding = n;
-            }
-            used = in_cq.saturating_add(n);
-        }
-        want.min(depth.saturating_sub(used))
-    }
-
-    /// A CQ's QPs had `was` WRs in the engine and have `now`.
-    fn add_outstanding(&mut self, cq: CqId, was: u32, now: u32) {
-        if let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) {
-            slot.outstanding = slot.outstanding.saturating_sub(was).saturating_add(now);
-        }
     }
 
     /// Keeps a refused WQE's completion for [`deliver`](Self::deliver); false when the CQ already holds as many
