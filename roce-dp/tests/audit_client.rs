@@ -194,3 +194,61 @@ fn a_cq_smaller_than_the_outstanding_wrs_loses_no_completion() {
     let lost: u64 = dev.stats().unwrap().iter().filter(|r| r.name == "cq_overflows").map(|r| r.value).sum();
     assert_eq!(lost, 0, "completions lost");
 }
+
+/// Posts on a QP that cannot take them and a region deregistered under outstanding WRs: each WR still completes,
+/// with a status naming what was wrong, and the QP goes to ERR (verbs refuses a post in RESET or INIT at the call;
+/// here the daemon refuses it, README "The appliance": LOC_QP_OP_ERR, QP to ERR). Nothing hangs, nothing is lost.
+#[test]
+fn misplaced_posts_and_a_region_deregistered_under_wrs_complete_with_errors() {
+    let d = daemon("misuse");
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.reg_mr(4096, AccessFlags::ALL).unwrap();
+    let mut cq = dev.create_cq(64).unwrap();
+    let next = |cq: &mut Cq| wait_cqe(cq, Duration::from_secs(5)).unwrap().expect("a completion");
+    // RESET: refused; then a receive on the errored QP is flushed.
+    let mut reset = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    reset.post_send(&SendWr::new(1, WrOpcode::Send), &[mr.sge(0, 8)]).unwrap();
+    assert_eq!((next(&mut cq).wr_id, state(&reset)), (1, QpState::Err));
+    reset.post_recv(2, &[mr.sge(0, 8)]).unwrap();
+    let c = next(&mut cq);
+    assert_eq!((c.wr_id, c.status), (2, WcStatus::WrFlushErr));
+    // INIT: a send is refused (LOC_QP_OP_ERR); then ERR: the next is flushed.
+    let mut init = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    init.to_init(AccessFlags::ALL).unwrap();
+    init.post_send(&SendWr::new(3, WrOpcode::Send), &[mr.sge(0, 8)]).unwrap();
+    let c = next(&mut cq);
+    assert_eq!((c.wr_id, c.status, state(&init)), (3, WcStatus::LocQpOpErr, QpState::Err));
+    init.post_send(&SendWr::new(4, WrOpcode::Send), &[mr.sge(0, 8)]).unwrap();
+    let c = next(&mut cq);
+    assert_eq!((c.wr_id, c.status), (4, WcStatus::WrFlushErr));
+    // A receive in INIT is taken (and waits).
+    let mut idle = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    idle.to_init(AccessFlags::ALL).unwrap();
+    idle.post_recv(5, &[mr.sge(0, 8)]).unwrap();
+    assert!(wait_cqe(&mut cq, Duration::from_millis(200)).unwrap().is_none());
+    assert_eq!(state(&idle), QpState::Init);
+    drop((reset, init, idle, cq, mr, pd, dev));
+
+    // 8 WRITEs of 1 MiB, then both regions deregistered at once: every WR completes (an error, then flushes).
+    let mut p = LoopPair::open(d.path(), 4096, 16, 1024).unwrap();
+    let (src, dst) = (p.pd.reg_mr(1 << 20, AccessFlags::ALL).unwrap(), p.pd.reg_mr(1 << 20, AccessFlags::ALL).unwrap());
+    for i in 0..8 {
+        let wr = SendWr::new(i, WrOpcode::RdmaWrite).remote(dst.addr(), dst.rkey());
+        p.a.post_send(&wr, &[src.sge(0, 1 << 20)]).unwrap();
+    }
+    drop((src, dst));
+    let mut ids = Vec::new();
+    while let Some(c) = wait_cqe(&mut p.cq, Duration::from_secs(2)).unwrap() {
+        if ids.is_empty() && c.status != WcStatus::Success {
+            assert!(matches!(c.status, WcStatus::LocProtErr | WcStatus::RemAccessErr), "{c:?}");
+        }
+        ids.push(c.wr_id);
+    }
+    assert_eq!(ids, (0..8).collect::<Vec<_>>(), "every WR completes once, in order");
+    assert_eq!(daemon_stat(&p.dev, "mrs"), 1, "only the pair's own region is left");
+}
+
+fn state(qp: &Qp) -> QpState {
+    qp.query().unwrap().state
+}
