@@ -7,6 +7,8 @@
 
 #![cfg(target_os = "linux")]
 
+mod fake_daemon;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -251,4 +253,47 @@ fn misplaced_posts_and_a_region_deregistered_under_wrs_complete_with_errors() {
 
 fn state(qp: &Qp) -> QpState {
     qp.query().unwrap().state
+}
+
+/// A daemon that corrupts a QP's ring (its consumer index past the client's producer index) is the daemon's
+/// fault, not the application's work request: the post fails with `Error::Protocol` naming the ring, not
+/// `Error::BadRequest` ("work request refused"), which told the application to fix a WR that was fine and, to
+/// code matching on it, looked like a WR to change and retry.
+#[test]
+fn a_ring_the_daemon_corrupted_is_a_protocol_error_not_a_bad_request() {
+    use roce_dp::ctrl::proto::{Request, Response};
+    use roce_dp::ctrl::shm::{Backing as B, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmRegion};
+    let caps = QpRegionCaps { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    let qp = DaemonQpRegion::create("audit-client-corrupt-qp", caps, B::Pages).unwrap();
+    let mut m = ShmRegion::map(qp.fd().try_clone_to_owned().unwrap()).unwrap();
+    // Both rings' consumer index (the daemon's) 1000 ahead of the producer's 0.
+    for off in [qp.header.sq.offset, qp.header.rq.offset] {
+        m.write(off as usize, 1000u32).unwrap();
+    }
+    let cq = DaemonCqRegion::create("audit-client-corrupt-cq", 8, B::Pages).unwrap();
+    let mut fds = vec![qp.fd().try_clone_to_owned().unwrap(), cq.fd().try_clone_to_owned().unwrap()];
+    let (path, t) = fake_daemon::scripted_daemon(sock("corrupt"), move |q, seq, c| {
+        let (r, fd) = match q {
+            Request::AllocPd => (Response::Pd { pd: 1 }, None),
+            Request::RegMr { .. } => (Response::Mr { lkey: 7, rkey: 7 }, None),
+            Request::CreateCq { .. } => (Response::Cq { cq: 1 }, fds.pop()),
+            Request::CreateQp { .. } => (Response::Qp { qpn: 0x100 }, fds.pop()),
+            _ => (Response::Ok, None),
+        };
+        let fds: Vec<_> = fd.iter().map(|f| std::os::fd::AsFd::as_fd(f)).collect();
+        c.send_response(seq, &r, &fds).is_ok()
+    });
+    let dev = Device::open(&path).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.reg_mr(4096, AccessFlags::ALL).unwrap();
+    let cq = dev.create_cq(8).unwrap();
+    let init = QpInit { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    let mut qp = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    let e = qp.post_send(&SendWr::new(1, WrOpcode::Send), &[mr.sge(0, 8)]).unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("ring corrupted"), "{e:?}");
+    let e = qp.post_recv(2, &[mr.sge(0, 8)]).unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("ring corrupted"), "{e:?}");
+    drop((qp, cq, mr, pd, dev));
+    t.join().unwrap();
+    let _ = std::fs::remove_file(path);
 }

@@ -152,7 +152,7 @@ pub enum Error {
     QueueFull,
     /// A work request the library refuses to post (too many SGEs, bad lengths).
     BadRequest(WqError),
-    /// The daemon answered something this library cannot use.
+    /// The daemon answered something this library cannot use, or corrupted a ring of shared memory.
     Protocol(String),
     /// [`Cq::req_notify`] or [`Cq::set_event_moderation`] on a CQ made without a completion channel.
     NoChannel {
@@ -230,6 +230,8 @@ impl From<ShmError> for Error {
 fn wq_err(e: WqError) -> Error {
     match e {
         WqError::Ring(RingError::Full) => Error::QueueFull,
+        // The daemon's index, not the application's WR: the QP's ring is unusable from now on.
+        WqError::Ring(e @ RingError::Corrupt { .. }) => Error::Protocol(format!("work queue: {e}")),
         e => Error::BadRequest(e),
     }
 }
