@@ -297,3 +297,33 @@ fn a_ring_the_daemon_corrupted_is_a_protocol_error_not_a_bad_request() {
     t.join().unwrap();
     let _ = std::fs::remove_file(path);
 }
+
+/// An application that posts until the queue is full and retries without polling (sends it never waits for):
+/// after its daemon stopped, the full queue said `QueueFull` for ever, since only `Cq::poll` and control calls
+/// looked at the socket. A full queue now looks (without blocking) and says `DaemonGone`.
+#[test]
+fn a_full_queue_whose_daemon_stopped_says_the_daemon_is_gone() {
+    let mut d = daemon("fullgone");
+    let mut p = LoopPair::open(d.path(), 4096, 8, 1024).unwrap();
+    d.shutdown("test over");
+    let mut wr = SendWr::new(1, WrOpcode::RdmaWrite).remote(p.mr.addr() + 2048, p.mr.rkey());
+    wr.signaled = false;
+    let mut posted = 0;
+    let e = loop {
+        match p.a.post_send(&wr, &[p.mr.sge(0, 8)]) {
+            Ok(()) => posted += 1,
+            Err(e) => break e,
+        }
+        assert!(posted <= 64, "posted {posted} WRs into an 8-deep queue of a stopped daemon");
+    };
+    assert!(matches!(e, Error::DaemonGone { .. }) && e.to_string().contains("test over"), "{e:?}");
+    let e = p.b.post_recv(2, &[p.mr.sge(0, 8)]).and_then(|()| p.b.post_recv(3, &[p.mr.sge(0, 8)]));
+    let mut e = e.err();
+    for k in 0..16 {
+        if e.is_some() {
+            break;
+        }
+        e = p.b.post_recv(4 + k, &[p.mr.sge(0, 8)]).err();
+    }
+    assert!(matches!(e, Some(Error::DaemonGone { .. })), "{e:?}");
+}

@@ -25,8 +25,8 @@
 //! ([`super::proto`]); posting and polling touch only the shared rings. Objects are destroyed when dropped; one
 //! dropped while another still uses it (a PD before its QPs or MRs, a CQ before its QPs, a completion channel
 //! before its CQs, which verbs refuses with EBUSY) is destroyed when its last user is. When the daemon goes away, the next control call fails with
-//! [`Error::DaemonGone`], and so does [`Cq::poll`] once it has found its ring empty for a while and looked at the
-//! socket (without blocking): never a hang. A daemon that does not answer (stopped, stuck, or another program's
+//! [`Error::DaemonGone`], and so do [`Cq::poll`] once it has found its ring empty for a while and a post that
+//! finds its queue full, each after a look at the socket (without blocking): never a hang. A daemon that does not answer (stopped, stuck, or another program's
 //! socket) makes a control call fail with [`Error::Timeout`] after [`DEFAULT_CALL_TIMEOUT`] (or what
 //! [`Device::set_call_timeout`] says); a signal that interrupts the wait is retried.
 //!
@@ -1063,7 +1063,7 @@ impl Qp {
     /// daemon's worker takes the WR, so the buffer must stay as it is until the WR completes; `wr.inline` is
     /// ignored here (for data copied at post time use [`post_send_inline`](Self::post_send_inline)).
     pub fn post_send(&mut self, wr: &SendWr, sgl: &[Sge]) -> Result<(), Error> {
-        self.region.sq.post(wr, sgl).map_err(wq_err)
+        self.region.sq.post(wr, sgl).map_err(|e| self.post_err(e))
     }
 
     /// Writes a send work request into the ring without telling the daemon yet: it sees the WR, with every WR
@@ -1072,7 +1072,7 @@ impl Qp {
     /// store (one transfer of the ring's tail to the worker) instead of one per WR, as a chain of WRs given to one
     /// `ibv_post_send`. Staged WRs take room in the ring: a ring full of them stays full until they are published.
     pub fn stage_send(&mut self, wr: &SendWr, sgl: &[Sge]) -> Result<(), Error> {
-        self.region.sq.stage(wr, sgl).map_err(wq_err)
+        self.region.sq.stage(wr, sgl).map_err(|e| self.post_err(e))
     }
 
     /// Publishes the staged send WRs ([`stage_send`](Self::stage_send)); nothing if none is staged.
@@ -1089,7 +1089,7 @@ impl Qp {
     /// inline area now (`IBV_SEND_INLINE`): `data` need not be in a registered region, and the caller may reuse it
     /// as soon as this returns. At most [`max_inline`](Self::max_inline) bytes (else [`Error::BadRequest`]).
     pub fn post_send_inline(&mut self, wr: &SendWr, data: &[u8]) -> Result<(), Error> {
-        self.region.sq.post_inline(wr, data).map_err(wq_err)
+        self.region.sq.post_inline(wr, data).map_err(|e| self.post_err(e))
     }
 
     /// Inline bytes per send WR this QP has (what [`QpInit::max_inline`] asked for, rounded up by the daemon).
@@ -1099,7 +1099,19 @@ impl Qp {
 
     /// Posts a receive work request (no system call).
     pub fn post_recv(&mut self, wr_id: u64, sgl: &[Sge]) -> Result<(), Error> {
-        self.region.rq.post(wr_id, sgl).map_err(wq_err)
+        self.region.rq.post(wr_id, sgl).map_err(|e| self.post_err(e))
+    }
+}
+
+impl Qp {
+    /// A post's error: a full queue is [`Error::QueueFull`] while the daemon lives, [`Error::DaemonGone`] once it
+    /// has gone (its worker no longer empties the ring, so an application that retries a full queue without
+    /// polling would retry for ever); the look at the socket never blocks and costs nothing on a post that fits.
+    fn post_err(&self, e: WqError) -> Error {
+        match wq_err(e) {
+            Error::QueueFull => self.dev.check_alive().err().unwrap_or(Error::QueueFull),
+            e => e,
+        }
     }
 }
 
