@@ -327,3 +327,23 @@ fn a_full_queue_whose_daemon_stopped_says_the_daemon_is_gone() {
     }
     assert!(matches!(e, Some(Error::DaemonGone { .. })), "{e:?}");
 }
+
+/// `CompChannel::get_cq_event(Some(Duration::MAX))` ("as long as it takes", as an application computing its
+/// timeout may pass) added the timeout to the clock and panicked ("overflow when adding duration to instant")
+/// even with an event waiting. A timeout past the clock's range now waits as `None` does.
+#[test]
+fn get_cq_event_with_a_timeout_past_the_clocks_range_is_no_panic() {
+    let d = daemon("evmax");
+    let p = LoopPair::open(d.path(), 4096, 8, 1024).unwrap();
+    let ch2 = p.dev.create_comp_channel().unwrap();
+    let mut cq2 = p.dev.create_cq_with_channel(8, &ch2).unwrap();
+    let mut a = p.dev.create_qp(&p.pd, &cq2, &cq2, QpInit::default()).unwrap();
+    cq2.req_notify(false).unwrap();
+    // A send on a QP in RESET completes at once (refused): the armed CQ fires.
+    a.post_send(&SendWr::new(1, WrOpcode::Send), &[p.mr.sge(0, 8)]).unwrap();
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ch2.get_cq_event(Some(Duration::MAX))));
+    let got = got.expect("get_cq_event(Some(Duration::MAX)) panicked");
+    assert_eq!(got.unwrap(), Some(cq2.handle()));
+    assert_eq!(wait_cqe(&mut cq2, Duration::from_secs(5)).unwrap().map(|c| c.wr_id), Some(1));
+    drop((a, cq2, ch2));
+}

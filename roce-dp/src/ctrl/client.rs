@@ -898,7 +898,8 @@ impl CompChannel {
     /// [`Error::DaemonGone`] when the daemon closed the channel (it stopped or died). `Some(Duration::ZERO)` only
     /// looks (after the descriptor polled readable in an `epoll` set).
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>, Error> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout past the clock's range waits as `None` does (Instant + Duration::MAX panicked).
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let ch = &self.inner;
         let gone = |e: shm::ShmError| ch.dev.gone(e.to_string());
         // Look at the CQs' `fired` words first and take messages off the socket only after a wait found it
