@@ -441,6 +441,21 @@ impl Engine {
         self.cqs.get_mut(cq.0 as usize)?.as_mut()?.pop()
     }
 
+    /// The completions a CQ holds before it overflows (0 for no CQ).
+    pub fn cq_depth(&self, cq: CqId) -> u32 {
+        match self.cqs.get(cq.0 as usize) {
+            Some(Some(q)) => u32::try_from(q.depth()).unwrap_or(u32::MAX),
+            _ => 0,
+        }
+    }
+
+    /// Sets how many completions a CQ holds before it overflows (at least 1; what it holds now stays).
+    pub fn set_cq_depth(&mut self, cq: CqId, depth: u32) {
+        if let Some(Some(q)) = self.cqs.get_mut(cq.0 as usize) {
+            q.set_depth(depth.max(1) as usize);
+        }
+    }
+
     /// Completions waiting in a CQ.
     pub fn cq_len(&self, cq: CqId) -> usize {
         match self.cqs.get(cq.0 as usize) {

@@ -278,4 +278,14 @@ impl Cq {
     pub(crate) fn len(&self) -> usize {
         self.ring.len()
     }
+
+    /// What it holds before it overflows.
+    pub(crate) fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Changes the depth (the memory grows as entries come, not up front).
+    pub(crate) fn set_depth(&mut self, depth: usize) {
+        self.depth = depth;
+    }
 }

@@ -418,3 +418,28 @@ fn interrupt(
         tick();
     }
 }
+
+/// The README's example (`roce-stat` after 10 WRITEs of 4 KiB at MTU 1024 between two QPs of one session) is what
+/// the tool prints for that run: every counter the README shows, with its value (the worker's loop counts, which
+/// depend on timing, only by name), and no scope or QP the README does not show.
+#[test]
+fn the_readme_example_is_what_roce_stat_prints() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let start = readme.find("$ roce-stat --socket /run/roce-dpd.sock ").expect("the README's example");
+    let block: Vec<&str> = readme[start..].lines().skip(1).take_while(|l| !l.starts_with('$')).collect();
+    let want = parse(&block.join("\n"));
+    assert_eq!(want.len(), 6, "{block:?}");
+    let d = daemon("readme");
+    let mut p = LoopPair::open(d.path(), 64 * 1024, 32, 1024).unwrap();
+    writes(&mut p, 10, 4096, 1);
+    let (out, got) = snapshot(d.path().to_str().unwrap());
+    assert_eq!(got.keys().collect::<std::collections::BTreeSet<_>>(), want.keys().collect(), "{out}");
+    for (obj, counters) in &want {
+        for (name, v) in counters {
+            let have = got[obj].get(name).unwrap_or_else(|| panic!("{obj:?} has no {name}\n{out}"));
+            if obj.0 != "worker" {
+                assert_eq!(have, v, "{obj:?} {name}\n{out}");
+            }
+        }
+    }
+}

@@ -22,10 +22,11 @@
 //! ```
 //!
 //! Only the slow path (open, PD, MR, CQ, QP, modify, query, destroy) talks to the daemon over its socket
-//! ([`super::proto`]); posting and polling touch only the shared rings. Objects are destroyed when dropped (QPs
-//! before the CQs they use, as with verbs). When the daemon goes away, the next control call fails with
-//! [`Error::DaemonGone`], and so does [`Cq::poll`] once it has found its ring empty for a while and looked at the
-//! socket (without blocking): never a hang. A daemon that does not answer (stopped, stuck, or another program's
+//! ([`super::proto`]); posting and polling touch only the shared rings. Objects are destroyed when dropped; one
+//! dropped while another still uses it (a PD before its QPs or MRs, a CQ before its QPs, a completion channel
+//! before its CQs, which verbs refuses with EBUSY) is destroyed when its last user is. When the daemon goes away, the next control call fails with
+//! [`Error::DaemonGone`], and so do [`Cq::poll`] once it has found its ring empty for a while and a post that
+//! finds its queue full, each after a look at the socket (without blocking): never a hang. A daemon that does not answer (stopped, stuck, or another program's
 //! socket) makes a control call fail with [`Error::Timeout`] after [`DEFAULT_CALL_TIMEOUT`] (or what
 //! [`Device::set_call_timeout`] says); a signal that interrupts the wait is retried.
 //!
@@ -151,7 +152,7 @@ pub enum Error {
     QueueFull,
     /// A work request the library refuses to post (too many SGEs, bad lengths).
     BadRequest(WqError),
-    /// The daemon answered something this library cannot use.
+    /// The daemon answered something this library cannot use, or corrupted a ring of shared memory.
     Protocol(String),
     /// [`Cq::req_notify`] or [`Cq::set_event_moderation`] on a CQ made without a completion channel.
     NoChannel {
@@ -229,6 +230,8 @@ impl From<ShmError> for Error {
 fn wq_err(e: WqError) -> Error {
     match e {
         WqError::Ring(RingError::Full) => Error::QueueFull,
+        // The daemon's index, not the application's WR: the QP's ring is unusable from now on.
+        WqError::Ring(e @ RingError::Corrupt { .. }) => Error::Protocol(format!("work queue: {e}")),
         e => Error::BadRequest(e),
     }
 }
@@ -251,6 +254,11 @@ struct Inner {
     /// The last call timed out and no answer came since: destroying objects on drop then only sends the request
     /// (dropping a device with many objects must not wait one timeout per object).
     stalled: AtomicBool,
+    /// Destroys the daemon refused as busy because something of this session still used the object (a PD dropped
+    /// before its QPs or MRs, a CQ before its QPs, a channel before its CQs: verbs' EBUSY, which a drop cannot
+    /// return). Retried after each destroy that succeeds, so the object goes with its last user instead of
+    /// staying, and counting against the session's limits, until the session ends.
+    deferred: Mutex<Vec<Request>>,
 }
 
 impl Inner {
@@ -367,7 +375,38 @@ impl Inner {
             let _ = conn.send_request(self.seq.fetch_add(1, Ordering::Relaxed), &q, &[]);
             return;
         }
-        let _ = self.call(&q, &[]);
+        match self.call(&q, &[]) {
+            Err(Error::Refused { code: ErrorCode::Busy, .. }) => self.deferred().push(q),
+            Ok(_) => self.retry_deferred(),
+            Err(_) => {}
+        }
+    }
+
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<Request>> {
+        self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Retries the destroys refused as busy (see `deferred`), as long as each round frees something: a QP's
+    /// destroy can free its CQ, whose destroy can free its channel.
+    fn retry_deferred(&self) {
+        loop {
+            let pending = std::mem::take(&mut *self.deferred());
+            let before = pending.len();
+            if before == 0 {
+                return;
+            }
+            let mut left = Vec::new();
+            for q in pending {
+                if let Err(Error::Refused { code: ErrorCode::Busy, .. }) = self.call(&q, &[]) {
+                    left.push(q);
+                }
+            }
+            let progress = left.len() < before;
+            self.deferred().extend(left);
+            if !progress {
+                return;
+            }
+        }
     }
 }
 
@@ -441,6 +480,7 @@ impl Device {
             regions: AtomicU32::new(0),
             checking: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
+            deferred: Mutex::new(Vec::new()),
         };
         match inner.call(&Request::Hello { abi }, &[])? {
             (Response::Hello(info), _) => inner.info = info,
@@ -683,7 +723,8 @@ impl Mr {
 
     /// An SGE for `len` bytes at `offset` of this region.
     pub fn sge(&self, offset: usize, len: u32) -> Sge {
-        Sge { addr: self.va + offset as u64, len, lkey: self.lkey }
+        // Wrapping: an offset past the region is the daemon's to refuse (LOC_PROT_ERR), not a panic here.
+        Sge { addr: self.va.wrapping_add(offset as u64), len, lkey: self.lkey }
     }
 }
 
@@ -857,7 +898,8 @@ impl CompChannel {
     /// [`Error::DaemonGone`] when the daemon closed the channel (it stopped or died). `Some(Duration::ZERO)` only
     /// looks (after the descriptor polled readable in an `epoll` set).
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u32>, Error> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout past the clock's range waits as `None` does (Instant + Duration::MAX panicked).
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let ch = &self.inner;
         let gone = |e: shm::ShmError| ch.dev.gone(e.to_string());
         // Look at the CQs' `fired` words first and take messages off the socket only after a wait found it
@@ -1022,7 +1064,7 @@ impl Qp {
     /// daemon's worker takes the WR, so the buffer must stay as it is until the WR completes; `wr.inline` is
     /// ignored here (for data copied at post time use [`post_send_inline`](Self::post_send_inline)).
     pub fn post_send(&mut self, wr: &SendWr, sgl: &[Sge]) -> Result<(), Error> {
-        self.region.sq.post(wr, sgl).map_err(wq_err)
+        self.region.sq.post(wr, sgl).map_err(|e| self.post_err(e))
     }
 
     /// Writes a send work request into the ring without telling the daemon yet: it sees the WR, with every WR
@@ -1031,7 +1073,7 @@ impl Qp {
     /// store (one transfer of the ring's tail to the worker) instead of one per WR, as a chain of WRs given to one
     /// `ibv_post_send`. Staged WRs take room in the ring: a ring full of them stays full until they are published.
     pub fn stage_send(&mut self, wr: &SendWr, sgl: &[Sge]) -> Result<(), Error> {
-        self.region.sq.stage(wr, sgl).map_err(wq_err)
+        self.region.sq.stage(wr, sgl).map_err(|e| self.post_err(e))
     }
 
     /// Publishes the staged send WRs ([`stage_send`](Self::stage_send)); nothing if none is staged.
@@ -1048,7 +1090,7 @@ impl Qp {
     /// inline area now (`IBV_SEND_INLINE`): `data` need not be in a registered region, and the caller may reuse it
     /// as soon as this returns. At most [`max_inline`](Self::max_inline) bytes (else [`Error::BadRequest`]).
     pub fn post_send_inline(&mut self, wr: &SendWr, data: &[u8]) -> Result<(), Error> {
-        self.region.sq.post_inline(wr, data).map_err(wq_err)
+        self.region.sq.post_inline(wr, data).map_err(|e| self.post_err(e))
     }
 
     /// Inline bytes per send WR this QP has (what [`QpInit::max_inline`] asked for, rounded up by the daemon).
@@ -1058,7 +1100,19 @@ impl Qp {
 
     /// Posts a receive work request (no system call).
     pub fn post_recv(&mut self, wr_id: u64, sgl: &[Sge]) -> Result<(), Error> {
-        self.region.rq.post(wr_id, sgl).map_err(wq_err)
+        self.region.rq.post(wr_id, sgl).map_err(|e| self.post_err(e))
+    }
+}
+
+impl Qp {
+    /// A post's error: a full queue is [`Error::QueueFull`] while the daemon lives, [`Error::DaemonGone`] once it
+    /// has gone (its worker no longer empties the ring, so an application that retries a full queue without
+    /// polling would retry for ever); the look at the socket never blocks and costs nothing on a post that fits.
+    fn post_err(&self, e: WqError) -> Error {
+        match wq_err(e) {
+            Error::QueueFull => self.dev.check_alive().err().unwrap_or(Error::QueueFull),
+            e => e,
+        }
     }
 }
 

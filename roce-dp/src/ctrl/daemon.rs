@@ -330,6 +330,9 @@ struct QpSlot {
     region: DaemonQpRegion,
     sq_cap: u32,
     rq_cap: u32,
+    /// The capacity of its send and receive CQs' rings (see [`Appliance::poll_qp`]).
+    send_cq_cap: u32,
+    recv_cq_cap: u32,
     /// A ring of this QP is corrupt: it is no longer read.
     broken: bool,
 }
@@ -617,6 +620,15 @@ impl Appliance {
                     max_inline: h.sq_inline.per_slot,
                 };
                 let qpn = e.create_qp(pd, scq, rcq, caps).map_err(|x| no(verbs_err(x)))?;
+                // The engine's CQs hold their ring's capacity plus every WR of their QPs (see `poll_qp`); the
+                // depth only grows (a destroyed QP's WRs complete without completions), the memory as entries come.
+                e.set_cq_depth(scq, e.cq_depth(scq).saturating_add(caps.max_send_wr));
+                e.set_cq_depth(rcq, e.cq_depth(rcq).saturating_add(caps.max_recv_wr));
+                let ring_cap = |cq: CqId| match self.cqs.get(cq.0 as usize) {
+                    Some(Some(c)) => c.region.header.sq.capacity,
+                    _ => 0,
+                };
+                let (send_cq_cap, recv_cq_cap) = (ring_cap(scq), ring_cap(rcq));
                 self.qps.push(QpSlot {
                     qpn,
                     client,
@@ -625,6 +637,8 @@ impl Appliance {
                     region: *region,
                     sq_cap: caps.max_send_wr,
                     rq_cap: caps.max_recv_wr,
+                    send_cq_cap,
+                    recv_cq_cap,
                     broken: false,
                 });
                 Response::Qp { qpn }
@@ -815,8 +829,18 @@ impl Appliance {
         let Some((sq_len, rq_len)) = e.wq_lens(q.qpn) else { return false };
         let mut moved = false;
         let mut failed: Option<abi::Cqe> = None;
+        // No completion is lost to a CQ smaller than what its QPs have outstanding (an overflow of the engine's
+        // CQ drops the completion and errors the QP: the application only sees completions that never come). The
+        // engine's CQ holds its ring's capacity plus every WR of its QPs (set at create_qp), and a QP is fed new
+        // WRs only while its CQ's engine queue holds less than a ring's capacity: then what is in it plus every WR
+        // its QPs can have in the engine fits, whatever completes. The engine's queue grows that far only when
+        // the ring is full too (the application is not polling): then the WRs wait in the QP's ring until it
+        // polls, and posts find the ring full.
+        let cq_full = |cq: CqId, cap: u32| e.cq_len(cq) >= cap as usize;
+        let (scq_full, rcq_full) =
+            (sq_new && cq_full(q.send_cq, q.send_cq_cap), rq_new && cq_full(q.recv_cq, q.recv_cq_cap));
         // Send queue: only as many as the engine's queue has room for; the rest wait in the ring.
-        let mut room = if sq_new { q.sq_cap.saturating_sub(sq_len) } else { 0 };
+        let mut room = if sq_new && !scq_full { q.sq_cap.saturating_sub(sq_len) } else { 0 };
         while room > 0 {
             // Inline payload is copied out of the slot into `inline` (at most the QP's max_inline bytes: the
             // reader refuses a longer inline_len), then into the engine's own inline area.
@@ -851,7 +875,7 @@ impl Appliance {
             }
         }
         q.region.sq.release();
-        let mut room = if rq_new { q.rq_cap.saturating_sub(rq_len) } else { 0 };
+        let mut room = if rq_new && !rcq_full { q.rq_cap.saturating_sub(rq_len) } else { 0 };
         while room > 0 && failed.is_none() {
             match q.region.rq.poll_into(&mut self.sges) {
                 Ok(None) => break,

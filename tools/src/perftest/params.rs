@@ -55,10 +55,10 @@ const ROCE_DP_FLAGS: &str = "roce-dp options (one of the first two is required):
   --lcore N             EAL main lcore (--port-conf; default: the profile's)
   --file-prefix P       EAL file prefix (--port-conf; default rdpp_PID)
   --socket PATH         memif socket path, overriding the profile's
-  --poll-sleep US       with --daemon: sleep US microseconds when a traffic loop turn moved nothing
+  --poll-sleep US       with --daemon: sleep US (0-1000000) microseconds when a traffic loop turn moved nothing
   --event-moderation N:US  with --daemon and -e: each CQ's event waits for N completions or US microseconds
                         after the first (ibv_modify_cq's cq_count / cq_period; both >= 1, up to 65535)
-  --timeout S           give up after S seconds without progress (connect, exchange, run; default 60)";
+  --timeout S           give up after S (1-31536000) seconds without progress (connect, exchange, run; default 60)";
 
 #[derive(Parser, Debug, Clone)]
 #[command(

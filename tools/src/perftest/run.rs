@@ -92,15 +92,25 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
             }
             "--socket" => ours.socket = Some(v),
             "--poll-sleep" => {
-                let us = v.parse().map_err(|_| format!("--poll-sleep {v:?}: not a number of microseconds"))?;
-                ours.poll_sleep = Some(us);
+                // Bounded: a nap of hours after every idle turn would stall the run past any timeout.
+                let us = v.parse().ok().filter(|us| *us <= MAX_POLL_SLEEP_US);
+                let why = format!("--poll-sleep {v:?}: not a number of microseconds in 0..={MAX_POLL_SLEEP_US}");
+                ours.poll_sleep = Some(us.ok_or(why)?);
             }
             "--event-moderation" => ours.moderation = Some(parse_moderation(&v)?),
-            _ => ours.timeout = Some(v.parse().map_err(|_| format!("--timeout {v:?}: not a number of seconds"))?),
+            _ => {
+                // Bounded as the other tools' --timeout: a larger one overflowed the accept's deadline (a panic).
+                let max = crate::MAX_SECONDS;
+                let s = v.parse().ok().filter(|s| (1..=max).contains(s));
+                ours.timeout = Some(s.ok_or_else(|| format!("--timeout {v:?}: not a number of seconds in 1..={max}"))?);
+            }
         }
     }
     Ok((ours, rest))
 }
+
+/// The longest `--poll-sleep`, in microseconds (one second).
+const MAX_POLL_SLEEP_US: u64 = 1_000_000;
 
 /// `COUNT:US` of `--event-moderation`, both 1-65535.
 fn parse_moderation(v: &str) -> Result<(u16, u16), String> {
@@ -143,7 +153,7 @@ pub fn main(test: TestKind) -> ! {
 
 fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail> {
     roce_dp::dpdk::signal::stop_on_signals();
-    let timeout = Duration::from_secs(ours.timeout.unwrap_or(60).max(1));
+    let timeout = Duration::from_secs(ours.timeout.unwrap_or(60));
     match (&ours.port_conf, &ours.daemon) {
         (Some(_), Some(_)) => Err(bad("--daemon SOCKET and --port-conf FILE exclude each other: give one")),
         (Some(_), None) if ours.poll_sleep.is_some() => {

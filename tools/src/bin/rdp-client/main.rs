@@ -74,8 +74,8 @@ struct Common {
     /// Out-of-band Unix socket between the two clients (the passive side listens).
     #[arg(long)]
     oob: Option<PathBuf>,
-    /// Give up after this many seconds.
-    #[arg(long, default_value_t = 30)]
+    /// Give up after this many seconds without progress (no peer, no answer, no completion), 1 s to a year.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
     timeout: u64,
     /// Bytes of the registered buffer (at least the default: a 1 MiB message slot and the atomics' words). With a
     /// daemon on hugetlbfs backing it is rounded up to 2 MiB pages.
@@ -163,7 +163,8 @@ struct Node {
     cq: Cq,
     qp: Qp,
     psn: u32,
-    deadline: Instant,
+    /// `--timeout`: the longest wait for one completion.
+    timeout: Duration,
 }
 
 fn node(c: &Common, psn: u32, max_inline: u32) -> Result<Node, Fail> {
@@ -178,8 +179,7 @@ fn node(c: &Common, psn: u32, max_inline: u32) -> Result<Node, Fail> {
         QpInit { sq_depth: 64, rq_depth: 64, max_send_sge: 2, max_recv_sge: 2, max_inline },
     )?;
     qp.to_init(AccessFlags::ALL)?;
-    let deadline = Instant::now() + Duration::from_secs(c.timeout);
-    Ok(Node { dev, _pd: pd, mr, cq, qp, psn, deadline })
+    Ok(Node { dev, _pd: pd, mr, cq, qp, psn, timeout: Duration::from_secs(c.timeout) })
 }
 
 /// What one side tells the other.
@@ -218,7 +218,7 @@ struct Oob {
 
 impl Oob {
     fn new(s: UnixStream, timeout: u64) -> Result<Oob, Fail> {
-        let t = Some(Duration::from_secs(timeout.max(1)));
+        let t = Some(Duration::from_secs(timeout));
         s.set_read_timeout(t)?;
         s.set_write_timeout(t)?;
         Ok(Oob { r: BufReader::new(s.try_clone()?), w: s, timeout })
@@ -271,15 +271,17 @@ fn connect(n: &Node, oob: &mut Oob, mtu: u32) -> Result<Peer, Fail> {
     Ok(p)
 }
 
-/// The next completion (or an error after the deadline / when the daemon is gone).
+/// The next completion (or an error after --timeout without one / when the daemon is gone). The wait counts from
+/// this call: a run longer than --timeout goes on as long as each completion comes in time.
 fn wait(n: &mut Node) -> Result<Cqe, Fail> {
     let mut out = [Cqe::EMPTY; 1];
+    let deadline = Instant::now() + n.timeout;
     loop {
         if n.cq.poll(&mut out)? == 1 {
             return Ok(out[0]);
         }
-        if Instant::now() > n.deadline {
-            return Err(Fail("no completion before --timeout".into()));
+        if Instant::now() > deadline {
+            return Err(Fail(format!("no completion within --timeout {} s", n.timeout.as_secs())));
         }
         std::thread::yield_now();
     }
@@ -301,10 +303,42 @@ fn first_diff(k: u64, buf: &[u8]) -> Option<usize> {
     buf.iter().zip(&want).position(|(a, b)| a != b)
 }
 
+/// Removes the out-of-band socket this process bound when dropped (every way out of [`passive`]) or at
+/// [`now`](Unlink::now), whichever comes first.
+struct Unlink<'a>(Option<&'a std::path::Path>);
+
+impl Unlink<'_> {
+    fn now(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Drop for Unlink<'_> {
+    fn drop(&mut self) {
+        self.now();
+    }
+}
+
 fn passive(c: &Common) -> Result<bool, Fail> {
     let path = oob_path(c)?;
-    let _ = std::fs::remove_file(path);
+    // A socket left by an earlier run is replaced; anything else there is the user's file and stays.
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(_) => {
+            return Err(Fail(format!(
+                "--oob {}: that path exists and is not a socket (give a new path for the out-of-band socket)",
+                path.display()
+            )))
+        }
+        Err(_) => {}
+    }
     let l = UnixListener::bind(path).map_err(|e| Fail(format!("out-of-band listen on {}: {e}", path.display())))?;
+    let mut unlink = Unlink(Some(path));
     let mut n = node(c, 0x2000, 0)?;
     // Wait for the active side at most --timeout (a blocking accept would wait for ever).
     l.set_nonblocking(true)?;
@@ -316,7 +350,6 @@ fn passive(c: &Common) -> Result<bool, Fail> {
                 std::thread::sleep(Duration::from_millis(20))
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let _ = std::fs::remove_file(path);
                 return Err(Fail(format!(
                     "no active side connected to {} within --timeout {} s (run `rdp-client active --oob {}`)",
                     path.display(),
@@ -328,7 +361,7 @@ fn passive(c: &Common) -> Result<bool, Fail> {
         }
     };
     s.set_nonblocking(false)?;
-    let _ = std::fs::remove_file(path);
+    unlink.now();
     let mut oob = Oob::new(s, c.timeout)?;
     let mtu = n.dev.info().mtu;
     connect(&n, &mut oob, mtu)?;

@@ -39,7 +39,7 @@ struct Cli {
     #[arg(long)]
     json: bool,
     /// Every SECS seconds, print what changed (deltas and rates) until interrupted.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = roce_dp_tools::seconds_arg)]
     watch: Option<f64>,
     /// Show counters that are zero (or, with --watch, unchanged) too.
     #[arg(long)]
@@ -223,10 +223,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<(), String> {
-    if let Some(s) = cli.watch {
-        if !(s.is_finite() && s > 0.0) {
-            return Err(format!("--watch {s}: the interval must be a positive number of seconds"));
-        }
+    if cli.watch.is_some() {
         // Before anything that can block (connecting, the first Stats request): a SIGINT or SIGTERM that arrives
         // while the daemon is slow to answer must still stop the watch. Installed any later, such a signal took
         // the inherited disposition: death by signal, or nothing at all where it is ignored (a background job of

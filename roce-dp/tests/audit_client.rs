@@ -1,0 +1,349 @@
+//! Session 12's audit of the client library as an application uses it (README "The appliance: roce-dpd and the
+//! client library"): API misuse (objects dropped in an order verbs refuses, addresses past a region, posts on QPs
+//! in RESET, INIT and ERR, a region deregistered under outstanding WRs, zero and huge sizes) must give the
+//! application a clear error or completion, never a panic, a hang, a silent loss or a leak in the daemon.
+//!
+//! The daemon is `ctrl::loopback` in this process.
+
+#![cfg(target_os = "linux")]
+
+mod fake_daemon;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use roce_dp::client::{Cq, Device, Error, Mr, Qp, QpInit, Remote};
+use roce_dp::ctrl::loopback::{wait_cqe, LoopPair, LoopbackConfig, LoopbackDaemon};
+use roce_dp::{AccessFlags, Cqe, QpState, SendWr, WcStatus, WrOpcode};
+
+fn sock(tag: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("roce-dp-audit-client-{}-{tag}.sock", std::process::id()))
+}
+
+fn daemon(tag: &str) -> LoopbackDaemon {
+    LoopbackDaemon::start(LoopbackConfig::new(sock(tag))).expect("loopback daemon")
+}
+
+/// A daemon-scope counter.
+fn daemon_stat(dev: &Device, name: &str) -> u64 {
+    let recs = dev.stats().expect("statistics");
+    recs.iter().find(|r| r.scope == "daemon" && r.name == name).map_or(0, |r| r.value)
+}
+
+/// `ibv_dealloc_pd`, `ibv_destroy_cq` and `ibv_destroy_comp_channel` fail with EBUSY while something uses the
+/// object; the library destroys on drop, which cannot return that. A PD, CQ or channel dropped before its users
+/// must go when its last user does: before, the daemon's refusal was ignored and the object stayed until the
+/// session ended, each such drop order leaking one against the session's limits (256 PDs by default), so an
+/// application that made and dropped its objects in a loop ran out ("Exhausted") with nothing alive.
+#[test]
+fn objects_dropped_before_their_users_go_with_their_last_user() {
+    let d = daemon("order");
+    let dev = Device::open(d.path()).unwrap();
+    let keep = dev.alloc_pd().unwrap();
+    for round in 0..3 {
+        let ch = dev.create_comp_channel().unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let mr = pd.reg_mr(4096, AccessFlags::ALL).unwrap();
+        let cq = dev.create_cq_with_channel(16, &ch).unwrap();
+        let qp = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+        // Every object before its users.
+        drop(ch);
+        drop(pd);
+        drop(cq);
+        assert_eq!((daemon_stat(&dev, "pds"), daemon_stat(&dev, "cqs")), (2, 1), "round {round}: still in use");
+        drop(mr);
+        assert_eq!(daemon_stat(&dev, "mrs"), 0, "round {round}");
+        assert_eq!(daemon_stat(&dev, "pds"), 2, "round {round}: the QP still uses the PD");
+        drop(qp);
+        for name in ["qps", "cqs", "mrs"] {
+            assert_eq!(daemon_stat(&dev, name), 0, "round {round}: {name} left after the last user went");
+        }
+        assert_eq!(daemon_stat(&dev, "pds"), 1, "round {round}: only the PD still held");
+    }
+    // The channels went too: a new one and a CQ on it work, and the session's count of them is back to one.
+    let ch = dev.create_comp_channel().unwrap();
+    let cq = dev.create_cq_with_channel(16, &ch).unwrap();
+    drop((cq, ch, keep));
+    for name in ["pds", "cqs", "qps", "mrs"] {
+        assert_eq!(daemon_stat(&dev, name), 0, "{name}");
+    }
+}
+
+/// `Mr::sge` with an offset past the region (a computed offset gone wrong) is an SGE the daemon refuses with a
+/// completion error, not a panic of the application (an overflowing add: a panic in a debug build).
+#[test]
+fn an_sge_offset_past_the_region_is_refused_by_the_daemon_not_a_panic() {
+    let d = daemon("sgeoff");
+    let mut p = LoopPair::open(d.path(), 4096, 8, 1024).unwrap();
+    for offset in [usize::MAX, usize::MAX - 4095, 1 << 63] {
+        let sge = std::panic::catch_unwind(|| p.mr.sge(offset, 8)).expect("Mr::sge panicked");
+        let wr = SendWr::new(offset as u64, WrOpcode::RdmaWrite).remote(p.mr.addr(), p.mr.rkey());
+        p.a.post_send(&wr, &[sge]).expect("posted: the daemon checks the address");
+        let c = wait_cqe(&mut p.cq, Duration::from_secs(5)).unwrap().expect("a completion");
+        assert_eq!((c.wr_id, c.status), (offset as u64, WcStatus::LocProtErr), "{c:?}");
+        // The QP went to ERR: a fresh pair for the next offset.
+        p = LoopPair::open(d.path(), 4096, 8, 1024).unwrap();
+    }
+}
+
+/// Two connected QPs of `depth` WRs on one CQ of `cq_depth` entries.
+fn pair_on_small_cq(d: &LoopbackDaemon, depth: u32, cq_depth: u32) -> (Device, Mr, Cq, Qp, Qp) {
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.reg_mr(1 << 16, AccessFlags::ALL).unwrap();
+    let cq = dev.create_cq(cq_depth).unwrap();
+    let init = QpInit { sq_depth: depth, rq_depth: depth, ..QpInit::default() };
+    let a = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    let b = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    for (x, y, psn) in [(&a, &b, 100), (&b, &a, 5000)] {
+        x.to_init(AccessFlags::ALL).unwrap();
+        let peer_psn = if psn == 100 { 5000 } else { 100 };
+        x.to_rtr(&Remote { qpn: y.qpn(), psn: peer_psn, gid: dev.gid(), mac: None }, 1024).unwrap();
+        x.to_rts(psn).unwrap();
+    }
+    drop(pd); // goes with its last user
+    (dev, mr, cq, a, b)
+}
+
+/// A CQ smaller than what its QPs have outstanding (verbs leaves sizing it to the application; an overrun is
+/// a fatal CQ error there, an async event). The daemon gave the engine's CQ the ring's depth and fed it every WR
+/// the rings held: completions past it were dropped (`cq_overflows`) and the QP moved to ERR, so the application
+/// saw completions that never came, with no error anywhere it looks (a QP of 64 WRs on a CQ of 16, polled as fast
+/// as completions came: 16 of 64 WRITEs completed, 48 lost; 200 WRITEs: 56, the rest lost or flushed). Now the
+/// engine's CQ holds the ring's depth plus what its QPs may have outstanding, and the worker feeds it only what
+/// it can take; the rest waits in the QP's ring (and then the application's posts find it full) until the
+/// application polls. Every WR completes, in order, successfully, and nothing overflows: WRITEs polled as they
+/// come, 2000 WRITEs posted for 300 ms without a poll, and SENDs into receives posted on a CQ smaller than them.
+#[test]
+fn a_cq_smaller_than_the_outstanding_wrs_loses_no_completion() {
+    let d = daemon("overrun");
+    for (cq_depth, n, nap) in [(1u32, 64u64, false), (16, 64, false), (16, 300, false), (4, 2000, true)] {
+        let what = format!("CQ of {cq_depth}, {n} WRITEs{}", if nap { ", posted unpolled for 300 ms" } else { "" });
+        let (dev, mr, mut cq, mut a, _b) = pair_on_small_cq(&d, 64, cq_depth);
+        let (mut posted, mut next) = (0u64, 0u64);
+        let mut out = [Cqe::EMPTY; 8];
+        let until = Instant::now() + Duration::from_secs(20);
+        let post = |a: &mut Qp, posted: &mut u64| {
+            while *posted < n {
+                let wr = SendWr::new(*posted, WrOpcode::RdmaWrite).remote(mr.addr() + 4096, mr.rkey());
+                match a.post_send(&wr, &[mr.sge(0, 64)]) {
+                    Ok(()) => *posted += 1,
+                    Err(Error::QueueFull) => return,
+                    Err(e) => panic!("{what}: {e}"),
+                }
+            }
+        };
+        if nap {
+            // Posting without polling: the engine's CQ fills, then the QP's ring, then posting says so.
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_millis(300) {
+                post(&mut a, &mut posted);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(posted > 64 && posted < n, "{what}: {posted} posted without polling");
+        }
+        while next < n {
+            assert!(Instant::now() < until, "{what}: {next} completions after 20 s");
+            post(&mut a, &mut posted);
+            let k = cq.poll(&mut out).unwrap();
+            for c in &out[..k] {
+                assert_eq!((c.wr_id, c.status), (next, WcStatus::Success), "{what}");
+                next += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(cq.poll(&mut out).unwrap(), 0, "{what}: a completion too many");
+        assert_eq!(a.query().unwrap().state, QpState::Rts, "{what}");
+        let lost: u64 = dev.stats().unwrap().iter().filter(|r| r.name == "cq_overflows").map(|r| r.value).sum();
+        assert_eq!(lost, 0, "{what}: completions lost");
+    }
+
+    // Receives: b posts 64 on a CQ of 8 that a's send completions share; a sends 64 messages (its RNR retries are
+    // unlimited, as `to_rts` sets them): every message lands in its own receive, in order.
+    let (dev, mut mr, mut cq, mut a, mut b) = pair_on_small_cq(&d, 64, 8);
+    for k in 0..64u32 {
+        b.post_recv(u64::from(k) | 1 << 32, &[mr.sge(8192 + 64 * k as usize, 64)]).unwrap();
+        mr.as_mut_slice()[64 * k as usize..][..64].fill(k as u8 + 1);
+    }
+    let (mut posted, mut sends, mut recvs) = (0u32, 0u32, 0u32);
+    let mut out = [Cqe::EMPTY; 8];
+    let until = Instant::now() + Duration::from_secs(20);
+    while sends < 64 || recvs < 64 {
+        assert!(Instant::now() < until, "{sends} send and {recvs} receive completions after 20 s");
+        while posted < 64 {
+            let wr = SendWr::new(u64::from(posted), WrOpcode::Send);
+            match a.post_send(&wr, &[mr.sge(64 * posted as usize, 64)]) {
+                Ok(()) => posted += 1,
+                Err(Error::QueueFull) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let k = cq.poll(&mut out).unwrap();
+        for c in &out[..k] {
+            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+            if c.wr_id >> 32 == 1 {
+                assert_eq!(c.wr_id as u32, recvs, "receives complete in order");
+                recvs += 1;
+            } else {
+                assert_eq!(c.wr_id as u32, sends, "sends complete in order");
+                sends += 1;
+            }
+        }
+    }
+    for k in 0..64usize {
+        assert!(mr.as_slice()[8192 + 64 * k..][..64].iter().all(|&x| x == k as u8 + 1), "message {k}");
+    }
+    let lost: u64 = dev.stats().unwrap().iter().filter(|r| r.name == "cq_overflows").map(|r| r.value).sum();
+    assert_eq!(lost, 0, "completions lost");
+}
+
+/// Posts on a QP that cannot take them and a region deregistered under outstanding WRs: each WR still completes,
+/// with a status naming what was wrong, and the QP goes to ERR (verbs refuses a post in RESET or INIT at the call;
+/// here the daemon refuses it, README "The appliance": LOC_QP_OP_ERR, QP to ERR). Nothing hangs, nothing is lost.
+#[test]
+fn misplaced_posts_and_a_region_deregistered_under_wrs_complete_with_errors() {
+    let d = daemon("misuse");
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.reg_mr(4096, AccessFlags::ALL).unwrap();
+    let mut cq = dev.create_cq(64).unwrap();
+    let next = |cq: &mut Cq| wait_cqe(cq, Duration::from_secs(5)).unwrap().expect("a completion");
+    // RESET: refused; then a receive on the errored QP is flushed.
+    let mut reset = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    reset.post_send(&SendWr::new(1, WrOpcode::Send), &[mr.sge(0, 8)]).unwrap();
+    assert_eq!((next(&mut cq).wr_id, state(&reset)), (1, QpState::Err));
+    reset.post_recv(2, &[mr.sge(0, 8)]).unwrap();
+    let c = next(&mut cq);
+    assert_eq!((c.wr_id, c.status), (2, WcStatus::WrFlushErr));
+    // INIT: a send is refused (LOC_QP_OP_ERR); then ERR: the next is flushed.
+    let mut init = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    init.to_init(AccessFlags::ALL).unwrap();
+    init.post_send(&SendWr::new(3, WrOpcode::Send), &[mr.sge(0, 8)]).unwrap();
+    let c = next(&mut cq);
+    assert_eq!((c.wr_id, c.status, state(&init)), (3, WcStatus::LocQpOpErr, QpState::Err));
+    init.post_send(&SendWr::new(4, WrOpcode::Send), &[mr.sge(0, 8)]).unwrap();
+    let c = next(&mut cq);
+    assert_eq!((c.wr_id, c.status), (4, WcStatus::WrFlushErr));
+    // A receive in INIT is taken (and waits).
+    let mut idle = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    idle.to_init(AccessFlags::ALL).unwrap();
+    idle.post_recv(5, &[mr.sge(0, 8)]).unwrap();
+    assert!(wait_cqe(&mut cq, Duration::from_millis(200)).unwrap().is_none());
+    assert_eq!(state(&idle), QpState::Init);
+    drop((reset, init, idle, cq, mr, pd, dev));
+
+    // 8 WRITEs of 1 MiB, then both regions deregistered at once: every WR completes (an error, then flushes).
+    let mut p = LoopPair::open(d.path(), 4096, 16, 1024).unwrap();
+    let (src, dst) = (p.pd.reg_mr(1 << 20, AccessFlags::ALL).unwrap(), p.pd.reg_mr(1 << 20, AccessFlags::ALL).unwrap());
+    for i in 0..8 {
+        let wr = SendWr::new(i, WrOpcode::RdmaWrite).remote(dst.addr(), dst.rkey());
+        p.a.post_send(&wr, &[src.sge(0, 1 << 20)]).unwrap();
+    }
+    drop((src, dst));
+    let mut ids = Vec::new();
+    while let Some(c) = wait_cqe(&mut p.cq, Duration::from_secs(2)).unwrap() {
+        if ids.is_empty() && c.status != WcStatus::Success {
+            assert!(matches!(c.status, WcStatus::LocProtErr | WcStatus::RemAccessErr), "{c:?}");
+        }
+        ids.push(c.wr_id);
+    }
+    assert_eq!(ids, (0..8).collect::<Vec<_>>(), "every WR completes once, in order");
+    assert_eq!(daemon_stat(&p.dev, "mrs"), 1, "only the pair's own region is left");
+}
+
+fn state(qp: &Qp) -> QpState {
+    qp.query().unwrap().state
+}
+
+/// A daemon that corrupts a QP's ring (its consumer index past the client's producer index) is the daemon's
+/// fault, not the application's work request: the post fails with `Error::Protocol` naming the ring, not
+/// `Error::BadRequest` ("work request refused"), which told the application to fix a WR that was fine and, to
+/// code matching on it, looked like a WR to change and retry.
+#[test]
+fn a_ring_the_daemon_corrupted_is_a_protocol_error_not_a_bad_request() {
+    use roce_dp::ctrl::proto::{Request, Response};
+    use roce_dp::ctrl::shm::{Backing as B, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmRegion};
+    let caps = QpRegionCaps { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    let qp = DaemonQpRegion::create("audit-client-corrupt-qp", caps, B::Pages).unwrap();
+    let mut m = ShmRegion::map(qp.fd().try_clone_to_owned().unwrap()).unwrap();
+    // Both rings' consumer index (the daemon's) 1000 ahead of the producer's 0.
+    for off in [qp.header.sq.offset, qp.header.rq.offset] {
+        m.write(off as usize, 1000u32).unwrap();
+    }
+    let cq = DaemonCqRegion::create("audit-client-corrupt-cq", 8, B::Pages).unwrap();
+    let mut fds = vec![qp.fd().try_clone_to_owned().unwrap(), cq.fd().try_clone_to_owned().unwrap()];
+    let (path, t) = fake_daemon::scripted_daemon(sock("corrupt"), move |q, seq, c| {
+        let (r, fd) = match q {
+            Request::AllocPd => (Response::Pd { pd: 1 }, None),
+            Request::RegMr { .. } => (Response::Mr { lkey: 7, rkey: 7 }, None),
+            Request::CreateCq { .. } => (Response::Cq { cq: 1 }, fds.pop()),
+            Request::CreateQp { .. } => (Response::Qp { qpn: 0x100 }, fds.pop()),
+            _ => (Response::Ok, None),
+        };
+        let fds: Vec<_> = fd.iter().map(|f| std::os::fd::AsFd::as_fd(f)).collect();
+        c.send_response(seq, &r, &fds).is_ok()
+    });
+    let dev = Device::open(&path).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.reg_mr(4096, AccessFlags::ALL).unwrap();
+    let cq = dev.create_cq(8).unwrap();
+    let init = QpInit { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    let mut qp = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    let e = qp.post_send(&SendWr::new(1, WrOpcode::Send), &[mr.sge(0, 8)]).unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("ring corrupted"), "{e:?}");
+    let e = qp.post_recv(2, &[mr.sge(0, 8)]).unwrap_err();
+    assert!(matches!(e, Error::Protocol(_)) && e.to_string().contains("ring corrupted"), "{e:?}");
+    drop((qp, cq, mr, pd, dev));
+    t.join().unwrap();
+    let _ = std::fs::remove_file(path);
+}
+
+/// An application that posts until the queue is full and retries without polling (sends it never waits for):
+/// after its daemon stopped, the full queue said `QueueFull` for ever, since only `Cq::poll` and control calls
+/// looked at the socket. A full queue now looks (without blocking) and says `DaemonGone`.
+#[test]
+fn a_full_queue_whose_daemon_stopped_says_the_daemon_is_gone() {
+    let mut d = daemon("fullgone");
+    let mut p = LoopPair::open(d.path(), 4096, 8, 1024).unwrap();
+    d.shutdown("test over");
+    let mut wr = SendWr::new(1, WrOpcode::RdmaWrite).remote(p.mr.addr() + 2048, p.mr.rkey());
+    wr.signaled = false;
+    let mut posted = 0;
+    let e = loop {
+        match p.a.post_send(&wr, &[p.mr.sge(0, 8)]) {
+            Ok(()) => posted += 1,
+            Err(e) => break e,
+        }
+        assert!(posted <= 64, "posted {posted} WRs into an 8-deep queue of a stopped daemon");
+    };
+    assert!(matches!(e, Error::DaemonGone { .. }) && e.to_string().contains("test over"), "{e:?}");
+    let e = p.b.post_recv(2, &[p.mr.sge(0, 8)]).and_then(|()| p.b.post_recv(3, &[p.mr.sge(0, 8)]));
+    let mut e = e.err();
+    for k in 0..16 {
+        if e.is_some() {
+            break;
+        }
+        e = p.b.post_recv(4 + k, &[p.mr.sge(0, 8)]).err();
+    }
+    assert!(matches!(e, Some(Error::DaemonGone { .. })), "{e:?}");
+}
+
+/// `CompChannel::get_cq_event(Some(Duration::MAX))` ("as long as it takes", as an application computing its
+/// timeout may pass) added the timeout to the clock and panicked ("overflow when adding duration to instant")
+/// even with an event waiting. A timeout past the clock's range now waits as `None` does.
+#[test]
+fn get_cq_event_with_a_timeout_past_the_clocks_range_is_no_panic() {
+    let d = daemon("evmax");
+    let p = LoopPair::open(d.path(), 4096, 8, 1024).unwrap();
+    let ch2 = p.dev.create_comp_channel().unwrap();
+    let mut cq2 = p.dev.create_cq_with_channel(8, &ch2).unwrap();
+    let mut a = p.dev.create_qp(&p.pd, &cq2, &cq2, QpInit::default()).unwrap();
+    cq2.req_notify(false).unwrap();
+    // A send on a QP in RESET completes at once (refused): the armed CQ fires.
+    a.post_send(&SendWr::new(1, WrOpcode::Send), &[p.mr.sge(0, 8)]).unwrap();
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ch2.get_cq_event(Some(Duration::MAX))));
+    let got = got.expect("get_cq_event(Some(Duration::MAX)) panicked");
+    assert_eq!(got.unwrap(), Some(cq2.handle()));
+    assert_eq!(wait_cqe(&mut cq2, Duration::from_secs(5)).unwrap().map(|c| c.wr_id), Some(1));
+    drop((a, cq2, ch2));
+}
