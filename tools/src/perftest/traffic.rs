@@ -340,7 +340,15 @@ impl<'a> BwSide<'a> {
                         last_recv = Some(Instant::now());
                         continue;
                     }
-                    // A signaled completion covers every earlier WR of the QP.
+                    // A signaled completion covers every earlier WR of the QP. One naming a WR this loop never
+                    // posted (a broken or hostile daemon) would count work that was not done: refused.
+                    if c.wr_id >= posted[i] {
+                        return Err(err(format!(
+                            "a send completion on QP {:#x} names WR {} but only {} were posted (the backend is \
+                             broken)",
+                            q.qpn, c.wr_id, posted[i]
+                        )));
+                    }
                     let upto = c.wr_id + 1;
                     let delta = upto.saturating_sub(done[i]);
                     done[i] = done[i].max(upto);
