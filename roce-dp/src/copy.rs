@@ -5,8 +5,9 @@
 //! a few bytes after the source modulo 4 KiB: with `(dst - src) mod 4096` in 1..64 it drops to 0.6-9 GB/s (false
 //! 4 KiB aliasing between its loads and stores). The engine's own vector loop (fixed 64-byte chunks, SSE2) does not
 //! collapse there, but is slower than glibc elsewhere — and collapses itself at other distances (around 150-200
-//! bytes: 14 GB/s). So mid-sized blocks take the loop only in glibc's bad window and `memcpy` otherwise; small
-//! blocks (no `rep movsb`) and very large ones (non-temporal stores) always go to `memcpy`. Measured with
+//! bytes: 14 GB/s). So mid-sized blocks take the loop only in glibc's bad window and `memcpy` otherwise; blocks of
+//! 8..=64 bytes are two fixed-size moves each (inline: the call cost more than the copy), other small blocks (no
+//! `rep movsb`) and very large ones (non-temporal stores) always go to `memcpy`. Measured with
 //! `cargo run --release -p roce-dp-bench --bin engine`, whose reference line prints both at such a distance.
 
 use core::sync::atomic::{compiler_fence, Ordering};
@@ -36,11 +37,44 @@ pub fn wants_chunked(dst: *const u8, src: *const u8, n: usize) -> bool {
 /// Copies `src` into `dst` (equal lengths; panics otherwise, like `copy_from_slice`).
 #[inline]
 pub fn copy_bytes(dst: &mut [u8], src: &[u8]) {
+    if copy_small(dst, src) {
+        return;
+    }
     if !wants_chunked(dst.as_ptr(), src.as_ptr(), src.len()) {
         dst.copy_from_slice(src);
         return;
     }
     vector_copy(dst, src);
+}
+
+/// Copies a block of 8..=64 bytes (equal lengths) as its first and last 8, 16 or 32 bytes: two fixed-size moves
+/// each (overlapping in the middle), without the `memcpy` call, which costs more than the copy at these sizes (a
+/// 64-byte payload, a short READ response). False, copying nothing, for any other length or unequal lengths.
+#[inline(always)]
+fn copy_small(dst: &mut [u8], src: &[u8]) -> bool {
+    let n = src.len();
+    if dst.len() != n || !(8..=64).contains(&n) {
+        return false;
+    }
+    if n >= 32 {
+        copy_ends::<32>(dst, src);
+    } else if n >= 16 {
+        copy_ends::<16>(dst, src);
+    } else {
+        copy_ends::<8>(dst, src);
+    }
+    true
+}
+
+/// Copies the first and the last `N` bytes of `src` (`N..=2N` bytes long, as `dst`) to the same places of `dst`.
+#[inline(always)]
+fn copy_ends<const N: usize>(dst: &mut [u8], src: &[u8]) {
+    if let (Some(d), Some(s)) = (dst.first_chunk_mut::<N>(), src.first_chunk::<N>()) {
+        *d = *s;
+    }
+    if let (Some(d), Some(s)) = (dst.last_chunk_mut::<N>(), src.last_chunk::<N>()) {
+        *d = *s;
+    }
 }
 
 /// The 64-byte-chunk loop (out of line: the rare path).
@@ -67,7 +101,8 @@ mod tests {
 
     #[test]
     fn copies_every_length() {
-        for n in [0usize, 1, 63, 64, 65, 2047, 2048, 2049, 4096, 4097, 70_001, 600_000] {
+        for n in [0usize, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 2047, 2048, 2049, 4096, 4097, 70_001, 600_000]
+        {
             let src: Vec<u8> = (0..n).map(|i| (i * 31 + 7) as u8).collect();
             // Every distance class: glibc's window (1..128 bytes after the source mod 4 KiB), outside it, equal.
             for shift in [0usize, 16, 100, 128, 198, 4000] {
@@ -81,6 +116,13 @@ mod tests {
             vector_copy(&mut dst, &src);
             assert_eq!(dst, src, "vector loop, length {n}");
         }
+    }
+
+    /// Unequal lengths panic as `copy_from_slice` does, also at the sizes of the fixed-size path.
+    #[test]
+    #[should_panic(expected = "length")]
+    fn unequal_small_lengths_panic() {
+        copy_bytes(&mut [0u8; 32], &[1u8; 31]);
     }
 
     #[test]
