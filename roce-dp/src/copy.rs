@@ -1,11 +1,12 @@
 //! Payload copies.
 //!
 //! glibc 2.36 (Debian 12) copies blocks of 2 KiB and more with `rep movsb`. On the AMD EPYC (Zen 3 class) virtual
-//! machines this project is tested on, that path is fast (45-80 GB/s for 4 KiB) except when the destination lies
+//! machines this project was tested on, that path is fast (45-80 GB/s for 4 KiB) except when the destination lies
 //! a few bytes after the source modulo 4 KiB: with `(dst - src) mod 4096` in 1..64 it drops to 0.6-9 GB/s (false
 //! 4 KiB aliasing between its loads and stores). The engine's own vector loop (fixed 64-byte chunks, SSE2) does not
 //! collapse there, but is slower than glibc elsewhere — and collapses itself at other distances (around 150-200
-//! bytes: 14 GB/s). So mid-sized blocks take the loop only in glibc's bad window and `memcpy` otherwise; blocks of
+//! bytes: 14 GB/s). So mid-sized blocks take the loop only in glibc's bad window, and only on CPUs other than
+//! Intel's (on an Intel machine glibc has no bad window and the loop is 2x slower), and `memcpy` otherwise; blocks of
 //! 8..=64 bytes are two fixed-size moves each (inline: the call cost more than the copy), other small blocks (no
 //! `rep movsb`) and very large ones (non-temporal stores) always go to `memcpy`. Measured with
 //! `cargo run --release -p roce-dp-bench --bin engine`, whose reference line prints both at such a distance.
@@ -27,11 +28,34 @@ fn rep_movsb_aliases(dst: *const u8, src: *const u8) -> bool {
 }
 
 /// Whether a copy of `n` bytes from `src` to `dst` should take the 64-byte-chunk loop instead of `memcpy`: a
-/// mid-sized block in glibc's slow `rep movsb` window. The one decision for [`copy_bytes`] and for the copies
-/// through shared-memory windows (`ctrl::shm::ShmBytes`), which cannot form slices of the client's memory.
+/// mid-sized block in glibc's slow `rep movsb` window, on a CPU where that window is slow. The one decision for
+/// [`copy_bytes`] and for the copies through shared-memory windows (`ctrl::shm::ShmBytes`), which cannot form
+/// slices of the client's memory.
 #[inline]
 pub fn wants_chunked(dst: *const u8, src: *const u8, n: usize) -> bool {
-    (CHUNKED_FROM..CHUNKED_UNTIL).contains(&n) && rep_movsb_aliases(dst, src)
+    (CHUNKED_FROM..CHUNKED_UNTIL).contains(&n) && rep_movsb_aliases(dst, src) && alias_window_is_slow()
+}
+
+/// False on Intel CPUs: there glibc's `memcpy` has no slow window (a Sapphire Rapids class VM, 2-256 KiB at
+/// 16, 64, 127 and 198 bytes from the source mod 4 KiB: 125-207 GB/s up to 16 KiB, 46-49 at 64-256 KiB, where the
+/// chunk loop ran 49-92 and 27-46), so the detour only cost time. True elsewhere (the AMD machines it was measured
+/// on). Read once (CPUID exits to the hypervisor in a VM).
+#[inline]
+fn alias_window_is_slow() -> bool {
+    static SLOW: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SLOW.get_or_init(|| !cpu_is_intel())
+}
+
+/// The CPUID vendor string is "GenuineIntel".
+#[cfg(target_arch = "x86_64")]
+fn cpu_is_intel() -> bool {
+    let r = core::arch::x86_64::__cpuid(0);
+    (r.ebx, r.edx, r.ecx) == (0x756e_6547, 0x4965_6e69, 0x6c65_746e)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_is_intel() -> bool {
+    false
 }
 
 /// Copies `src` into `dst` (equal lengths; panics otherwise, like `copy_from_slice`).
@@ -97,7 +121,7 @@ fn vector_copy(dst: &mut [u8], src: &[u8]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{copy_bytes, rep_movsb_aliases, vector_copy};
+    use super::{copy_bytes, cpu_is_intel, rep_movsb_aliases, vector_copy, wants_chunked};
 
     #[test]
     fn copies_every_length() {
@@ -123,6 +147,16 @@ mod tests {
     #[should_panic(expected = "length")]
     fn unequal_small_lengths_panic() {
         copy_bytes(&mut [0u8; 32], &[1u8; 31]);
+    }
+
+    /// The chunk loop is taken only for a mid-sized block in the window, and never on an Intel CPU.
+    #[test]
+    fn chunked_only_in_the_window_and_not_on_intel() {
+        let b = [0u8; 8192];
+        let p = b.as_ptr();
+        assert_eq!(wants_chunked(p.wrapping_add(16), p, 4096), !cpu_is_intel());
+        assert!(!wants_chunked(p.wrapping_add(198), p, 4096));
+        assert!(!wants_chunked(p.wrapping_add(16), p, 1024));
     }
 
     #[test]
