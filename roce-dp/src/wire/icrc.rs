@@ -114,7 +114,7 @@ impl Icrc {
 /// One CRC pass over the packet where it lies, from a corrected initial register instead of over masked bytes:
 /// the CRC register is linear over GF(2), so hashing the unmasked packet from the register `R ^ E` gives the
 /// masked packet's CRC from `R` when `E` is the register that the masked bytes' differences would leave after
-/// hashing zeros up to their offset ([`UNSHIFT`]: one table entry per masked byte, the first four bytes XORed in
+/// hashing zeros up to their offset (`UNSHIFT`: one table entry per masked byte, the first four bytes XORed in
 /// directly). `R` is the state after the masked LRH ([`LRH_SEED`]). So nothing is copied or written before the
 /// CRC's vector loads (a staged copy of the headers ORed with a mask cost a store-to-load forwarding stall and a
 /// second CRC call per packet: ~2x the time of a plain CRC of the same bytes on this project's machine). IPv4 with
