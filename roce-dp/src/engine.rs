@@ -600,7 +600,11 @@ impl Engine {
         }
         let per = qp.caps.max_send_sge.max(1) as usize;
         let base = qp.sq.slot(idx) * per;
-        qp.sq_sges[base..base + sgl.len()].copy_from_slice(sgl);
+        // One SGE as one 16-byte move; `copy_from_slice` of a run of unknown length is a `memcpy` call.
+        match (sgl, qp.sq_sges.get_mut(base)) {
+            ([s], Some(d)) => *d = *s,
+            _ => qp.sq_sges[base..base + sgl.len()].copy_from_slice(sgl),
+        }
         self.push_send(i, wr, sgl.len() as u32, length);
         Ok(())
     }
