@@ -238,6 +238,62 @@ fn event_moderation_holds_the_event_until_its_count_or_its_period() {
     assert_eq!(stat(&recs, "daemon", "events_signalled"), 3 + u64::from(fired.is_some()), "{recs:?}");
 }
 
+/// What roce-dpd's worker yields its idle core for (`Appliance::event_unserved`): an event it signalled whose
+/// client has not armed the CQ again. True right after the event fires and until the client re-arms; false again
+/// once it did, and false when the client never re-arms but the window (`UNSERVED_WINDOW_NS`) ran out; false when
+/// no event was signalled. The worker is stepped on its own thread, which answers the test's questions between
+/// steps.
+#[test]
+fn an_event_is_unserved_from_its_signal_until_the_client_arms_again() {
+    use roce_dp::ctrl::daemon::UNSERVED_WINDOW_NS;
+    let (d, mut st) = LoopbackDaemon::start_stepped(LoopbackConfig::new(sock("unserved"))).expect("stepped daemon");
+    let (ask, asked) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<bool>>();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stepping = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                st.step();
+                if let Ok(reply) = asked.try_recv() {
+                    let _ = reply.send(st.event_unserved());
+                }
+            }
+        })
+    };
+    let unserved = || {
+        let (tx, rx) = std::sync::mpsc::channel();
+        ask.send(tx).unwrap();
+        rx.recv_timeout(Duration::from_secs(5)).expect("the stepping thread answers")
+    };
+    let mut p = pair(&d);
+    assert!(!unserved(), "no event signalled yet");
+    // Message `i` through the armed CQ: its event comes; then whether the worker calls it unserved (on a loaded
+    // machine the window may end before the question: the send is earlier than the signal).
+    let event_then_unserved = |p: &mut Pair, i: u64| {
+        p.post_recv(i);
+        let sent = Instant::now();
+        p.send(i, false);
+        p.reap_sends(1);
+        expect_event(&p.ch, &p.cq_b);
+        p.cq_b.ack_events(1);
+        assert_eq!(p.recv_one().wr_id, i);
+        unserved() || sent.elapsed() >= Duration::from_nanos(UNSERVED_WINDOW_NS)
+    };
+    p.cq_b.req_notify(false).unwrap();
+    assert!(event_then_unserved(&mut p, 0), "the event's client has not armed the CQ again");
+    // It arms again (as a sleeping loop does before it sleeps): served.
+    p.cq_b.req_notify(false).unwrap();
+    assert!(!unserved(), "the client armed the CQ again");
+    // The next event, and a client that never arms again: unserved only until the window ends.
+    assert!(event_then_unserved(&mut p, 1), "unserved right after the event");
+    std::thread::sleep(Duration::from_nanos(UNSERVED_WINDOW_NS) + Duration::from_millis(2));
+    assert!(!unserved(), "the window ended");
+    drop(p);
+    drop(d); // its shutdown waits for the worker's steps
+    stop.store(true, Ordering::Relaxed);
+    stepping.join().unwrap();
+}
+
 /// `get_cq_event` takes the channel's messages only after a wait (one per wake-up), yet never leaves one behind on
 /// an `Ok(None)`: an `epoll` user woken by a message that a look without waiting already answered is not woken
 /// again for nothing.

@@ -247,6 +247,9 @@ struct CqEvent {
     answered: u32,
     /// An event held by the CQ's moderation: completions written since it was first held, and when (ns).
     held: Option<(u32, u64)>,
+    /// When (the worker's turn clock, ns) the last event was signalled, while its client has not armed the CQ
+    /// again since ([`Appliance::event_unserved`]).
+    fired_at: Option<u64>,
 }
 
 impl CqEvent {
@@ -283,7 +286,7 @@ impl CqEvent {
                 }
             }
         }
-        self.fire(notify, seq, stats);
+        self.fire(notify, seq, now, stats);
     }
 
     /// A held event whose period ran out (by the current `moderation` word) fires for the current arm; a held
@@ -300,14 +303,15 @@ impl CqEvent {
         if seq == 0 || seq == self.answered || word & abi::ARM_SOLICITED != 0 {
             self.held = None;
         } else {
-            self.fire(notify, seq, stats);
+            self.fire(notify, seq, now, stats);
         }
         false
     }
 
-    fn fire(&mut self, notify: &super::ring::NotifyView, seq: u32, stats: &mut ApplianceStats) {
+    fn fire(&mut self, notify: &super::ring::NotifyView, seq: u32, now: u64, stats: &mut ApplianceStats) {
         self.held = None;
         self.answered = seq;
+        self.fired_at = Some(now);
         notify.set_fired(seq);
         stats.events_signalled += 1;
         if !super::shm::channel_signal(self.fd.as_fd()) {
@@ -315,6 +319,10 @@ impl CqEvent {
         }
     }
 }
+
+/// How long after signalling an event [`Appliance::event_unserved`] keeps saying that its client may still wait
+/// for the core (ns): longer than a scheduler tick at HZ=250 (4 ms), the longest such wait measured (session 12).
+pub const UNSERVED_WINDOW_NS: u64 = 5_000_000;
 
 /// Whether a completion answers a solicited-only arm: a solicited receive or any failed completion (IB: the
 /// solicited-event bit on the message's last packet, or an error).
@@ -357,6 +365,9 @@ pub struct Appliance {
     now: u64,
     /// Nonzero when a CQ may hold a moderated event (an upper bound: [`poll`](Self::poll) recounts when it looks).
     holding: u32,
+    /// Nonzero when a signalled event may still wait for its client to run (an upper bound:
+    /// [`event_unserved`](Self::event_unserved) recounts when it looks).
+    unserved: u32,
     /// Counters.
     pub stats: ApplianceStats,
 }
@@ -467,6 +478,7 @@ impl Appliance {
             inline: vec![0; abi::MAX_INLINE_DATA as usize],
             now: 0,
             holding: 0,
+            unserved: 0,
             stats: ApplianceStats::default(),
         }
     }
@@ -588,7 +600,7 @@ impl Appliance {
                 if self.cqs.len() <= i {
                     self.cqs.resize_with(i + 1, || None);
                 }
-                let event = event.map(|fd| CqEvent { fd, answered: 0, held: None });
+                let event = event.map(|fd| CqEvent { fd, answered: 0, held: None, fired_at: None });
                 self.cqs[i] = Some(CqSlot {
                     client,
                     handle,
@@ -804,12 +816,38 @@ impl Appliance {
         self.holding > 0
     }
 
+    /// Whether a completion event this worker signalled less than [`UNSERVED_WINDOW_NS`] ago (by the turn clock)
+    /// still waits for its client: the client has not armed the CQ again since. A worker that finds nothing to do
+    /// yields its core while this holds (roce-dpd), so that a client woken on the worker's core that the scheduler
+    /// did not let preempt the busy worker runs now instead of after the worker's slice, while its QPs run dry.
+    /// Cheap when nothing is pending (one load); the arm words are hostile input like everywhere else: a client
+    /// that never arms again, or writes any other value, only makes the worker yield on its idle turns until the
+    /// window ends.
+    pub fn event_unserved(&mut self) -> bool {
+        if self.unserved == 0 {
+            return false;
+        }
+        let mut n = 0;
+        for s in self.cqs.iter_mut().flatten() {
+            let Some(ev) = s.event.as_mut() else { continue };
+            let Some(at) = ev.fired_at else { continue };
+            if s.region.notify.arm() >> 1 != ev.answered || self.now.saturating_sub(at) >= UNSERVED_WINDOW_NS {
+                ev.fired_at = None;
+            } else {
+                n += 1;
+            }
+        }
+        self.unserved = n;
+        n > 0
+    }
+
     /// Fires held events whose period ended; recounts the CQs still holding one.
     fn check_held(&mut self) {
         let mut holding = 0;
         for s in self.cqs.iter_mut().flatten() {
             if let Some(ev) = s.event.as_mut() {
                 holding += u32::from(ev.check_held(&s.region.notify, self.now, &mut self.stats));
+                self.unserved |= u32::from(ev.fired_at.is_some());
             }
         }
         self.holding = holding;
@@ -917,6 +955,7 @@ impl Appliance {
                     if let Some(ev) = slot.event.as_mut() {
                         ev.after_publish(&slot.region.notify, 1, true, self.now, &mut self.stats);
                         self.holding |= u32::from(ev.held.is_some());
+                        self.unserved |= u32::from(ev.fired_at.is_some());
                     }
                 }
             }
@@ -982,6 +1021,7 @@ impl Appliance {
                 if let Some(ev) = s.event.as_mut() {
                     ev.after_publish(&s.region.notify, pushed, qualifies, self.now, &mut self.stats);
                     self.holding |= u32::from(ev.held.is_some());
+                    self.unserved |= u32::from(ev.fired_at.is_some());
                 }
             }
         }

@@ -404,6 +404,13 @@ impl Stepper {
     pub fn step(&mut self) -> bool {
         self.w.step(&self.jobs)
     }
+
+    /// [`Appliance::event_unserved`] on the turn clock read now: whether an event this worker signalled still
+    /// waits for its client to arm the CQ again (what roce-dpd's worker yields its core for when it is idle).
+    pub fn event_unserved(&mut self) -> bool {
+        self.w.app.set_now(Instant(self.w.t0.elapsed().as_nanos() as u64));
+        self.w.app.event_unserved()
+    }
 }
 
 /// A client session for loopback tests and benchmarks: one buffer, one CQ and two RC QPs connected to each other

@@ -420,6 +420,11 @@ fn serve_worker(
         }
         app.set_now(wk.turn_now());
         busy |= app.poll(&mut wk.engine);
+        // A client woken by an event this worker signalled and still waiting for the core (it shares it with
+        // this busy worker, and the scheduler did not let it preempt): give it the core now, not at the next tick.
+        if !busy && app.event_unserved() {
+            std::thread::yield_now();
+        }
         if let Some(s) = server.take_if(|_| STOP.load(Ordering::Relaxed)) {
             let sig = SIGNAL.load(Ordering::SeqCst);
             let reason = format!("roce-dpd stopped by {}", if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" });
