@@ -96,8 +96,26 @@ fn object_name(scope: &str, id: u32) -> String {
     if scope == "qp" {
         format!("qp {id:#08x}")
     } else {
-        format!("{scope} {id}")
+        format!("{} {id}", text_name(scope))
     }
+}
+
+/// A scope or counter name as the daemon sent it, for the text output: one word of printable ASCII. Anything else
+/// (a space, a newline, a terminal escape, non-ASCII) is written as `\u{..}`, so a broken or hostile daemon can
+/// neither split an object's line nor reach the terminal (`--json` escapes names as JSON does).
+fn text_name(name: &str) -> std::borrow::Cow<'_, str> {
+    if name.bytes().all(|b| b.is_ascii_graphic() && b != b'\\') {
+        return name.into();
+    }
+    let mut o = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if c.is_ascii_graphic() && c != '\\' {
+            o.push(c);
+        } else {
+            let _ = write!(o, "\\u{{{:x}}}", u32::from(c));
+        }
+    }
+    o.into()
 }
 
 fn value_text(scope: &str, name: &str, v: u64) -> String {
@@ -114,7 +132,7 @@ fn print_snapshot(s: &Snapshot, all: bool) -> String {
         let _ = write!(out, "{}:", object_name(scope, *id));
         for (name, v) in counters {
             if all || *v != 0 || is_gauge(scope, name) {
-                let _ = write!(out, " {name} {}", value_text(scope, name, *v));
+                let _ = write!(out, " {} {}", text_name(name), value_text(scope, name, *v));
             }
         }
         out.push('\n');
@@ -159,14 +177,14 @@ fn print_delta(old: &Snapshot, new: &Snapshot, secs: f64, all: bool) -> String {
             if is_gauge(scope, name) {
                 let was = prev.and_then(|p| p.iter().find(|(n, _)| n == name)).map(|(_, v)| *v);
                 if all || was != Some(*v) || name == "state" {
-                    let _ = write!(line, " {name} {}", value_text(scope, name, *v));
+                    let _ = write!(line, " {} {}", text_name(name), value_text(scope, name, *v));
                 }
                 continue;
             }
             let was = prev.and_then(|p| p.iter().find(|(n, _)| n == name)).map_or(0, |(_, v)| *v);
             let d = v.saturating_sub(was);
             if all || d != 0 {
-                let _ = write!(line, " {name} +{d} ({:.0}/s)", d as f64 / secs);
+                let _ = write!(line, " {} +{d} ({:.0}/s)", text_name(name), d as f64 / secs);
             }
         }
         if prev.is_none() {
@@ -275,5 +293,37 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
         prev = now_snap;
         t_prev = t;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Session 12: names came from the daemon and were printed raw, so a name with a space, newline or terminal
+    /// escape broke the one-line-per-object text format (and reached the terminal).
+    #[test]
+    fn hostile_names_stay_one_printable_word_per_field() {
+        let rec = |scope: &str, name: &str, value| StatRecord { scope: scope.into(), id: 1, name: name.into(), value };
+        let s = snapshot(vec![
+            rec("port", "rx ok\nqp 0x000001: state RTS\u{1b}[2J", 5),
+            rec("wor ker\\", "tx_bursts", 7),
+            rec("port", "déjà", 1),
+        ]);
+        let text = print_snapshot(&s, true);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.contains('\u{1b}') && text.is_ascii(), "{text}");
+        assert!(
+            text.contains(
+                "port 1: rx\\u{20}ok\\u{a}qp\\u{20}0x000001:\\u{20}state\\u{20}RTS\\u{1b}[2J 5 d\\u{e9}j\\u{e0} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("wor\\u{20}ker\\u{5c} 1: tx_bursts 7"), "{text}");
+        let delta = print_delta(&Snapshot::new(), &s, 1.0, true);
+        assert_eq!(delta.lines().count(), 2, "{delta}");
+        assert!(delta.is_ascii() && !delta.contains('\u{1b}'), "{delta}");
+        // Ordinary names are unchanged.
+        assert_eq!(text_name("rx_bursts"), "rx_bursts");
     }
 }
