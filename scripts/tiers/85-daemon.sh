@@ -206,6 +206,7 @@ tier85_daemon() {
 
     # roce-dpd killed with SIGKILL mid-run: both tools say the daemon is gone in one line and exit 2, no hang.
     tier9_daemon_killed "/run/roce-dpd-${RUN_ID}k.sock" "${prefix}k"
+    tier85_link "$prefix"
 
     TIER85_WORKERS_NOTE=""
     tier85_workers
@@ -585,6 +586,54 @@ tier9_daemon_killed() {
             "$(grep -q "^rdp_write_bw: roce-dpd on $sock is gone" "$f" && echo y)"
     done
     [[ -n "${VERBOSE:-}" ]] && grep -h '^rdp_write_bw: ' "$PF_CLOG" | sed 's/^/       /'
+}
+
+# port_link SOCK: the port line of roce-stat's text output for the roce-dpd on SOCK.
+port_link() {
+    timeout 10 "$ROOT/target/release/roce-stat" --socket "$1" 2>&1 | grep '^port '
+}
+
+# tier85_link PREFIX: two roce-dpd on a memif pair (conf/daemon-memif-*.toml, workers on lcores 1 and 0): roce-stat
+# shows the server's port link down while it has no peer, up on both once the client daemon connects, and down
+# again when the client daemon stops (a zero would be left out of the text: the link is always shown).
+tier85_link() {
+    local ss="/run/roce-dpd-${RUN_ID}ls.sock" cs="/run/roce-dpd-${RUN_ID}lc.sock" spid cpid line i rc=0
+    local slog="$LOG_DIR/tier9-link-server.log" clog="$LOG_DIR/tier9-link-client.log"
+    track_path /run/roce-dpd-memif.sock
+    if ! dpd_start "$ss" "${1}ls" "$slog" "$ROOT/conf/daemon-memif-server.toml"; then
+        fail "link: roce-dpd memif server starts: $(tail -n 2 "$slog")"
+        return
+    fi
+    spid=$DPD_PID
+    line=$(port_link "$ss")
+    check "link: a memif server without its peer shows 'link down' ($line)" grep -q '^port 0: .*link down' <<<"$line"
+    if ! dpd_start "$cs" "${1}lc" "$clog" "$ROOT/conf/daemon-memif-client.toml"; then
+        fail "link: roce-dpd memif client starts: $(tail -n 2 "$clog")"
+        kill -TERM "$spid"
+        wait_pid "$spid" 10
+        return
+    fi
+    cpid=$DPD_PID
+    for i in $(seq 50); do
+        port_link "$ss" | grep -q 'link up' && port_link "$cs" | grep -q 'link up' && break
+        sleep 0.1
+    done
+    line="$(port_link "$ss") / $(port_link "$cs")"
+    check "link: once connected, both show 'link up' ($line)" \
+        test "$(grep -o 'link up' <<<"$line" | wc -l)" -eq 2
+    kill -TERM "$cpid"
+    wait_pid "$cpid" 10 || rc=$?
+    check "link: the client daemon stops with exit 0 (got $rc)" test "$rc" -eq 0
+    for i in $(seq 50); do
+        port_link "$ss" | grep -q 'link down' && break
+        sleep 0.1
+    done
+    line=$(port_link "$ss")
+    check "link: its peer gone, the server shows 'link down' again ($line)" grep -q '^port 0: .*link down' <<<"$line"
+    rc=0
+    kill -TERM "$spid"
+    wait_pid "$spid" 10 || rc=$?
+    check "link: the server daemon stops with exit 0 (got $rc)" test "$rc" -eq 0
 }
 
 # smaps_pages PID NAME: the KernelPageSize (kB) of each mapping of process PID whose path contains NAME, one a line.

@@ -409,6 +409,13 @@ fn serve_worker(
                     ] {
                         v.push(StatRecord { scope: "port".into(), id: u32::from(id), name: k.into(), value: val });
                     }
+                    // The link as the PMD reports it now (memif: connected to its peer): the first thing to look at
+                    // when a fabric does not come up, and a zero counter would hide it, so roce-stat always shows it.
+                    if let Some(l) = port.and_then(|p| p.link().ok()) {
+                        for (k, val) in [("link", u64::from(l.up)), ("speed_mbps", u64::from(l.speed_mbps))] {
+                            v.push(StatRecord { scope: "port".into(), id: u32::from(id), name: k.into(), value: val });
+                        }
+                    }
                 }
             };
             if let Some(ip) = app.serve(&mut wk.engine, &wk.neigh, job, &extra) {

@@ -5,8 +5,8 @@
 //! the daemon (sessions and objects, WQEs moved through the rings), each port, each worker, each worker's engine
 //! (the cause-named drop and transmit counters) and each QP (its session, state, DCQCN rate in kb/s, CNPs sent and
 //! received, every cause-named counter). Counters that are zero are left out unless `--all`; the identity fields
-//! of a QP (`client`, `worker`, `state`, `rate_kbps`) and the object counts of the daemon and of each worker
-//! always show.
+//! of a QP (`client`, `worker`, `state`, `rate_kbps`), a port's link (`link up|down`, `speed_mbps`) and the object
+//! counts of the daemon and of each worker always show.
 //!
 //! `--json` prints one JSON object instead (`{"pid":..,"socket":..,"objects":[{"scope","id","counters":{..}}]}`).
 //! `--watch SECS` prints, every SECS seconds until SIGINT or SIGTERM (then exit 0), what changed: counters as
@@ -59,6 +59,7 @@ fn is_gauge(scope: &str, name: &str) -> bool {
         "daemon" => matches!(name, "sessions_with_objects" | "qps" | "cqs" | "mrs" | "pds" | "workers"),
         "worker" => matches!(name, "qps" | "cqs"),
         "qp" => matches!(name, "client" | "worker" | "state" | "rate_kbps"),
+        "port" => matches!(name, "link" | "speed_mbps"),
         _ => false,
     }
 }
@@ -121,6 +122,8 @@ fn text_name(name: &str) -> std::borrow::Cow<'_, str> {
 fn value_text(scope: &str, name: &str, v: u64) -> String {
     if scope == "qp" && name == "state" {
         STATES.get(v as usize).map_or_else(|| v.to_string(), |s| (*s).to_string())
+    } else if scope == "port" && name == "link" {
+        (if v == 0 { "down" } else { "up" }).to_string()
     } else {
         v.to_string()
     }
@@ -325,5 +328,19 @@ mod tests {
         assert!(delta.is_ascii() && !delta.contains('\u{1b}'), "{delta}");
         // Ordinary names are unchanged.
         assert_eq!(text_name("rx_bursts"), "rx_bursts");
+    }
+
+    /// Session 13: a port whose link is down must say so (a zero counter is left out of the text), and --watch
+    /// names the change of the link as it happens, not as a delta.
+    #[test]
+    fn a_down_link_is_shown_and_its_changes_watched() {
+        let rec = |name: &str, value| StatRecord { scope: "port".into(), id: 0, name: name.into(), value };
+        let down = snapshot(vec![rec("ipackets", 0), rec("link", 0), rec("speed_mbps", 0)]);
+        assert_eq!(print_snapshot(&down, false), "port 0: link down speed_mbps 0\n");
+        let up = snapshot(vec![rec("ipackets", 5), rec("link", 1), rec("speed_mbps", 10000)]);
+        assert_eq!(print_snapshot(&up, false), "port 0: ipackets 5 link up speed_mbps 10000\n");
+        assert_eq!(print_delta(&up, &down, 1.0, false), "port 0: link down speed_mbps 0\n");
+        assert_eq!(print_delta(&down, &up, 1.0, false), "port 0: ipackets +5 (5/s) link up speed_mbps 10000\n");
+        assert!(json_delta(&up, &down, 1.0).contains("\"delta\":{\"ipackets\":0,\"link\":0,\"speed_mbps\":0}"));
     }
 }
