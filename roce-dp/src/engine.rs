@@ -329,7 +329,7 @@ impl Engine {
 
     /// Registers a zero-filled region of `len` bytes at virtual address `va`.
     pub fn reg_mr(&mut self, pd: Pd, va: u64, len: usize, access: AccessFlags) -> Result<MrKeys, VerbsError> {
-        self.mrs.register(pd, va, len, access).ok_or(VerbsError::BadMr("too many regions, or range overflows"))
+        self.mrs.register(pd, va, len, access).ok_or_else(|| mr_refusal(va, len as u64, "too many regions (max_mrs)"))
     }
 
     /// Registers a region whose bytes live in a client's shared memory (`mem`, mapped by the daemon) at the
@@ -342,7 +342,8 @@ impl Engine {
         mem: crate::ctrl::shm::ShmBytes,
         access: AccessFlags,
     ) -> Result<MrKeys, VerbsError> {
-        self.mrs.register_shared(pd, va, mem, access).ok_or(VerbsError::BadMr("too many regions, or range overflows"))
+        let len = mem.len() as u64;
+        self.mrs.register_shared(pd, va, mem, access).ok_or_else(|| mr_refusal(va, len, "too many regions (max_mrs)"))
     }
 
     /// [`reg_mr_shared`](Self::reg_mr_shared) under a key chosen elsewhere (another worker's engine registered the
@@ -356,9 +357,10 @@ impl Engine {
         mem: crate::ctrl::shm::ShmBytes,
         access: AccessFlags,
     ) -> Result<MrKeys, VerbsError> {
+        let len = mem.len() as u64;
         self.mrs
             .register_shared_at(key, pd, va, mem, access)
-            .ok_or(VerbsError::BadMr("key in use or beyond max_mrs, or range overflows"))
+            .ok_or_else(|| mr_refusal(va, len, "key in use or beyond max_mrs"))
     }
 
     /// Registered memory regions.
@@ -1098,4 +1100,17 @@ fn from_peer(peer: Option<PeerAddr>, src: IpAddrs) -> bool {
         (Some(p), IpAddrs::V6 { src, .. }) => matches!(p.ip, IpAddrs::V6 { dst, .. } if dst == src),
         (None, _) => false,
     }
+}
+
+/// Why a memory registration was refused, for the user: the region's size or address range if they are the cause,
+/// otherwise `full` (the table's own reason).
+fn mr_refusal(va: u64, len: u64, full: &'static str) -> VerbsError {
+    const _: () = assert!(crate::mr::MAX_MR_LEN == 1 << 32, "the message below names the limit");
+    VerbsError::BadMr(if len > crate::mr::MAX_MR_LEN {
+        "region larger than 4 GiB, the most one region may hold (register several)"
+    } else if va.checked_add(len).is_none() {
+        "address + length of the region overflow 64 bits"
+    } else {
+        full
+    })
 }

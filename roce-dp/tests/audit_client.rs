@@ -347,3 +347,17 @@ fn get_cq_event_with_a_timeout_past_the_clocks_range_is_no_panic() {
     assert_eq!(wait_cqe(&mut cq2, Duration::from_secs(5)).unwrap().map(|c| c.wr_id), Some(1));
     drop((a, cq2, ch2));
 }
+
+/// Session 13: a region over the engine's 4 GiB limit was refused as "too many regions, or range overflows",
+/// which sent a user looking for leaked registrations; the refusal now names the size limit, and the daemon's
+/// table still serves registrations after it.
+#[test]
+fn a_region_over_the_size_limit_is_refused_naming_the_limit() {
+    let d = daemon("mrsize");
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let e = pd.reg_mr((1 << 32) + 1, AccessFlags::ALL).err().expect("a region over 4 GiB is refused").to_string();
+    assert!(e.contains("region larger than 4 GiB") && !e.contains('\n'), "{e}");
+    let mut mr = pd.reg_mr(4096, AccessFlags::ALL).expect("a small region after the refusal");
+    assert_eq!(mr.as_slice().len(), 4096);
+}
