@@ -599,7 +599,6 @@ port_link() {
 tier85_link() {
     local ss="/run/roce-dpd-${RUN_ID}ls.sock" cs="/run/roce-dpd-${RUN_ID}lc.sock" spid cpid line i rc=0
     local slog="$LOG_DIR/tier9-link-server.log" clog="$LOG_DIR/tier9-link-client.log"
-    track_path /run/roce-dpd-memif.sock
     if ! dpd_start "$ss" "${1}ls" "$slog" "$ROOT/conf/daemon-memif-server.toml"; then
         fail "link: roce-dpd memif server starts: $(tail -n 2 "$slog")"
         return
