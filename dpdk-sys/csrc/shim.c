@@ -135,16 +135,15 @@ static void guard_handler(int sig, siginfo_t *si, void *uc)
 		siglongjmp(*jb, 1);
 	}
 	/* Not ours: what was there before decides (Rust's stack-overflow handler returns after restoring the default
-	 * action when the address is not a guard page; the fault then repeats and kills, as it would have). */
-	if (guard_previous.sa_flags & SA_SIGINFO) {
+	 * action when the address is not a guard page; the fault then repeats and kills, as it would have). SIG_IGN
+	 * counts as SIG_DFL: the kernel never lets a fault be ignored (it forces the default action), and returning
+	 * without changing the action would fault again for ever. */
+	if (guard_previous.sa_handler == SIG_DFL || guard_previous.sa_handler == SIG_IGN)
+		signal(sig, SIG_DFL); /* (sa_handler and sa_sigaction share storage: checked first, whatever the flags) */
+	else if (guard_previous.sa_flags & SA_SIGINFO)
 		guard_previous.sa_sigaction(sig, si, uc);
-	} else if (guard_previous.sa_handler == SIG_IGN) {
-		return;
-	} else if (guard_previous.sa_handler == SIG_DFL) {
-		signal(sig, SIG_DFL);
-	} else {
+	else
 		guard_previous.sa_handler(sig);
-	}
 }
 
 int rdp_burst_guard_install(void)

@@ -99,8 +99,8 @@ unsigned int rte_ring_count_(const struct rte_ring *r);
  * guard's SIGSEGV handler, when the faulting thread is inside a guarded burst, jumps back to it and the burst ends
  * early: rx returns the mbufs the PMD had already stored whole (the one it was filling is lost), tx reports every
  * packet taken (the PMD may have freed some: taking them back could free twice; the rest are lost). Any other
- * SIGSEGV goes to the handler that was installed before (Rust's stack-overflow handler, or the default: the
- * process dies as it would have). The port is down after such a fault; the PMD resets its queues when the peer
+ * SIGSEGV goes to the handler that was installed before (Rust's stack-overflow handler, or the default, also when
+ * that was SIG_IGN: the process dies as it would have). The port is down after such a fault; the PMD resets its queues when the peer
  * connects again.
  */
 

@@ -866,6 +866,37 @@ mod guard_tests {
         (n, faulted)
     }
 
+    /// Runs test `name` of this binary again in a child (with RDP_GUARD_CHILD set, the test's child half) and
+    /// checks that the child dies of SIGSEGV within 10 s (a hang is killed and fails the test).
+    fn child_dies_of_sigsegv(name: &str) {
+        use std::os::unix::process::ExitStatusExt;
+        use std::time::{Duration, Instant};
+        let test = format!("dpdk::port::guard_tests::{name}");
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &test, "--test-threads", "1", "--nocapture"])
+            .env("RDP_GUARD_CHILD", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if Instant::now() > until {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let out = child.wait_with_output().unwrap();
+        let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let status = status.unwrap_or_else(|| panic!("{name}: the child still ran after 10 s (hung): {said}"));
+        assert_eq!(status.signal(), Some(libc::SIGSEGV), "{name}: {status:?} {said}");
+    }
+
     #[test]
     fn a_fault_inside_a_guarded_burst_ends_the_burst_and_the_process_lives() {
         // SAFETY: installs the chaining SIGSEGV handler.
@@ -894,7 +925,6 @@ mod guard_tests {
     /// in a child: this test binary again, running only this test with RDP_GUARD_CHILD set).
     #[test]
     fn a_fault_outside_a_guarded_burst_still_kills() {
-        const TEST: &str = "dpdk::port::guard_tests::a_fault_outside_a_guarded_burst_still_kills";
         if std::env::var_os("RDP_GUARD_CHILD").is_some() {
             // SAFETY: installs the handler, then reads a PROT_NONE page outside any guarded burst: the process is
             // meant to die here.
@@ -904,19 +934,24 @@ mod guard_tests {
             }
             std::process::exit(0);
         }
-        let exe = std::env::current_exe().unwrap();
-        let out = std::process::Command::new(exe)
-            .args(["--exact", TEST, "--test-threads", "1"])
-            .env("RDP_GUARD_CHILD", "1")
-            .output()
-            .unwrap();
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(
-            out.status.signal(),
-            Some(libc::SIGSEGV),
-            "{:?} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout)
-        );
+        child_dies_of_sigsegv("a_fault_outside_a_guarded_burst_still_kills");
+    }
+
+    /// SIGSEGV ignored before the guard was installed: a fault outside a guarded burst still kills (the kernel never
+    /// lets a fault be ignored). The guard's handler used to return for SIG_IGN, so the instruction faulted again
+    /// for ever: the process hung at 100% CPU.
+    #[test]
+    fn a_fault_with_sigsegv_ignored_before_the_guard_still_kills() {
+        if std::env::var_os("RDP_GUARD_CHILD").is_some() {
+            // SAFETY: ignores SIGSEGV, installs the handler (it chains to SIG_IGN), then reads a PROT_NONE page
+            // outside any guarded burst: the process is meant to die here.
+            unsafe {
+                libc::signal(libc::SIGSEGV, libc::SIG_IGN);
+                assert_eq!(dpdk_sys::rdp_burst_guard_install(), 0);
+                ptr::read_volatile(prot_none_page());
+            }
+            std::process::exit(0);
+        }
+        child_dies_of_sigsegv("a_fault_with_sigsegv_ignored_before_the_guard_still_kills");
     }
 }
