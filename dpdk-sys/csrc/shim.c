@@ -119,17 +119,36 @@ unsigned int rte_ring_count_(const struct rte_ring *r)
 #include <stdatomic.h>
 #include <string.h>
 
-/* Non-NULL while this thread runs a guarded burst: where the handler jumps. */
+/* Non-NULL while this thread runs a guarded burst: where the handler jumps; guard_port is that burst's port. */
 static __thread __attribute__((tls_model("initial-exec"))) sigjmp_buf *guard_jump;
+static __thread __attribute__((tls_model("initial-exec"))) uint16_t guard_port;
 static struct sigaction guard_previous;
 static atomic_int guard_installed;
 static atomic_uint_fast64_t guard_faults;
+/* Test aid: every port counts as down (see shim.h). */
+static volatile sig_atomic_t guard_test_link_down;
+
+/* Whether port's link is down: memif_disconnect marks the link down before it unmaps or frees anything, so a fault
+ * under a burst of a port whose link is up (or unknown) is not the disconnect's but a bug, and must kill as it would
+ * have. Called from the handler, on the thread the fault interrupted inside a burst of this port (which holds no
+ * lock): rte_eth_dev_is_valid_port reads the port array, rte_eth_link_get_nowait on a valid port of a primary
+ * process reads the link word (memif's link_update does nothing there); neither logs nor locks. */
+static int guard_link_down(uint16_t port)
+{
+	struct rte_eth_link link = { 0 };
+
+	if (guard_test_link_down)
+		return 1;
+	if (!rte_eth_dev_is_valid_port(port) || rte_eth_link_get_nowait(port, &link) != 0)
+		return 0;
+	return link.link_status == RTE_ETH_LINK_DOWN;
+}
 
 static void guard_handler(int sig, siginfo_t *si, void *uc)
 {
 	sigjmp_buf *jb = guard_jump;
 
-	if (jb != NULL) {
+	if (jb != NULL && guard_link_down(guard_port)) {
 		guard_jump = NULL;
 		atomic_fetch_add_explicit(&guard_faults, 1, memory_order_relaxed);
 		siglongjmp(*jb, 1);
@@ -196,6 +215,7 @@ uint16_t rdp_burst_guarded(rdp_burst_fn burst, uint16_t port_id, uint16_t queue_
 			;
 		return n;
 	}
+	guard_port = port_id;
 	guard_jump = &jb;
 	n = burst(port_id, queue_id, pkts, nb_pkts);
 	guard_jump = NULL;
@@ -208,6 +228,11 @@ static volatile const char *test_fault_at;
 void rdp_burst_guard_test_set_fault_(const void *at)
 {
 	test_fault_at = at;
+}
+
+void rdp_burst_guard_test_set_link_down_(int down)
+{
+	guard_test_link_down = down != 0;
 }
 
 uint16_t rdp_burst_guard_test_burst_(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **pkts, uint16_t nb_pkts)

@@ -94,14 +94,15 @@ unsigned int rte_ring_count_(const struct rte_ring *r);
 /*
  * The burst guard (memif). DPDK 22.11's memif PMD handles its peer's disconnect on the EAL interrupt thread:
  * memif_disconnect unmaps the shared regions and frees their descriptors while a worker may be inside
- * rx_burst/tx_burst reading them, and the worker dies of SIGSEGV (three times in one day of this project's test
- * and benchmark runs, when a peer was killed or stopped). A guarded burst runs the PMD's burst under a sigsetjmp point; the
- * guard's SIGSEGV handler, when the faulting thread is inside a guarded burst, jumps back to it and the burst ends
- * early: rx returns the mbufs the PMD had already stored whole (the one it was filling is lost), tx reports every
- * packet taken (the PMD may have freed some: taking them back could free twice; the rest are lost). Any other
- * SIGSEGV goes to the handler that was installed before (Rust's stack-overflow handler, or the default, also when
- * that was SIG_IGN: the process dies as it would have). The port is down after such a fault; the PMD resets its queues when the peer
- * connects again.
+ * rx_burst/tx_burst reading them, and the worker dies of SIGSEGV (three times in one day of this project's test and
+ * benchmark runs, when a peer was killed or stopped). A guarded burst runs the PMD's burst under a sigsetjmp point;
+ * the guard's SIGSEGV handler, when the faulting thread is inside a guarded burst of a port whose link is down
+ * (memif_disconnect marks it down before it unmaps anything), jumps back to it and the burst ends early: rx returns
+ * the mbufs the PMD had already stored whole (the one it was filling is lost), tx reports every packet taken (the PMD
+ * may have freed some: taking them back could free twice; the rest are lost). Any other SIGSEGV, including one inside
+ * a guarded burst of a port whose link is up (a bug, not the disconnect), goes to the handler that was installed
+ * before (Rust's stack-overflow handler, or the default, also when that was SIG_IGN: the process dies as it would
+ * have). The port is down after such a fault; the PMD resets its queues when the peer connects again.
  */
 
 /** Install the guard's SIGSEGV handler (once per process; later calls do nothing). 0, or -errno from sigaction. */
@@ -121,6 +122,10 @@ uint64_t rdp_burst_guard_faults(void);
 
 /** Test aid: the address rdp_burst_guard_test_burst_ reads (a PROT_NONE page makes it fault). */
 void rdp_burst_guard_test_set_fault_(const void *at);
+
+/** Test aid: down != 0 makes every port count as down to the guard (the test burst runs without an EAL, on no
+ * port); 0 asks DPDK again. */
+void rdp_burst_guard_test_set_link_down_(int down);
 
 /** Test aid, a burst function: stores queue_id fake mbuf pointers (0x1000 + i, never dereferenced) into pkts, then
  * reads the byte set by rdp_burst_guard_test_set_fault_ and returns how many it stored. */

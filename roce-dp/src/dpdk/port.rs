@@ -124,9 +124,11 @@ pub struct Port {
 /// How many rx/tx bursts a SIGSEGV inside the PMD cut short in this process: DPDK 22.11's memif PMD unmaps its
 /// shared regions on the EAL interrupt thread when its peer disconnects, possibly while a worker is inside a burst
 /// reading them. Bursts on memif ports run under a guard (dpdk-sys's `rdp_burst_guarded`) whose SIGSEGV
-/// handler ends such a burst early instead of letting the process die: rx keeps the frames the PMD had stored whole,
-/// tx counts its whole burst as sent (at most a burst of mbufs is lost per fault). Any other SIGSEGV is left to
-/// the handler installed before (or the default action).
+/// handler ends such a burst early instead of letting the process die, when the port's link is down at the fault
+/// (the PMD marks it down before it unmaps anything): rx keeps the frames the PMD had stored whole, tx counts its
+/// whole burst as sent (at most a burst of mbufs is lost per fault). Any other SIGSEGV, also one under a burst of a
+/// port whose link is up (a bug, not the disconnect), is left to the handler installed before (or the default
+/// action): the process dies at the faulting instruction, as without the guard.
 pub fn guard_faults() -> u64 {
     // SAFETY: reads an atomic counter in the shim.
     unsafe { dpdk_sys::rdp_burst_guard_faults() }
@@ -831,8 +833,8 @@ mod tests {
     }
 }
 
-/// The burst guard's mechanism with the shim's test burst (no EAL needed): a fault inside a guarded burst ends the
-/// burst as documented and the process lives on; a fault anywhere else still kills.
+/// The burst guard's mechanism with the shim's test burst (no EAL needed): a fault inside a guarded burst of a port
+/// whose link is down ends the burst as documented and the process lives on; a fault anywhere else still kills.
 #[cfg(test)]
 mod guard_tests {
     use std::ptr;
@@ -899,8 +901,12 @@ mod guard_tests {
 
     #[test]
     fn a_fault_inside_a_guarded_burst_ends_the_burst_and_the_process_lives() {
-        // SAFETY: installs the chaining SIGSEGV handler.
-        assert_eq!(unsafe { dpdk_sys::rdp_burst_guard_install() }, 0);
+        // SAFETY: installs the chaining SIGSEGV handler; every port counts as down (the disconnect's state: the
+        // test burst runs on no port).
+        unsafe {
+            assert_eq!(dpdk_sys::rdp_burst_guard_install(), 0);
+            dpdk_sys::rdp_burst_guard_test_set_link_down_(1);
+        }
         let before = super::guard_faults();
         let page = prot_none_page();
         // SAFETY: stores the address the test burst reads.
@@ -935,6 +941,26 @@ mod guard_tests {
             std::process::exit(0);
         }
         child_dies_of_sigsegv("a_fault_outside_a_guarded_burst_still_kills");
+    }
+
+    /// A fault inside a guarded burst of a port whose link is not down is not the memif disconnect (which marks the
+    /// link down before it unmaps anything) but a bug in or under the burst: it kills as it did before the guard,
+    /// at the faulting instruction. It used to be swallowed, the burst cut short and counted, and the process went
+    /// on (roce-dpd reported it nowhere). Here the port (0, no EAL) is not a valid port: its link is not known down.
+    #[test]
+    fn a_fault_inside_a_guarded_burst_of_a_port_whose_link_is_not_down_still_kills() {
+        if std::env::var_os("RDP_GUARD_CHILD").is_some() {
+            // SAFETY: installs the handler and points the test burst at a PROT_NONE page; the burst is meant to kill.
+            unsafe {
+                assert_eq!(dpdk_sys::rdp_burst_guard_install(), 0);
+                dpdk_sys::rdp_burst_guard_test_set_fault_(prot_none_page().cast());
+            }
+            let mut pkts = [ptr::null_mut(); 8];
+            let r = guarded(3, true, &mut pkts);
+            println!("the fault was swallowed: {r:?}");
+            std::process::exit(0);
+        }
+        child_dies_of_sigsegv("a_fault_inside_a_guarded_burst_of_a_port_whose_link_is_not_down_still_kills");
     }
 
     /// SIGSEGV ignored before the guard was installed: a fault outside a guarded burst still kills (the kernel never
