@@ -148,21 +148,29 @@ static void guard_handler(int sig, siginfo_t *si, void *uc)
 {
 	sigjmp_buf *jb = guard_jump;
 
-	if (jb != NULL && guard_link_down(guard_port)) {
+	/* si_code > 0: a fault the kernel raised (kill and sigqueue send SI_USER, SI_QUEUE, SI_TKILL: <= 0). */
+	if (jb != NULL && si->si_code > 0 && guard_link_down(guard_port)) {
 		guard_jump = NULL;
 		atomic_fetch_add_explicit(&guard_faults, 1, memory_order_relaxed);
 		siglongjmp(*jb, 1);
 	}
 	/* Not ours: what was there before decides (Rust's stack-overflow handler returns after restoring the default
-	 * action when the address is not a guard page; the fault then repeats and kills, as it would have). SIG_IGN
-	 * counts as SIG_DFL: the kernel never lets a fault be ignored (it forces the default action), and returning
-	 * without changing the action would fault again for ever. */
-	if (guard_previous.sa_handler == SIG_DFL || guard_previous.sa_handler == SIG_IGN)
-		signal(sig, SIG_DFL); /* (sa_handler and sa_sigaction share storage: checked first, whatever the flags) */
-	else if (guard_previous.sa_flags & SA_SIGINFO)
+	 * action when the address is not a guard page; the fault then repeats and kills, as it would have). For a
+	 * fault SIG_IGN counts as SIG_DFL: the kernel never lets a fault be ignored (it forces the default action), and
+	 * returning without changing the action would fault again for ever. A sent SIGSEGV does not come again: under
+	 * SIG_IGN it is dropped, under SIG_DFL sent again (pending until this handler returns). sa_handler and
+	 * sa_sigaction share storage: SIG_DFL and SIG_IGN are checked first, whatever the flags. */
+	if (guard_previous.sa_handler == SIG_IGN && si->si_code <= 0)
+		return;
+	if (guard_previous.sa_handler == SIG_DFL || guard_previous.sa_handler == SIG_IGN) {
+		signal(sig, SIG_DFL);
+		if (si->si_code <= 0)
+			raise(sig);
+	} else if (guard_previous.sa_flags & SA_SIGINFO) {
 		guard_previous.sa_sigaction(sig, si, uc);
-	else
+	} else {
 		guard_previous.sa_handler(sig);
+	}
 }
 
 int rdp_burst_guard_install(void)

@@ -871,6 +871,11 @@ mod guard_tests {
     /// Runs test `name` of this binary again in a child (with RDP_GUARD_CHILD set, the test's child half) and
     /// checks that the child dies of SIGSEGV within 10 s (a hang is killed and fails the test).
     fn child_dies_of_sigsegv(name: &str) {
+        child_ends(name, Some(libc::SIGSEGV));
+    }
+
+    /// As [`child_dies_of_sigsegv`], for a child that ends by signal `signal`, or (None) exits with status 0.
+    fn child_ends(name: &str, signal: Option<i32>) {
         use std::os::unix::process::ExitStatusExt;
         use std::time::{Duration, Instant};
         let test = format!("dpdk::port::guard_tests::{name}");
@@ -896,7 +901,8 @@ mod guard_tests {
         let out = child.wait_with_output().unwrap();
         let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         let status = status.unwrap_or_else(|| panic!("{name}: the child still ran after 10 s (hung): {said}"));
-        assert_eq!(status.signal(), Some(libc::SIGSEGV), "{name}: {status:?} {said}");
+        assert_eq!(status.signal(), signal, "{name}: {status:?} {said}");
+        assert!(signal.is_some() || status.success(), "{name}: {status:?} {said}");
     }
 
     #[test]
@@ -979,5 +985,40 @@ mod guard_tests {
             std::process::exit(0);
         }
         child_dies_of_sigsegv("a_fault_with_sigsegv_ignored_before_the_guard_still_kills");
+    }
+
+    /// A SIGSEGV sent with kill (or raise) while the default action was in place before the guard still kills: the
+    /// handler used to reset the default action and return, and a sent signal, unlike a fault, does not come again,
+    /// so the process lived on.
+    #[test]
+    fn a_sent_sigsegv_with_the_default_action_before_the_guard_still_kills() {
+        if std::env::var_os("RDP_GUARD_CHILD").is_some() {
+            // SAFETY: the default action for SIGSEGV (Rust's handler replaced), the guard installed over it, then
+            // SIGSEGV sent to this thread: the process is meant to die here.
+            unsafe {
+                libc::signal(libc::SIGSEGV, libc::SIG_DFL);
+                assert_eq!(dpdk_sys::rdp_burst_guard_install(), 0);
+                libc::raise(libc::SIGSEGV);
+            }
+            std::process::exit(0);
+        }
+        child_dies_of_sigsegv("a_sent_sigsegv_with_the_default_action_before_the_guard_still_kills");
+    }
+
+    /// A SIGSEGV sent with kill (or raise) while it was ignored before the guard is still ignored (only a fault
+    /// cannot be ignored), and stays ignored.
+    #[test]
+    fn a_sent_sigsegv_ignored_before_the_guard_is_still_ignored() {
+        if std::env::var_os("RDP_GUARD_CHILD").is_some() {
+            // SAFETY: SIGSEGV ignored, the guard installed over it, then SIGSEGV sent to this thread twice.
+            unsafe {
+                libc::signal(libc::SIGSEGV, libc::SIG_IGN);
+                assert_eq!(dpdk_sys::rdp_burst_guard_install(), 0);
+                libc::raise(libc::SIGSEGV);
+                libc::raise(libc::SIGSEGV);
+            }
+            std::process::exit(0);
+        }
+        child_ends("a_sent_sigsegv_ignored_before_the_guard_is_still_ignored", None);
     }
 }
