@@ -361,3 +361,50 @@ fn a_region_over_the_size_limit_is_refused_naming_the_limit() {
     let mut mr = pd.reg_mr(4096, AccessFlags::ALL).expect("a small region after the refusal");
     assert_eq!(mr.as_slice().len(), 4096);
 }
+
+/// Session 13 (review): a send queue's completions come in post order. A refused WQE's completion came before
+/// those of the WRs posted ahead of it, and its QP's move to error flushed those WRs although they were valid:
+/// 8 WRITEs and a FETCH_ADD with a 16-byte SGE, published together, completed as [100, 0..7 flushed]. Now the
+/// WRITEs complete (and their bytes land), then the refused one, then the QP is in ERR. A receive queue's refusal
+/// follows the flush of the receives posted before it.
+#[test]
+fn a_refused_wqe_completes_after_the_wrs_posted_before_it() {
+    let d = daemon("order-refused");
+    let mut p = LoopPair::open(d.path(), 1 << 16, 64, 1024).unwrap();
+    let half = (p.mr.len() / 2) as u64;
+    for i in 0..8u64 {
+        p.mr.as_mut_slice()[i as usize * 64..][..64].fill(0xa0 + i as u8);
+        let wr = SendWr::new(i, WrOpcode::RdmaWrite).remote(p.mr.addr() + half + i * 64, p.mr.rkey());
+        p.a.stage_send(&wr, &[p.mr.sge(i as usize * 64, 64)]).unwrap();
+    }
+    let mut fa = SendWr::new(100, WrOpcode::AtomicFetchAdd).remote(p.mr.addr() + half, p.mr.rkey());
+    fa.compare_add = 1;
+    p.a.stage_send(&fa, &[p.mr.sge(4096, 16)]).unwrap();
+    p.a.publish_sends();
+    let mut got = Vec::new();
+    while got.len() < 9 {
+        let c = wait_cqe(&mut p.cq, Duration::from_secs(5)).unwrap().unwrap_or_else(|| panic!("after {got:?}"));
+        got.push((c.wr_id, c.status));
+    }
+    let want: Vec<_> = (0..8).map(|i| (i, WcStatus::Success)).chain([(100, WcStatus::LocQpOpErr)]).collect();
+    assert_eq!(got, want);
+    for i in 0..8 {
+        assert!(p.mr.as_slice()[(half as usize) + i * 64..][..64].iter().all(|&b| b == 0xa0 + i as u8), "WRITE {i}");
+    }
+    assert_eq!(state(&p.a), QpState::Err);
+
+    // Receive queue: the valid receive is flushed, then the refused one completes.
+    let mut cq = p.dev.create_cq(16).unwrap();
+    let mut qp = p.dev.create_qp(&p.pd, &cq, &cq, QpInit::default()).unwrap();
+    qp.to_init(AccessFlags::ALL).unwrap();
+    qp.post_recv(1, &[p.mr.sge(0, 64)]).unwrap();
+    let mut bad = p.mr.sge(0, 64);
+    bad.len = 0x8000_0001; // over the 2^31 message limit: the daemon refuses the WQE
+    qp.post_recv(2, &[bad]).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let c = wait_cqe(&mut cq, Duration::from_secs(5)).unwrap().unwrap_or_else(|| panic!("after {got:?}"));
+        got.push((c.wr_id, c.status));
+    }
+    assert_eq!(got, [(1, WcStatus::WrFlushErr), (2, WcStatus::LocQpOpErr)]);
+}

@@ -234,9 +234,11 @@ struct CqSlot {
     broken: bool,
     /// The completion channel and the arm sequence answered last.
     event: Option<CqEvent>,
-    /// Completions of refused WQEs that found the ring full, delivered before the engine's (at most the ring's
-    /// capacity; see [`Appliance::poll_qp`]).
-    refusals: std::collections::VecDeque<abi::Cqe>,
+    /// Completions of refused WQEs that must wait (at most the ring's capacity; see [`Appliance::poll_qp`]), each
+    /// with the count of the engine's completions of this CQ that go before it ([`CqSlot::popped`] reaching it).
+    refusals: std::collections::VecDeque<(u64, abi::Cqe)>,
+    /// The engine's completions of this CQ taken so far (delivered or dropped).
+    popped: u64,
 }
 
 /// A CQ's completion channel, worker side (see [`super::client`] for the protocol).
@@ -343,6 +345,9 @@ struct QpSlot {
     recv_cq_cap: u32,
     /// A ring of this QP is corrupt: it is no longer read.
     broken: bool,
+    /// A send WQE the daemon refused, whose completion waits until every WR posted before it has completed
+    /// (the QP's rings are not read meanwhile).
+    refusal: Option<abi::Cqe>,
 }
 
 /// A worker's half: the sessions' objects on its engine.
@@ -608,6 +613,7 @@ impl Appliance {
                     broken: false,
                     event,
                     refusals: Default::default(),
+                    popped: 0,
                 });
                 self.cq_ids.insert(handle, cq);
                 Response::Cq { cq: handle }
@@ -652,6 +658,7 @@ impl Appliance {
                     send_cq_cap,
                     recv_cq_cap,
                     broken: false,
+                    refusal: None,
                 });
                 Response::Qp { qpn }
             }
@@ -858,6 +865,17 @@ impl Appliance {
         if q.broken {
             return false;
         }
+        if let Some(cqe) = q.refusal {
+            // A send queue's completions come in the order its WRs were posted. The WRs before the refused one
+            // complete first, as they would on a NIC (which refuses a bad WR at post time, or errors at it while
+            // executing in order); then its completion, and the QP goes to error (the rest are flushed).
+            if e.wq_lens(q.qpn).is_some_and(|(sq, _)| sq > 0) {
+                return false;
+            }
+            q.refusal = None;
+            self.refuse(e, i, cqe);
+            return true;
+        }
         // An idle QP costs a look at each ring's cached tail (a load of the client's tail only when the cache says
         // empty); the engine is asked for its queues' room only when a ring has something.
         let (sq_new, rq_new) = (q.region.sq.has_work(), q.region.rq.has_work());
@@ -896,13 +914,13 @@ impl Appliance {
                     match r {
                         Ok(()) => self.stats.wqes_posted += 1,
                         Err(_) => {
-                            failed = Some(refused(self.req.wr.wr_id, q.qpn, WcOpcode::Send, VENDOR_ENGINE_REFUSED));
+                            q.refusal = Some(refused(self.req.wr.wr_id, q.qpn, WcOpcode::Send, VENDOR_ENGINE_REFUSED));
                             break;
                         }
                     }
                 }
                 Err(WqError::Wqe { wr_id, error, .. }) => {
-                    failed = Some(abi::Cqe::refused(wr_id, q.qpn, WcOpcode::Send, &error));
+                    q.refusal = Some(abi::Cqe::refused(wr_id, q.qpn, WcOpcode::Send, &error));
                     break;
                 }
                 Err(_) => {
@@ -913,7 +931,7 @@ impl Appliance {
             }
         }
         q.region.sq.release();
-        let mut room = if rq_new && !rcq_full { q.rq_cap.saturating_sub(rq_len) } else { 0 };
+        let mut room = if rq_new && !rcq_full && q.refusal.is_none() { q.rq_cap.saturating_sub(rq_len) } else { 0 };
         while room > 0 && failed.is_none() {
             match q.region.rq.poll_into(&mut self.sges) {
                 Ok(None) => break,
@@ -936,42 +954,62 @@ impl Appliance {
         }
         q.region.rq.release();
         if let Some(cqe) = failed {
-            self.stats.wqes_refused += 1;
-            let cq = if cqe.opcode == abi::wc_opcode::RECV { q.recv_cq } else { q.send_cq };
-            let qpn = q.qpn;
-            // The refusal goes first, then the flush of everything the engine held. A full ring holds it back like
-            // the engine's completions (delivered first, as room comes), so the WR still completes; only beyond
-            // the CQ's own depth of held refusals (a client that posts past its CQ's depth and never polls: a CQ
-            // overrun in verbs) is one dropped and counted.
-            if let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) {
-                if slot.broken {
-                    self.stats.cqes_dropped += 1;
-                } else if !slot.refusals.is_empty() || slot.region.cq.push_publish(cqe).is_err() {
-                    if !Self::hold_refusal(slot, cqe, &mut self.stats) {
-                        self.stats.cqes_dropped += 1;
-                    }
-                } else {
-                    self.stats.cqes_delivered += 1;
-                    if let Some(ev) = slot.event.as_mut() {
-                        ev.after_publish(&slot.region.notify, 1, true, self.now, &mut self.stats);
-                        self.holding |= u32::from(ev.held.is_some());
-                        self.unserved |= u32::from(ev.fired_at.is_some());
-                    }
-                }
-            }
-            let _ = e.modify_qp(qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+            self.refuse(e, i, cqe);
+            moved = true;
+        } else if q.refusal.is_some() {
             moved = true;
         }
         moved
     }
 
-    /// Keeps a refused WQE's completion for [`deliver`](Self::deliver); false when the CQ already holds as many
-    /// as its ring's capacity.
-    fn hold_refusal(slot: &mut CqSlot, cqe: abi::Cqe, stats: &mut ApplianceStats) -> bool {
+    /// Completes a refused WQE of QP `i` with `cqe` and moves the QP to error. A send WQE's refusal comes here
+    /// once the WRs before it have completed ([`poll_qp`](Self::poll_qp)); a receive WQE's (or a corrupt ring's)
+    /// at once: the QP goes to error first, so the engine's flush of the receives posted before it comes before
+    /// it. Either way it follows every completion the engine already has for its CQ, so each queue's completions
+    /// stay in post order. A full ring (or completions of the engine still waiting for room) holds it back,
+    /// delivered in its place as room comes; only beyond the CQ's own depth of held refusals (a client that posts
+    /// past its CQ's depth and never polls: a CQ overrun in verbs) is one dropped and counted.
+    fn refuse(&mut self, e: &mut Engine, i: usize, cqe: abi::Cqe) {
+        self.stats.wqes_refused += 1;
+        let q = &self.qps[i];
+        let (qpn, recv) = (q.qpn, cqe.opcode == abi::wc_opcode::RECV);
+        let cq = if recv { q.recv_cq } else { q.send_cq };
+        let to_err = |e: &mut Engine| {
+            let _ = e.modify_qp(qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
+        };
+        if recv {
+            to_err(e);
+        }
+        if let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) {
+            let ahead = e.cq_len(cq);
+            if slot.broken {
+                self.stats.cqes_dropped += 1;
+            } else if ahead > 0 || !slot.refusals.is_empty() || slot.region.cq.push_publish(cqe).is_err() {
+                let at = slot.popped + ahead as u64;
+                if !Self::hold_refusal(slot, at, cqe, &mut self.stats) {
+                    self.stats.cqes_dropped += 1;
+                }
+            } else {
+                self.stats.cqes_delivered += 1;
+                if let Some(ev) = slot.event.as_mut() {
+                    ev.after_publish(&slot.region.notify, 1, true, self.now, &mut self.stats);
+                    self.holding |= u32::from(ev.held.is_some());
+                    self.unserved |= u32::from(ev.fired_at.is_some());
+                }
+            }
+        }
+        if !recv {
+            to_err(e);
+        }
+    }
+
+    /// Keeps a refused WQE's completion for [`deliver`](Self::deliver), to go after the CQ's `at`-th engine
+    /// completion; false when the CQ already holds as many as its ring's capacity.
+    fn hold_refusal(slot: &mut CqSlot, at: u64, cqe: abi::Cqe, stats: &mut ApplianceStats) -> bool {
         if slot.refusals.len() >= slot.region.header.sq.capacity as usize {
             return false;
         }
-        slot.refusals.push_back(cqe);
+        slot.refusals.push_back((at, cqe));
         stats.cqes_held += 1;
         true
     }
@@ -988,15 +1026,6 @@ impl Appliance {
             }
             let mut pushed = 0u32;
             let mut qualifies = false;
-            // Held refusals first (they came before the flush the engine made when their QP went to error).
-            while !s.broken && !s.refusals.is_empty() && s.region.cq.reserve().is_ok() {
-                let c = s.refusals.pop_front().expect("not empty");
-                let _ = s.region.cq.push(c);
-                moved = true;
-                pushed += 1;
-                qualifies = true; // a failed completion answers a solicited-only arm too
-                self.stats.cqes_delivered += 1;
-            }
             loop {
                 if !s.broken {
                     match s.region.cq.reserve() {
@@ -1005,7 +1034,24 @@ impl Appliance {
                         Err(_) => s.broken = true,
                     }
                 }
+                // A held refusal goes in its place among the engine's completions (or when the engine has none
+                // left: nothing it had when the refusal was held can still come).
+                let due = s.refusals.front().is_some_and(|&(at, _)| at <= s.popped || e.cq_len(id) == 0);
+                if due {
+                    let (_, c) = s.refusals.pop_front().expect("a due refusal");
+                    moved = true;
+                    if s.broken {
+                        self.stats.cqes_dropped += 1;
+                        continue;
+                    }
+                    let _ = s.region.cq.push(c);
+                    pushed += 1;
+                    qualifies = true; // a failed completion answers a solicited-only arm too
+                    self.stats.cqes_delivered += 1;
+                    continue;
+                }
                 let Some(c) = e.poll_cq_one(id) else { break };
+                s.popped += 1;
                 moved = true;
                 if s.broken {
                     self.stats.cqes_dropped += 1;
