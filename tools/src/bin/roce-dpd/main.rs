@@ -406,6 +406,8 @@ fn serve_worker(
                         ("ierrors", p.ierrors),
                         ("oerrors", p.oerrors),
                         ("rx_nombuf", p.rx_nombuf),
+                        // Bursts the memif guard cut short (the peer's disconnect unmapped the rings under them).
+                        ("guard_faults", dpdk::guard_faults()),
                     ] {
                         v.push(StatRecord { scope: "port".into(), id: u32::from(id), name: k.into(), value: val });
                     }
