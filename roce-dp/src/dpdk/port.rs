@@ -850,9 +850,10 @@ mod guard_tests {
     }
 
     /// The test burst under the guard: `stored` fake mbufs written, then a read of the fault address.
-    fn guarded(stored: u16, rx: bool, pkts: &mut [*mut dpdk_sys::rte_mbuf; 8]) -> (u16, i32) {
+    fn guarded<const N: usize>(stored: u16, rx: bool, pkts: &mut [*mut dpdk_sys::rte_mbuf; N]) -> (u16, i32) {
         let mut faulted = 0;
-        // SAFETY: the test burst writes at most `stored` (<= 8) slots of `pkts` and reads the address set by
+        assert!(usize::from(stored) <= N);
+        // SAFETY: the test burst writes at most `stored` (<= N) slots of `pkts` and reads the address set by
         // rdp_burst_guard_test_set_fault_ (a PROT_NONE page, or a readable byte).
         let n = unsafe {
             dpdk_sys::rdp_burst_guarded(
@@ -860,7 +861,7 @@ mod guard_tests {
                 0,
                 stored,
                 pkts.as_mut_ptr(),
-                8,
+                N as u16,
                 i32::from(rx),
                 &mut faulted,
             )
@@ -921,6 +922,12 @@ mod guard_tests {
         // rx: the three mbufs stored before the fault are returned, the slots after them cleared.
         assert_eq!(guarded(3, true, &mut pkts), (3, 1));
         assert_eq!(pkts.map(|p| p as usize), [0x1000, 0x1001, 0x1002, 0, 0, 0, 0, 0]);
+        // A full burst (BURST slots: cleared by the shim's inlined stores, not a memset call) whose slots hold stale
+        // pointers from an earlier burst: only the mbufs stored before the fault come back, the rest are cleared.
+        let mut full = [0xdead_usize as *mut dpdk_sys::rte_mbuf; crate::dpdk::BURST];
+        assert_eq!(guarded(4, true, &mut full), (4, 1));
+        assert_eq!(full[..5].iter().map(|p| *p as usize).collect::<Vec<_>>(), [0x1000, 0x1001, 0x1002, 0x1003, 0]);
+        assert!(full[4..].iter().all(|p| p.is_null()));
         // tx: every packet counts as taken. A second fault is caught too (SIGSEGV was unblocked after the first).
         assert_eq!(guarded(2, false, &mut pkts), (8, 1));
         assert_eq!(guarded(0, true, &mut pkts), (0, 1));

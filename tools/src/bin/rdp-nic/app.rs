@@ -216,6 +216,8 @@ struct ReqQp {
     counter: u64,
     /// Atomics: the counter value before the next WR to post (WRs execute in order).
     post_counter: u64,
+    /// The slot of the next WR to post (`posted % slots`, kept by wrapping: no division per WR).
+    slot: u64,
 }
 
 /// The requester side: posts up to depth WRs per QP and checks every completion.
@@ -238,7 +240,7 @@ impl Requester {
         let qps = locals
             .iter()
             .zip(remotes)
-            .map(|(l, r)| ReqQp { l: *l, r: *r, posted: 0, done: 0, counter: 0, post_counter: 0 })
+            .map(|(l, r)| ReqQp { l: *l, r: *r, posted: 0, done: 0, counter: 0, post_counter: 0, slot: 0 })
             .collect();
         let pingpong = p.qps == 1 && p.depth == 1;
         let rtts = Vec::with_capacity(if pingpong { p.iters.min(1 << 24) as usize } else { 0 });
@@ -304,7 +306,7 @@ impl Requester {
         let qi = qi as u32;
         while q.posted < self.p.iters && q.posted - q.done < u64::from(self.p.depth) && self.failure.is_none() {
             let k = q.posted;
-            let slot = k % slots;
+            let slot = q.slot;
             let local = q.l.va + slot * size;
             let (opcode, remote) = match self.p.op {
                 Op::Send => (WrOpcode::Send, 0),
@@ -341,6 +343,7 @@ impl Requester {
                 break;
             }
             q.posted += 1;
+            q.slot = if slot + 1 == slots { 0 } else { slot + 1 };
         }
     }
 }
@@ -354,17 +357,21 @@ fn check(p: &Params, e: &Engine, qi: u32, q: &mut ReqQp, c: &Cqe, verified: &mut
     }
     let k = c.wr_id;
     let size = p.msg_size();
-    let base = ((k % p.slots()) * size) as usize;
-    let mem = e.mr_bytes(q.l.mr.lkey).expect("own MR");
+    // The slot's bytes only where they are checked (a WRITE or SEND completion has nothing to read back).
+    let slot_bytes = || {
+        let base = ((k % p.slots()) * size) as usize;
+        let mem = e.mr_bytes(q.l.mr.lkey).expect("own MR");
+        &mem[base..base + size as usize]
+    };
     match p.op {
         Op::Read if p.verify => {
-            if let Some(i) = verify(qi, k % p.slots(), &mem[base..base + size as usize]) {
+            if let Some(i) = verify(qi, k % p.slots(), slot_bytes()) {
                 return Err(format!("QP {:#x} READ {k}: byte {i} differs", q.l.qpn));
             }
             *verified += size;
         }
         Op::Atomic => {
-            let got = u64::from_le_bytes(mem[base..base + 8].try_into().expect("8"));
+            let got = u64::from_le_bytes(slot_bytes()[..8].try_into().expect("8"));
             if got != q.counter {
                 return Err(format!("QP {:#x} atomic {k}: returned {got}, expected {}", q.l.qpn, q.counter));
             }
@@ -390,7 +397,8 @@ pub(crate) fn next_counter(v: u64, k: u64) -> u64 {
 /// reposts; for READ it fills its slots first; for atomics it checks the counter at the end.
 pub(crate) struct Responder {
     p: Params,
-    qps: Vec<(Local, u64)>,
+    /// Per QP: the QP, its completed receives and the slot of the next one (`done % slots`, kept by wrapping).
+    qps: Vec<(Local, u64, u64)>,
     pub(crate) verified_bytes: u64,
     pub(crate) failure: Option<String>,
     cqes: [Cqe; 32],
@@ -400,14 +408,14 @@ impl Responder {
     pub(crate) fn new(p: Params, locals: &[Local], e: &mut Engine) -> Result<Self, String> {
         let r = Self {
             p,
-            qps: locals.iter().map(|l| (*l, 0)).collect(),
+            qps: locals.iter().map(|l| (*l, 0, 0)).collect(),
             verified_bytes: 0,
             failure: None,
             cqes: [NO_CQE; 32],
         };
         let size = p.msg_size();
         let slots = p.slots();
-        for (qi, (l, _)) in r.qps.iter().enumerate() {
+        for (qi, (l, _, _)) in r.qps.iter().enumerate() {
             match p.op {
                 Op::Read => {
                     let mem = e.mr_bytes_mut(l.mr.lkey).expect("own MR");
@@ -417,7 +425,7 @@ impl Responder {
                 }
                 Op::Send | Op::Write => {
                     for k in 0..slots {
-                        post_recv(e, &p, l, k)?;
+                        post_recv(e, &p, l, k, k)?;
                     }
                 }
                 Op::Atomic => {}
@@ -430,14 +438,14 @@ impl Responder {
     pub(crate) fn finished(&self) -> bool {
         self.failure.is_some()
             || !matches!(self.p.op, Op::Send | Op::Write)
-            || self.qps.iter().all(|(_, done)| *done == self.p.iters)
+            || self.qps.iter().all(|(_, done, _)| *done == self.p.iters)
     }
 
     pub(crate) fn step(&mut self, e: &mut Engine) -> bool {
         let mut busy = false;
         let size = self.p.msg_size();
         let slots = self.p.slots();
-        for (qi, (l, done)) in self.qps.iter_mut().enumerate() {
+        for (qi, (l, done, slot)) in self.qps.iter_mut().enumerate() {
             loop {
                 let n = e.poll_cq(l.cq, &mut self.cqes);
                 if n == 0 {
@@ -466,7 +474,7 @@ impl Responder {
                             return Ok(());
                         }
                         let mem = e.mr_bytes(l.mr.lkey).expect("own MR");
-                        let base = ((k % slots) * size) as usize;
+                        let base = (*slot * size) as usize;
                         if let Some(i) = verify(qi as u32, k, &mem[base..base + size as usize]) {
                             return Err(format!("QP {:#x} {} {k}: byte {i} differs", l.qpn, self.p.op.name()));
                         }
@@ -478,12 +486,14 @@ impl Responder {
                                 self.verified_bytes += size;
                             }
                             *done += 1;
+                            // Message k + slots lands in k's slot.
                             let next = k + slots;
                             if next < self.p.iters {
-                                if let Err(err) = post_recv(e, &self.p, l, next) {
+                                if let Err(err) = post_recv(e, &self.p, l, next, *slot) {
                                     self.failure.get_or_insert(err);
                                 }
                             }
+                            *slot = if *slot + 1 == slots { 0 } else { *slot + 1 };
                         }
                         Err(err) => {
                             self.failure.get_or_insert(err);
@@ -501,7 +511,7 @@ impl Responder {
             return;
         }
         let want = (0..self.p.iters).fold(0, next_counter);
-        for (l, _) in &self.qps {
+        for (l, _, _) in &self.qps {
             let mem = e.mr_bytes(l.mr.lkey).expect("own MR");
             let v = u64::from_le_bytes(mem[..8].try_into().expect("8"));
             if v != want {
@@ -523,9 +533,10 @@ pub(crate) fn rtt_summary(ns: &[u64], warmup: usize) -> Option<(f64, f64, f64)> 
     Some((avg, v[v.len() / 2] as f64 / 1000.0, v[v.len() / 10] as f64 / 1000.0))
 }
 
-fn post_recv(e: &mut Engine, p: &Params, l: &Local, k: u64) -> Result<(), String> {
+/// Post receive `k` (its wr_id) into slot `slot` (`k % slots`, which callers keep without a division).
+fn post_recv(e: &mut Engine, p: &Params, l: &Local, k: u64, slot: u64) -> Result<(), String> {
     let size = p.msg_size();
-    let sge = Sge { addr: l.va + (k % p.slots()) * size, len: size as u32, lkey: l.mr.lkey };
+    let sge = Sge { addr: l.va + slot * size, len: size as u32, lkey: l.mr.lkey };
     e.post_recv(l.qpn, k, &[sge]).map_err(|err| format!("post_recv QP {:#x}: {err}", l.qpn))
 }
 
