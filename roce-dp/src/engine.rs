@@ -747,11 +747,11 @@ impl Engine {
             self.stats.rx_drop_wrong_transport += 1;
             return;
         }
-        let Some(i) = self.qp_index(bth.dest_qp) else {
+        // One lookup for the whole frame (the QP table is borrowed alone, beside the heap and the ready queue).
+        let Some((i, qp)) = qp_slot(&mut self.qps, self.cfg.qpn_base, bth.dest_qp) else {
             self.stats.rx_drop_unknown_qp += 1;
             return;
         };
-        let qp = self.qps[i as usize].as_deref_mut().expect("checked");
         if matches!(qp.state, QpState::Reset | QpState::Init) {
             self.stats.rx_drop_bad_state += 1;
             return;
@@ -775,7 +775,12 @@ impl Engine {
         } else {
             qp.handle_response(&mut ctx, f);
         }
-        self.sync_qp(i);
+        // sync_qp without looking the QP up again.
+        sync_timers_of(&mut self.heap, qp, i);
+        if !qp.in_ready && has_tx_work(qp) {
+            qp.in_ready = true;
+            self.ready.push_back(i);
+        }
         self.prune_timers();
     }
 
@@ -916,7 +921,7 @@ impl Engine {
                     qp.cnt.tx_bytes += n as u64;
                     self.stats.tx_frames += 1;
                     self.stats.tx_bytes += n as u64;
-                    self.requeue_front(i);
+                    requeue(&mut self.ready, &mut self.heap, qp, i);
                     return Some(n);
                 }
                 Err(_) => {
@@ -1054,17 +1059,11 @@ impl Engine {
     /// the queue if it has nothing more to send, goes to the back if other QPs wait, or stays at the front.
     #[inline(always)]
     fn requeue_front(&mut self, i: u32) {
-        let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else {
-            self.ready.pop_front();
-            return;
-        };
-        sync_timers_of(&mut self.heap, qp, i);
-        if !has_tx_work(qp) {
-            qp.in_ready = false;
-            self.ready.pop_front();
-        } else if self.ready.len() > 1 {
-            self.ready.pop_front();
-            self.ready.push_back(i);
+        match self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) {
+            Some(qp) => requeue(&mut self.ready, &mut self.heap, qp, i),
+            None => {
+                self.ready.pop_front();
+            }
         }
     }
 
@@ -1085,6 +1084,26 @@ impl Engine {
         let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
         sync_timers_of(&mut self.heap, qp, i);
     }
+}
+
+/// [`Engine::requeue_front`] of QP `qp` (index `i`, at the front of `ready`).
+#[inline(always)]
+fn requeue(ready: &mut VecDeque<u32>, heap: &mut BinaryHeap<Reverse<(Instant, u32, u8)>>, qp: &mut Qp, i: u32) {
+    sync_timers_of(heap, qp, i);
+    if !has_tx_work(qp) {
+        qp.in_ready = false;
+        ready.pop_front();
+    } else if ready.len() > 1 {
+        ready.pop_front();
+        ready.push_back(i);
+    }
+}
+
+/// QP `qpn`'s index and the QP, if it exists (a lookup that borrows only the QP table).
+#[inline(always)]
+fn qp_slot(qps: &mut [Option<Box<Qp>>], base: u32, qpn: u32) -> Option<(u32, &mut Qp)> {
+    let i = qpn.checked_sub(base)?;
+    Some((i, qps.get_mut(i as usize)?.as_deref_mut()?))
 }
 
 /// True if QP `qp` has a frame that may leave now: a CNP, an ACK-type response, READ response data or a request
