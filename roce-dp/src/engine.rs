@@ -749,11 +749,11 @@ impl Engine {
             self.stats.rx_drop_wrong_transport += 1;
             return;
         }
-        let Some(i) = self.qp_index(bth.dest_qp) else {
+        // One lookup for the whole frame (the QP table is borrowed alone, beside the heap and the ready queue).
+        let Some((i, qp)) = qp_slot(&mut self.qps, self.cfg.qpn_base, bth.dest_qp) else {
             self.stats.rx_drop_unknown_qp += 1;
             return;
         };
-        let qp = self.qps[i as usize].as_deref_mut().expect("checked");
         if matches!(qp.state, QpState::Reset | QpState::Init) {
             self.stats.rx_drop_bad_state += 1;
             return;
@@ -777,7 +777,12 @@ impl Engine {
         } else {
             qp.handle_response(&mut ctx, f);
         }
-        self.sync_qp(i);
+        // sync_qp without looking the QP up again.
+        sync_timers_of(&mut self.heap, qp, i);
+        if !qp.in_ready && has_tx_work(qp) {
+            qp.in_ready = true;
+            self.ready.push_back(i);
+        }
         self.prune_timers();
     }
 
@@ -830,12 +835,17 @@ impl Engine {
     /// Writes the next frame into `buf` and returns its length, or None if nothing is ready to send. `buf` must
     /// hold the QP's path MTU plus [`MAX_HEADER_BYTES`].
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        while let Some(i) = self.ready.pop_front() {
-            let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { continue };
-            qp.in_ready = false;
+        // The QP at the front stays there (`in_ready`) while it is served; `requeue_front` then takes it out, moves
+        // it to the back behind other ready QPs (round robin), or leaves it when it is the only one (no pop and
+        // push per frame). A blocked QP leaves the queue until an input wakes it (`unqueue_front`).
+        while let Some(&i) = self.ready.front() {
+            let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else {
+                self.ready.pop_front();
+                continue;
+            };
             if buf.len() < qp.mtu as usize + MAX_HEADER_BYTES {
                 self.stats.tx_buffer_too_small += 1;
-                self.sync_qp(i);
+                self.requeue_front(i);
                 return None;
             }
             if qp.np.pending() {
@@ -855,7 +865,7 @@ impl Engine {
                     qp.timers.set(TimerKind::Pace, pace_at);
                     // Blocked: the QP leaves the ready queue until an input (a response, a post, a timer) wakes
                     // it. Re-queueing it here would spin.
-                    self.sync_timers(i);
+                    self.unqueue_front(i);
                     continue;
                 }
                 None => match qp.next_request(&mut ctx) {
@@ -866,12 +876,12 @@ impl Engine {
                         // a local protection error is fatal to the QP).
                         let bad = qp.req_cur;
                         qp.fail_local(&mut ctx, bad, st);
-                        self.sync_timers(i);
+                        self.unqueue_front(i);
                         continue;
                     }
                     // Blocked (window, max_rd_atomic, fence, RNR) or empty: as above.
                     ReqOutcome::Idle => {
-                        self.sync_timers(i);
+                        self.unqueue_front(i);
                         continue;
                     }
                 },
@@ -907,18 +917,18 @@ impl Engine {
                     qp.sync_cc(now);
                 }
             }
-            self.sync_qp(i);
             match res {
                 Ok(n) => {
-                    let qp = self.qps[i as usize].as_deref_mut().expect("present");
                     qp.cnt.tx_packets += 1;
                     qp.cnt.tx_bytes += n as u64;
                     self.stats.tx_frames += 1;
                     self.stats.tx_bytes += n as u64;
+                    requeue(&mut self.ready, &mut self.heap, qp, i);
                     return Some(n);
                 }
                 Err(_) => {
                     self.stats.tx_emit_errors += 1;
+                    self.requeue_front(i);
                     continue;
                 }
             }
@@ -931,7 +941,7 @@ impl Engine {
         self.ip_ident = self.ip_ident.wrapping_add(1);
         repr.ip.ident = self.ip_ident;
         let res = wire::emit_frame(buf, &repr, 0, |_| {});
-        self.sync_qp(i);
+        self.requeue_front(i);
         let Ok(n) = res else {
             self.stats.tx_emit_errors += 1;
             return None;
@@ -1041,17 +1051,32 @@ impl Engine {
     #[inline(always)]
     fn mark_ready(&mut self, i: u32) {
         let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
-        if qp.in_ready {
-            return;
-        }
-        // While the pacer holds the QP (Pace armed) only ACK-type responses and CNPs may leave.
-        let paced = qp.timers.armed & (1 << TimerKind::Pace as u8) != 0;
-        let has_work = qp.np.pending()
-            || qp.response_ready(paced)
-            || (!paced && qp.requester_has_work() && qp.rnr_until.is_none());
-        if has_work {
+        if !qp.in_ready && has_tx_work(qp) {
             qp.in_ready = true;
             self.ready.push_back(i);
+        }
+    }
+
+    /// After `poll_transmit` served QP `i` at the front of the ready queue: its timers go to the heap, and it leaves
+    /// the queue if it has nothing more to send, goes to the back if other QPs wait, or stays at the front.
+    #[inline(always)]
+    fn requeue_front(&mut self, i: u32) {
+        match self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) {
+            Some(qp) => requeue(&mut self.ready, &mut self.heap, qp, i),
+            None => {
+                self.ready.pop_front();
+            }
+        }
+    }
+
+    /// `poll_transmit` found QP `i` (at the front of the ready queue) blocked or failed: it leaves the queue until an
+    /// input wakes it, its timers go to the heap.
+    #[inline(always)]
+    fn unqueue_front(&mut self, i: u32) {
+        self.ready.pop_front();
+        if let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) {
+            qp.in_ready = false;
+            sync_timers_of(&mut self.heap, qp, i);
         }
     }
 
@@ -1059,19 +1084,53 @@ impl Engine {
     #[inline(always)]
     fn sync_timers(&mut self, i: u32) {
         let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
-        let mut armed = qp.timers.armed;
-        while armed != 0 {
-            let k = armed.trailing_zeros() as usize;
-            armed &= armed - 1;
-            if let Some(d) = qp.timers.deadline[k] {
-                let push = match qp.timers.queued[k] {
-                    None => true,
-                    Some(q) => d < q,
-                };
-                if push {
-                    qp.timers.queued[k] = Some(d);
-                    queue_timer(&mut self.heap, d, i, k as u8);
-                }
+        sync_timers_of(&mut self.heap, qp, i);
+    }
+}
+
+/// [`Engine::requeue_front`] of QP `qp` (index `i`, at the front of `ready`).
+#[inline(always)]
+fn requeue(ready: &mut VecDeque<u32>, heap: &mut BinaryHeap<Reverse<(Instant, u32, u8)>>, qp: &mut Qp, i: u32) {
+    sync_timers_of(heap, qp, i);
+    if !has_tx_work(qp) {
+        qp.in_ready = false;
+        ready.pop_front();
+    } else if ready.len() > 1 {
+        ready.pop_front();
+        ready.push_back(i);
+    }
+}
+
+/// QP `qpn`'s index and the QP, if it exists (a lookup that borrows only the QP table).
+#[inline(always)]
+fn qp_slot(qps: &mut [Option<Box<Qp>>], base: u32, qpn: u32) -> Option<(u32, &mut Qp)> {
+    let i = qpn.checked_sub(base)?;
+    Some((i, qps.get_mut(i as usize)?.as_deref_mut()?))
+}
+
+/// True if QP `qp` has a frame that may leave now: a CNP, an ACK-type response, READ response data or a request
+/// (while the pacer holds the QP, Pace armed, only ACK-type responses and CNPs may leave).
+#[inline(always)]
+fn has_tx_work(qp: &Qp) -> bool {
+    let paced = qp.timers.armed & (1 << TimerKind::Pace as u8) != 0;
+    qp.np.pending() || qp.response_ready(paced) || (!paced && qp.requester_has_work() && qp.rnr_until.is_none())
+}
+
+/// Mirrors the armed timers of QP `qp` (index `i`) into the heap (at most one live entry per kind).
+#[inline(always)]
+fn sync_timers_of(heap: &mut BinaryHeap<Reverse<(Instant, u32, u8)>>, qp: &mut Qp, i: u32) {
+    let mut armed = qp.timers.armed;
+    while armed != 0 {
+        let k = armed.trailing_zeros() as usize;
+        armed &= armed - 1;
+        if let Some(d) = qp.timers.deadline[k] {
+            let push = match qp.timers.queued[k] {
+                None => true,
+                Some(q) => d < q,
+            };
+            if push {
+                qp.timers.queued[k] = Some(d);
+                queue_timer(heap, d, i, k as u8);
             }
         }
     }

@@ -283,7 +283,7 @@ impl MrTable {
     }
 
     /// Copies `dst.len()` bytes out of the region at `va` (local or remote read).
-    #[inline]
+    #[inline(always)]
     pub fn read(&self, key: u32, pd: Pd, va: u64, dst: &mut [u8], need: AccessFlags) -> Result<(), AccessError> {
         let mr = self.lookup(key)?;
         let off = check_start(mr, pd, va, need)?;

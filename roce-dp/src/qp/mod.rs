@@ -747,10 +747,12 @@ impl Qp {
         u64::from(psn.distance_from(wqe.first_psn)) * u64::from(self.mtu)
     }
 
-    /// Packets a message of `len` bytes takes at this MTU (at least one).
+    /// Packets a message of `len` bytes (at most [`MAX_MSG_LEN`]) takes at this MTU (at least one). The path MTU is
+    /// a power of two ([`PATH_MTUS`]): a shift, not a division (a `div` per message on the transmit path).
     #[inline]
     pub(crate) fn npkts(&self, len: u64) -> u32 {
-        (len.div_ceil(u64::from(self.mtu))).max(1) as u32
+        debug_assert!(self.mtu.is_power_of_two());
+        ((len + u64::from(self.mtu) - 1) >> self.mtu.trailing_zeros()).max(1) as u32
     }
 }
 

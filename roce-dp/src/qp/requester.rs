@@ -17,8 +17,32 @@ pub(crate) enum ReqOutcome {
     Idle,
 }
 
-/// The request opcode for a packet of a SEND/WRITE message (IBA opcode sequencing, rxe `next_opcode_rc`).
+/// The request opcode for a packet of a SEND/WRITE message (IBA opcode sequencing, rxe `next_opcode_rc`): one
+/// load from [`SEND_WRITE_OPCODES`] (the match below compiled to a chain of compares per packet).
+#[inline(always)]
 pub(crate) fn send_write_opcode(op: WrOpcode, first: bool, last: bool) -> Opcode {
+    SEND_WRITE_OPCODES[op as usize][usize::from(first)][usize::from(last)]
+}
+
+/// [`send_write_opcode`] for every work request opcode, first and last flag.
+static SEND_WRITE_OPCODES: [[[Opcode; 2]; 2]; 8] = {
+    use WrOpcode::*;
+    let ops = [Send, SendWithImm, SendWithInv, RdmaWrite, RdmaWriteWithImm, RdmaRead, AtomicCmpSwp, AtomicFetchAdd];
+    let mut t = [[[Opcode(0); 2]; 2]; 8];
+    let mut i = 0;
+    while i < ops.len() {
+        assert!(ops[i] as usize == i);
+        t[i] = [
+            [opcode_by_sequence(ops[i], false, false), opcode_by_sequence(ops[i], false, true)],
+            [opcode_by_sequence(ops[i], true, false), opcode_by_sequence(ops[i], true, true)],
+        ];
+        i += 1;
+    }
+    t
+};
+
+/// The opcode sequencing rule behind [`SEND_WRITE_OPCODES`].
+const fn opcode_by_sequence(op: WrOpcode, first: bool, last: bool) -> Opcode {
     match (op, first, last) {
         (WrOpcode::Send, true, true) => Opcode::RC_SEND_ONLY,
         (WrOpcode::SendWithImm, true, true) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
@@ -95,9 +119,15 @@ impl Qp {
         }
         let pd = self.pd;
         let sges = self.sq_sgl(idx, wqe.num_sge);
-        let r = for_each_sge_chunk(sges, off, dst.len(), |lkey, addr, range| {
-            mrs.read(lkey, pd, addr, &mut dst[range], AccessFlags::NONE)
-        });
+        let r = match sges {
+            // One SGE holding the whole piece (the common case): the read, without the chunk walk.
+            [s] if off + dst.len() as u64 <= u64::from(s.len) => {
+                mrs.read(s.lkey, pd, s.addr + off, dst, AccessFlags::NONE)
+            }
+            _ => for_each_sge_chunk(sges, off, dst.len(), |lkey, addr, range| {
+                mrs.read(lkey, pd, addr, &mut dst[range], AccessFlags::NONE)
+            }),
+        };
         if r.is_err() {
             dst.fill(0);
             return false;

@@ -466,6 +466,7 @@ impl Qp {
 
     /// The ACK-coalescing policy: an AckReq'd packet makes an ACK due; it is sent at once, or held until
     /// `ack_coalesce_pkts` AckReq'd packets have accumulated or `ack_coalesce_delay` has passed since the first.
+    #[inline(always)]
     fn ack_if_requested(&mut self, ctx: &mut Ctx<'_>, bth: &BthRepr) {
         // A packet whose execution moved the QP to the error state (its receive completion overflowed the CQ) is
         // not acknowledged: the requester must not see a success for a message whose completion was lost.
@@ -473,15 +474,27 @@ impl Qp {
             return;
         }
         let pol = &ctx.cfg.ack;
-        let n = match self.pending_ack {
-            Some((_, n, _)) => n + 1,
-            None if pol.max_pkts <= 1 || pol.max_delay.as_nanos() == 0 => {
-                // ACK at once with nothing held (the default policy): what holding and flushing it would do, without
-                // the round trip through `pending_ack` (no AckCoalesce timer is armed while nothing is held).
-                self.cnt.acks_sent += 1;
-                self.push_ack(RespOut::Ack { psn: bth.psn, syndrome: AethRepr::ACK_UNLIMITED, msn: self.msn });
+        if self.pending_ack.is_none() && (pol.max_pkts <= 1 || pol.max_delay.as_nanos() == 0) {
+            // ACK at once with nothing held (the default policy): what holding and flushing it would do, without
+            // the round trip through `pending_ack` (no AckCoalesce timer is armed while nothing is held). Inline
+            // in the receive path; a plain ACK at the tail of the queue is overwritten in place (push_ack).
+            self.cnt.acks_sent += 1;
+            if let Some(RespOut::Ack { psn, syndrome: AethRepr::ACK_UNLIMITED, msn }) = self.out.back_mut() {
+                (*psn, *msn) = (bth.psn, self.msn);
                 return;
             }
+            self.push_ack(RespOut::Ack { psn: bth.psn, syndrome: AethRepr::ACK_UNLIMITED, msn: self.msn });
+            return;
+        }
+        self.hold_ack(ctx, bth);
+    }
+
+    /// [`ack_if_requested`](Self::ack_if_requested) under a coalescing policy, or with an ACK already held.
+    #[inline(never)]
+    fn hold_ack(&mut self, ctx: &mut Ctx<'_>, bth: &BthRepr) {
+        let pol = &ctx.cfg.ack;
+        let n = match self.pending_ack {
+            Some((_, n, _)) => n + 1,
             None => 1,
         };
         self.pending_ack = Some((bth.psn, n, self.msn));

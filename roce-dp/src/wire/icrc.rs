@@ -124,36 +124,70 @@ pub fn compute(pkt: &[u8]) -> Result<u32, Error> {
     let fix = match pkt.first() {
         Some(0x45) => {
             let h: &[u8; V4_HEAD] = pkt.first_chunk().ok_or(Error::Truncated)?;
-            let d = |i: usize| !h[V4_AT[i]];
-            (u32::from(!h[ipv4::field::DSCP_ECN]) << 8)
-                ^ unshift::<0>(d(0))
-                ^ unshift::<1>(d(1))
-                ^ unshift::<2>(d(2))
-                ^ unshift::<3>(d(3))
-                ^ unshift::<4>(d(4))
-                ^ unshift::<5>(d(5))
+            let at = |i: usize| h[V4_AT[i]];
+            v4_fix(h[ipv4::field::DSCP_ECN], at(0), [at(1), at(2)], [at(3), at(4)], at(5))
         }
         Some(b) if b >> 4 == 6 => {
             let h: &[u8; V6_HEAD] = pkt.first_chunk().ok_or(Error::Truncated)?;
-            let d = |i: usize| !h[V6_AT[i]];
-            // Version (kept), traffic class and flow label (masked): the first four bytes XOR into the register.
-            (!u32::from_le_bytes([h[0], h[1], h[2], h[3]]) & 0xffff_ff0f)
-                ^ unshift::<6>(d(0))
-                ^ unshift::<7>(d(1))
-                ^ unshift::<8>(d(2))
-                ^ unshift::<9>(d(3))
+            let at = |i: usize| h[V6_AT[i]];
+            v6_fix([h[0], h[1], h[2], h[3]], at(0), [at(1), at(2)], at(3))
         }
-        _ => {
-            // IPv4 with options, or not a RoCE IP packet (`update_headers` returns the error).
-            let mut c = Icrc::new();
-            let n = c.update_headers(pkt)?;
-            c.update(&pkt[n..]);
-            return Ok(c.finish());
-        }
+        _ => return compute_masked(pkt),
     };
+    Ok(compute_with_fix(pkt, fix))
+}
+
+/// [`compute`] for IPv4 with options, or anything that is not a RoCE IP packet (`update_headers` returns the
+/// error): the two-call path of [`Icrc`]. Out of line, so the common path saves no registers for it.
+#[cold]
+#[inline(never)]
+fn compute_masked(pkt: &[u8]) -> Result<u32, Error> {
+    let mut c = Icrc::new();
+    let n = c.update_headers(pkt)?;
+    c.update(&pkt[n..]);
+    Ok(c.finish())
+}
+
+/// The ICRC of `pkt` (IP header to the end of the pad) whose masked fields give the initial-register correction
+/// `fix` ([`v4_fix`], [`v6_fix`]): one CRC pass where the packet lies. A sender that wrote the masked fields
+/// itself knows them without reading them back (the header template: [`v4_fix`] of its own values).
+#[inline]
+pub fn compute_with_fix(pkt: &[u8], fix: u32) -> u32 {
     let mut c = Hasher::new_with_initial(LRH_SEED ^ fix);
     c.update(pkt);
-    Ok(c.finalize())
+    c.finalize()
+}
+
+/// The correction of the initial CRC register for an IPv4 packet without options whose masked fields hold these
+/// values: TOS (DSCP and ECN), TTL, header checksum, UDP checksum and BTH byte 4 (FECN, BECN), each as on the
+/// wire. Linear in each field: a sender can XOR the shares of the fields it knows in advance once, and add the
+/// per-packet ones (the header checksum) with [`v4_checksum_fix`].
+#[inline(always)]
+pub fn v4_fix(tos: u8, ttl: u8, checksum: [u8; 2], udp_checksum: [u8; 2], bth_b4: u8) -> u32 {
+    (u32::from(!tos) << 8)
+        ^ unshift::<0>(!ttl)
+        ^ v4_checksum_fix(checksum)
+        ^ unshift::<3>(!udp_checksum[0])
+        ^ unshift::<4>(!udp_checksum[1])
+        ^ unshift::<5>(!bth_b4)
+}
+
+/// The IPv4 header checksum's share of [`v4_fix`].
+#[inline(always)]
+pub fn v4_checksum_fix(checksum: [u8; 2]) -> u32 {
+    unshift::<1>(!checksum[0]) ^ unshift::<2>(!checksum[1])
+}
+
+/// [`v4_fix`] for IPv6: the first four bytes (version kept; traffic class and flow label masked), the hop limit,
+/// the UDP checksum and BTH byte 4.
+#[inline(always)]
+pub fn v6_fix(first4: [u8; 4], hop_limit: u8, udp_checksum: [u8; 2], bth_b4: u8) -> u32 {
+    // The first four bytes XOR into the register.
+    (!u32::from_le_bytes(first4) & 0xffff_ff0f)
+        ^ unshift::<6>(!hop_limit)
+        ^ unshift::<7>(!udp_checksum[0])
+        ^ unshift::<8>(!udp_checksum[1])
+        ^ unshift::<9>(!bth_b4)
 }
 
 /// IPv4 (no options) + UDP + BTH: the bytes [`compute`] reads the masked fields from.

@@ -25,6 +25,10 @@ pub struct HeaderTemplate {
     csum_partial: u32,
     /// The ICRC of the flow's ACKs by table (None if the template could not be built).
     ack_icrc: Option<icrc::AckIcrc>,
+    /// The ICRC's initial-register correction for the fields it masks that the template fixes (IPv4: TOS, TTL,
+    /// UDP checksum, BTH byte 4 without FECN/BECN; IPv6: all of them): the transmit path adds the IPv4 header
+    /// checksum's share from the value it computed ([`icrc::compute_with_fix`]) instead of reading the fields back.
+    icrc_fix: u32,
 }
 
 impl HeaderTemplate {
@@ -56,7 +60,15 @@ impl HeaderTemplate {
             }
         }
         let ack_icrc = scratch.get(eth_len..n.saturating_sub(hdr_len::ICRC)).and_then(icrc::AckIcrc::new);
-        HeaderTemplate { bytes, eth_len: eth_len as u8, ip_len: ip_len as u8, v4, csum_partial, ack_icrc }
+        let h = &bytes[eth_len..];
+        let udp_csum = |at: usize| [h[at + udp::field::CHECKSUM.start], h[at + udp::field::CHECKSUM.start + 1]];
+        // The checksum bytes are zero here: [0xff, 0xff] leaves their share out (each share is of the complement).
+        let icrc_fix = if v4 {
+            icrc::v4_fix(h[ipv4::field::DSCP_ECN], h[ipv4::field::TTL], [0xff; 2], udp_csum(ipv4::HEADER_LEN), 0)
+        } else {
+            icrc::v6_fix([h[0], h[1], h[2], h[3]], h[ipv6::field::HOP_LIMIT], udp_csum(ipv6::HEADER_LEN), 0)
+        };
+        HeaderTemplate { bytes, eth_len: eth_len as u8, ip_len: ip_len as u8, v4, csum_partial, ack_icrc, icrc_fix }
     }
 
     /// Bytes of Ethernet + IP + UDP.
@@ -120,6 +132,7 @@ impl HeaderTemplate {
             Some(head) => *head = self.bytes,
             None => copy_prefix(buf, &self.bytes[..prefix]),
         }
+        let mut fix = self.icrc_fix;
         {
             let ip = &mut buf[eth_len..eth_len + ip_len];
             if self.v4 {
@@ -129,7 +142,9 @@ impl HeaderTemplate {
                 let mut sum = self.csum_partial + u32::from(total) + u32::from(ident);
                 sum = (sum & 0xffff) + (sum >> 16);
                 sum = (sum & 0xffff) + (sum >> 16);
-                ip[ipv4::field::CHECKSUM].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+                let csum = (!(sum as u16)).to_be_bytes();
+                ip[ipv4::field::CHECKSUM].copy_from_slice(&csum);
+                fix ^= icrc::v4_checksum_fix(csum);
             } else {
                 ip[ipv6::field::LENGTH].copy_from_slice(&(l4_len as u16).to_be_bytes());
             }
@@ -148,7 +163,9 @@ impl HeaderTemplate {
         let ack = self.ack_icrc.filter(|_| bth.opcode == Opcode::RC_ACKNOWLEDGE);
         let v = match ack.and_then(|a| a.compute(&ip[..at])) {
             Some(v) => v,
-            None => icrc::compute(&ip[..at])?,
+            // FECN/BECN (BTH byte 4) are not in the template's correction.
+            None if bth.fecn || bth.becn => icrc::compute(&ip[..at])?,
+            None => icrc::compute_with_fix(&ip[..at], fix),
         };
         ip[at..].copy_from_slice(&v.to_le_bytes());
         Ok(n)
