@@ -408,3 +408,48 @@ fn a_refused_wqe_completes_after_the_wrs_posted_before_it() {
     }
     assert_eq!(got, [(1, WcStatus::WrFlushErr), (2, WcStatus::LocQpOpErr)]);
 }
+
+/// Session 13 (review of 4325eb5): a send WQE's refusal waits until the WRs posted before it have completed, and
+/// the application may reset the QP meanwhile (any state -> RESET: every WR goes without a completion). The
+/// waiting refusal outlived the reset: once the reset emptied the send queue it completed (LOC_QP_OP_ERR, for a
+/// WR the reset discarded) and moved the QP, which the application had brought back to INIT, to ERR. Here the
+/// WRITE before the refused FETCH_ADD waits in SQD; after RESET -> INIT the QP stays in INIT, no completion comes,
+/// and it works again (a WRITE after RTR -> RTS completes).
+#[test]
+fn a_waiting_refusal_goes_with_a_reset_of_its_qp() {
+    use roce_dp::client::ModifyQp;
+    use roce_dp::QpAttr;
+    let d = daemon("refusal-reset");
+    let mut p = LoopPair::open(d.path(), 1 << 16, 64, 1024).unwrap();
+    let to = |s: QpState| ModifyQp { attr: QpAttr { state: Some(s), ..QpAttr::default() }, ..ModifyQp::default() };
+    p.a.modify(&to(QpState::Sqd)).unwrap();
+    let half = (p.mr.len() / 2) as u64;
+    let wr = SendWr::new(1, WrOpcode::RdmaWrite).remote(p.mr.addr() + half, p.mr.rkey());
+    p.a.stage_send(&wr, &[p.mr.sge(0, 64)]).unwrap();
+    let mut fa = SendWr::new(2, WrOpcode::AtomicFetchAdd).remote(p.mr.addr() + half, p.mr.rkey());
+    fa.compare_add = 1;
+    p.a.stage_send(&fa, &[p.mr.sge(4096, 16)]).unwrap();
+    p.a.publish_sends();
+    // The daemon took both together: the WRITE waits in the engine (SQD), the FETCH_ADD's refusal behind it.
+    let t0 = Instant::now();
+    while p.a.query().unwrap().sq_outstanding != 1 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the WRITE never reached the engine");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(state(&p.a), QpState::Sqd);
+    p.a.modify(&to(QpState::Reset)).unwrap();
+    p.a.to_init(AccessFlags::ALL).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(state(&p.a), QpState::Init, "the discarded WR's refusal moved the re-initialised QP");
+    assert_eq!(wait_cqe(&mut p.cq, Duration::from_millis(200)).unwrap().map(|c| (c.wr_id, c.status)), None);
+    let b = p.b.qpn();
+    p.a.to_rtr(&Remote { qpn: b, psn: 5000, gid: p.dev.gid(), mac: None }, 1024).unwrap();
+    p.a.to_rts(100).unwrap();
+    p.mr.as_mut_slice()[..64].fill(0x5a);
+    p.a.post_send(&SendWr::new(3, WrOpcode::RdmaWrite).remote(p.mr.addr() + half, p.mr.rkey()), &[p.mr.sge(0, 64)])
+        .unwrap();
+    let c = wait_cqe(&mut p.cq, Duration::from_secs(5)).unwrap().expect("the WRITE after the reset");
+    assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
+    assert!(p.mr.as_slice()[half as usize..][..64].iter().all(|&b| b == 0x5a));
+}

@@ -663,13 +663,18 @@ impl Appliance {
                 Response::Qp { qpn }
             }
             Cmd::ModifyQp(qpn, m) => {
-                self.own_qp(client, qpn).map_err(no)?;
+                let i = self.own_qp(client, qpn).map_err(no)?;
                 let mut attr = QpAttr { peer: None, ..m.attr };
                 if let Some(gid) = m.gid {
                     let (ip, mac) = peer_of(e, neigh, gid, m.mac)?;
                     attr.peer = Some(PeerAddr { ip, mac });
                 }
                 e.modify_qp(qpn, &attr).map_err(|x| no(verbs_err(x)))?;
+                if attr.state == Some(QpState::Reset) {
+                    // RESET discards every WR without a completion: the refused one waiting behind them too (else
+                    // it completed afterwards and moved the QP the application re-initialised to ERR).
+                    self.qps[i].refusal = None;
+                }
                 Response::Ok
             }
             Cmd::Resolve { gid, mac } => {
