@@ -409,17 +409,12 @@ fn a_refused_wqe_completes_after_the_wrs_posted_before_it() {
     assert_eq!(got, [(1, WcStatus::WrFlushErr), (2, WcStatus::LocQpOpErr)]);
 }
 
-/// Session 13 (review of 4325eb5): a send WQE's refusal waits until the WRs posted before it have completed, and
-/// the application may reset the QP meanwhile (any state -> RESET: every WR goes without a completion). The
-/// waiting refusal outlived the reset: once the reset emptied the send queue it completed (LOC_QP_OP_ERR, for a
-/// WR the reset discarded) and moved the QP, which the application had brought back to INIT, to ERR. Here the
-/// WRITE before the refused FETCH_ADD waits in SQD; after RESET -> INIT the QP stays in INIT, no completion comes,
-/// and it works again (a WRITE after RTR -> RTS completes).
-#[test]
-fn a_waiting_refusal_goes_with_a_reset_of_its_qp() {
+/// A pair whose QP `a` is in SQD with a WRITE (wr_id 1) waiting in the engine and the refusal of a FETCH_ADD with a
+/// 16-byte SGE (wr_id 2) waiting behind it, then `behind` more WRITEs (wr_id 10..) left in the ring; then `a`
+/// is reset and brought back to INIT.
+fn reset_with_a_waiting_refusal(d: &LoopbackDaemon, behind: u64) -> LoopPair {
     use roce_dp::client::ModifyQp;
     use roce_dp::QpAttr;
-    let d = daemon("refusal-reset");
     let mut p = LoopPair::open(d.path(), 1 << 16, 64, 1024).unwrap();
     let to = |s: QpState| ModifyQp { attr: QpAttr { state: Some(s), ..QpAttr::default() }, ..ModifyQp::default() };
     p.a.modify(&to(QpState::Sqd)).unwrap();
@@ -429,8 +424,13 @@ fn a_waiting_refusal_goes_with_a_reset_of_its_qp() {
     let mut fa = SendWr::new(2, WrOpcode::AtomicFetchAdd).remote(p.mr.addr() + half, p.mr.rkey());
     fa.compare_add = 1;
     p.a.stage_send(&fa, &[p.mr.sge(4096, 16)]).unwrap();
+    for i in 0..behind {
+        let wr = SendWr::new(10 + i, WrOpcode::RdmaWrite).remote(p.mr.addr() + half, p.mr.rkey());
+        p.a.stage_send(&wr, &[p.mr.sge(0, 64)]).unwrap();
+    }
     p.a.publish_sends();
-    // The daemon took both together: the WRITE waits in the engine (SQD), the FETCH_ADD's refusal behind it.
+    // The daemon took the first two together: the WRITE waits in the engine (SQD), the FETCH_ADD's refusal
+    // behind it (and the ring is not read meanwhile).
     let t0 = Instant::now();
     while p.a.query().unwrap().sq_outstanding != 1 {
         assert!(t0.elapsed() < Duration::from_secs(5), "the WRITE never reached the engine");
@@ -440,16 +440,44 @@ fn a_waiting_refusal_goes_with_a_reset_of_its_qp() {
     assert_eq!(state(&p.a), QpState::Sqd);
     p.a.modify(&to(QpState::Reset)).unwrap();
     p.a.to_init(AccessFlags::ALL).unwrap();
+    p
+}
+
+/// After [`reset_with_a_waiting_refusal`]: `a` stays in INIT with no completion, and works again after RTR/RTS.
+fn check_reset_qp_works(mut p: LoopPair) {
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(state(&p.a), QpState::Init, "the discarded WR's refusal moved the re-initialised QP");
+    assert_eq!(state(&p.a), QpState::Init, "a WR the reset discarded moved the re-initialised QP");
     assert_eq!(wait_cqe(&mut p.cq, Duration::from_millis(200)).unwrap().map(|c| (c.wr_id, c.status)), None);
     let b = p.b.qpn();
     p.a.to_rtr(&Remote { qpn: b, psn: 5000, gid: p.dev.gid(), mac: None }, 1024).unwrap();
     p.a.to_rts(100).unwrap();
+    let half = p.mr.len() / 2;
     p.mr.as_mut_slice()[..64].fill(0x5a);
-    p.a.post_send(&SendWr::new(3, WrOpcode::RdmaWrite).remote(p.mr.addr() + half, p.mr.rkey()), &[p.mr.sge(0, 64)])
-        .unwrap();
+    let wr = SendWr::new(3, WrOpcode::RdmaWrite).remote(p.mr.addr() + half as u64, p.mr.rkey());
+    p.a.post_send(&wr, &[p.mr.sge(0, 64)]).unwrap();
     let c = wait_cqe(&mut p.cq, Duration::from_secs(5)).unwrap().expect("the WRITE after the reset");
     assert_eq!((c.wr_id, c.status), (3, WcStatus::Success));
-    assert!(p.mr.as_slice()[half as usize..][..64].iter().all(|&b| b == 0x5a));
+    assert!(p.mr.as_slice()[half..][..64].iter().all(|&b| b == 0x5a));
+}
+
+/// Session 13 (review of 4325eb5): a send WQE's refusal waits until the WRs posted before it have completed, and
+/// the application may reset the QP meanwhile (any state -> RESET: every WR goes without a completion). The
+/// waiting refusal outlived the reset: once the reset emptied the send queue it completed (LOC_QP_OP_ERR, for a
+/// WR the reset discarded) and moved the QP, which the application had brought back to INIT, to ERR. Here the
+/// WRITE before the refused FETCH_ADD waits in SQD; after RESET -> INIT the QP stays in INIT, no completion comes,
+/// and it works again (a WRITE after RTR -> RTS completes).
+#[test]
+fn a_waiting_refusal_goes_with_a_reset_of_its_qp() {
+    let d = daemon("refusal-reset");
+    check_reset_qp_works(reset_with_a_waiting_refusal(&d, 0));
+}
+
+/// Session 13 (review of 4325eb5): the WRs posted after a refused one wait in the ring while its refusal waits,
+/// and a reset of the QP meanwhile left them there: the daemon read them after the reset and posted them to the
+/// QP in RESET or INIT, which refused them (LOC_QP_OP_ERR) and moved the re-initialised QP to ERR. RESET discards
+/// every WR posted before it: now the WQEs the QP's rings hold when it is reset go too.
+#[test]
+fn the_wrs_behind_a_waiting_refusal_go_with_a_reset_of_their_qp() {
+    let d = daemon("refusal-reset-behind");
+    check_reset_qp_works(reset_with_a_waiting_refusal(&d, 3));
 }

@@ -671,9 +671,26 @@ impl Appliance {
                 }
                 e.modify_qp(qpn, &attr).map_err(|x| no(verbs_err(x)))?;
                 if attr.state == Some(QpState::Reset) {
-                    // RESET discards every WR without a completion: the refused one waiting behind them too (else
-                    // it completed afterwards and moved the QP the application re-initialised to ERR).
-                    self.qps[i].refusal = None;
+                    // RESET discards every WR posted before it without a completion: the refused one waiting
+                    // behind the engine's, and those still in the rings (a refusal waiting leaves them there).
+                    // Read later, they went to the QP's new life: refused in RESET or INIT, it went to ERR. At
+                    // most a ring's capacity each (a client that keeps posting does not hold the worker here).
+                    let q = &mut self.qps[i];
+                    q.refusal = None;
+                    for _ in 0..q.sq_cap {
+                        match q.region.sq.poll_into(&mut self.req, &mut self.inline) {
+                            Ok(true) | Err(WqError::Wqe { .. }) => {}
+                            Ok(false) | Err(_) => break,
+                        }
+                    }
+                    q.region.sq.release();
+                    for _ in 0..q.rq_cap {
+                        match q.region.rq.poll_into(&mut self.sges) {
+                            Ok(Some(_)) | Err(WqError::Wqe { .. }) => {}
+                            Ok(None) | Err(_) => break,
+                        }
+                    }
+                    q.region.rq.release();
                 }
                 Response::Ok
             }
