@@ -212,7 +212,8 @@ pub struct ApplianceStats {
     pub cqes_delivered: u64,
     /// CQEs dropped because their CQ ring was corrupt (or a refusal beyond the CQ's depth of held ones).
     pub cqes_dropped: u64,
-    /// Completions of refused WQEs held back because their CQ ring was full (delivered when it has room).
+    /// Completions of refused WQEs held back behind the engine's completions of their CQ or a full ring (each
+    /// delivered in its place among them, as the ring has room).
     pub cqes_held: u64,
     /// Sessions whose resources were reclaimed.
     pub sessions_reclaimed: u64,
