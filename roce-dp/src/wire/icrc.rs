@@ -240,21 +240,28 @@ static UNSHIFT: [[u32; 256]; 10] = {
             bits[b] = r;
             b += 1;
         }
-        let mut v = 0;
-        while v < 256 {
-            let mut b = 0;
-            while b < 8 {
-                if v & (1 << b) != 0 {
-                    t[k][v] ^= bits[b];
-                }
-                b += 1;
-            }
-            v += 1;
-        }
+        t[k] = byte_table(&bits);
         k += 1;
     }
     t
 };
+
+/// The table of a map linear over GF(2) in a byte: entry `v` is the XOR of `bits[b]` for each bit `b` set in `v`.
+const fn byte_table(bits: &[u32; 8]) -> [u32; 256] {
+    let mut t = [0u32; 256];
+    let mut v = 0;
+    while v < 256 {
+        let mut b = 0;
+        while b < 8 {
+            if v & (1 << b) != 0 {
+                t[v] ^= bits[b];
+            }
+            b += 1;
+        }
+        v += 1;
+    }
+    t
+}
 
 /// The entry of [`UNSHIFT`] table `K` for the difference `v`.
 #[inline(always)]
@@ -318,6 +325,7 @@ static ACK_SHARE: [[u32; 256]; ACK_DIST.len()] = {
     let mut t = [[0u32; 256]; ACK_DIST.len()];
     let mut k = 0;
     while k < ACK_DIST.len() {
+        let mut bits = [0u32; 8];
         let mut bit = 0;
         while bit < 8 {
             let mut r = step(0, 1 << bit);
@@ -326,15 +334,10 @@ static ACK_SHARE: [[u32; 256]; ACK_DIST.len()] = {
                 r = step(r, 0);
                 z += 1;
             }
-            let mut v = 0;
-            while v < 256 {
-                if v & (1 << bit) != 0 {
-                    t[k][v] ^= r;
-                }
-                v += 1;
-            }
+            bits[bit] = r;
             bit += 1;
         }
+        t[k] = byte_table(&bits);
         k += 1;
     }
     t
