@@ -1164,12 +1164,5 @@ fn from_peer(peer: Option<PeerAddr>, src: IpAddrs) -> bool {
 /// Why a memory registration was refused, for the user: the region's size or address range if they are the cause,
 /// otherwise `full` (the table's own reason).
 fn mr_refusal(va: u64, len: u64, full: &'static str) -> VerbsError {
-    const _: () = assert!(crate::mr::MAX_MR_LEN == 1 << 32, "the message below names the limit");
-    VerbsError::BadMr(if len > crate::mr::MAX_MR_LEN {
-        "region larger than 4 GiB, the most one region may hold (register several)"
-    } else if va.checked_add(len).is_none() {
-        "address + length of the region overflow 64 bits"
-    } else {
-        full
-    })
+    VerbsError::BadMr(crate::mr::range_refusal(va, len).unwrap_or(full))
 }

@@ -138,7 +138,19 @@ pub struct MrTable {
 
 /// A region of `len` bytes at `va` is within the limits (not over [`MAX_MR_LEN`], no address overflow).
 fn fits(va: u64, len: usize) -> bool {
-    len as u64 <= MAX_MR_LEN && va.checked_add(len as u64).is_some()
+    range_refusal(va, len as u64).is_none()
+}
+
+/// Why a region of `len` bytes at `va` is outside the limits, for the user; `None` if it is within them.
+pub fn range_refusal(va: u64, len: u64) -> Option<&'static str> {
+    const _: () = assert!(MAX_MR_LEN == 1 << 32, "the message below names the limit");
+    if len > MAX_MR_LEN {
+        Some("region larger than 4 GiB, the most one region may hold (register several)")
+    } else if va.checked_add(len).is_none() {
+        Some("address + length of the region overflow 64 bits")
+    } else {
+        None
+    }
 }
 
 /// Largest region accepted (the IBA maximum message is 2^31 bytes; a region may be larger but the engine keeps it
