@@ -395,9 +395,8 @@ fn serve_worker(
                         });
                     }
                 }
-                if let Some(p) = port.and_then(|p| p.stats().ok().map(|s| (p.id(), s))) {
-                    let (id, p) = p;
-                    for (k, val) in [
+                if let Some((pt, p)) = port.and_then(|pt| pt.stats().ok().map(|s| (pt, s))) {
+                    let counters = [
                         ("ipackets", p.ipackets),
                         ("opackets", p.opackets),
                         ("ibytes", p.ibytes),
@@ -408,15 +407,13 @@ fn serve_worker(
                         ("rx_nombuf", p.rx_nombuf),
                         // Bursts the memif guard cut short (the peer's disconnect unmapped the rings under them).
                         ("guard_faults", dpdk::guard_faults()),
-                    ] {
-                        v.push(StatRecord { scope: "port".into(), id: u32::from(id), name: k.into(), value: val });
-                    }
+                    ];
                     // The link as the PMD reports it now (memif: connected to its peer): the first thing to look at
                     // when a fabric does not come up, and a zero counter would hide it, so roce-stat always shows it.
-                    if let Some(l) = port.and_then(|p| p.link().ok()) {
-                        for (k, val) in [("link", u64::from(l.up)), ("speed_mbps", u64::from(l.speed_mbps))] {
-                            v.push(StatRecord { scope: "port".into(), id: u32::from(id), name: k.into(), value: val });
-                        }
+                    let link =
+                        pt.link().ok().map(|l| [("link", u64::from(l.up)), ("speed_mbps", u64::from(l.speed_mbps))]);
+                    for (k, val) in counters.into_iter().chain(link.into_iter().flatten()) {
+                        v.push(StatRecord { scope: "port".into(), id: u32::from(pt.id()), name: k.into(), value: val });
                     }
                 }
             };
