@@ -409,14 +409,16 @@ fn a_refused_wqe_completes_after_the_wrs_posted_before_it() {
     assert_eq!(got, [(1, WcStatus::WrFlushErr), (2, WcStatus::LocQpOpErr)]);
 }
 
+/// `ModifyQp` to state `s`.
+fn to(s: QpState) -> roce_dp::client::ModifyQp {
+    let attr = roce_dp::QpAttr { state: Some(s), ..Default::default() };
+    roce_dp::client::ModifyQp { attr, ..Default::default() }
+}
+
 /// A pair whose QP `a` is in SQD with a WRITE (wr_id 1) waiting in the engine and the refusal of a FETCH_ADD with a
-/// 16-byte SGE (wr_id 2) waiting behind it, then `behind` more WRITEs (wr_id 10..) left in the ring; then `a`
-/// is reset and brought back to INIT.
-fn reset_with_a_waiting_refusal(d: &LoopbackDaemon, behind: u64) -> LoopPair {
-    use roce_dp::client::ModifyQp;
-    use roce_dp::QpAttr;
+/// 16-byte SGE (wr_id 2) waiting behind it, then `behind` more WRITEs (wr_id 10..) left in the ring.
+fn a_waiting_refusal(d: &LoopbackDaemon, behind: u64) -> LoopPair {
     let mut p = LoopPair::open(d.path(), 1 << 16, 64, 1024).unwrap();
-    let to = |s: QpState| ModifyQp { attr: QpAttr { state: Some(s), ..QpAttr::default() }, ..ModifyQp::default() };
     p.a.modify(&to(QpState::Sqd)).unwrap();
     let half = (p.mr.len() / 2) as u64;
     let wr = SendWr::new(1, WrOpcode::RdmaWrite).remote(p.mr.addr() + half, p.mr.rkey());
@@ -436,6 +438,12 @@ fn reset_with_a_waiting_refusal(d: &LoopbackDaemon, behind: u64) -> LoopPair {
         assert!(t0.elapsed() < Duration::from_secs(5), "the WRITE never reached the engine");
         std::thread::sleep(Duration::from_millis(1));
     }
+    p
+}
+
+/// [`a_waiting_refusal`], then `a` is reset and brought back to INIT.
+fn reset_with_a_waiting_refusal(d: &LoopbackDaemon, behind: u64) -> LoopPair {
+    let p = a_waiting_refusal(d, behind);
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(state(&p.a), QpState::Sqd);
     p.a.modify(&to(QpState::Reset)).unwrap();
@@ -469,7 +477,10 @@ fn check_reset_qp_works(mut p: LoopPair) {
 #[test]
 fn a_waiting_refusal_goes_with_a_reset_of_its_qp() {
     let d = daemon("refusal-reset");
-    check_reset_qp_works(reset_with_a_waiting_refusal(&d, 0));
+    let p = reset_with_a_waiting_refusal(&d, 0);
+    // Session 14: what a reset discards is counted (the refusal here).
+    assert_eq!(daemon_stat(&p.dev, "wqes_discarded_reset"), 1);
+    check_reset_qp_works(p);
 }
 
 /// Session 13 (review of 4325eb5): the WRs posted after a refused one wait in the ring while its refusal waits,
@@ -479,5 +490,63 @@ fn a_waiting_refusal_goes_with_a_reset_of_its_qp() {
 #[test]
 fn the_wrs_behind_a_waiting_refusal_go_with_a_reset_of_their_qp() {
     let d = daemon("refusal-reset-behind");
-    check_reset_qp_works(reset_with_a_waiting_refusal(&d, 3));
+    let mut p = reset_with_a_waiting_refusal(&d, 3);
+    check_reset_qp_works_counted(&mut p, 4);
+    check_reset_qp_works(p);
+}
+
+/// Session 14: the WQEs a reset discards (from the QP's rings, and a refusal still waiting) were not counted
+/// anywhere. `wqes_discarded_reset` counts them, for the daemon and per worker: here the waiting refusal and the 3
+/// WRITEs behind it.
+fn check_reset_qp_works_counted(p: &mut LoopPair, want: u64) {
+    assert_eq!(daemon_stat(&p.dev, "wqes_discarded_reset"), want);
+    let recs = p.dev.stats().unwrap();
+    let worker = recs.iter().find(|r| r.scope == "worker" && r.name == "wqes_discarded_reset").map(|r| r.value);
+    assert_eq!(worker, Some(want), "the worker's own counter");
+}
+
+/// The `qp`-scope counter `name` of QP `qpn`.
+fn qp_stat(dev: &Device, qpn: u32, name: &str) -> u64 {
+    let recs = dev.stats().expect("statistics");
+    recs.iter().find(|r| r.scope == "qp" && r.id == qpn && r.name == name).map_or(0, |r| r.value)
+}
+
+/// Session 14 (a defect found in session 13's review): while a send WQE's refusal waited for the WRs posted before
+/// it, the daemon read neither of the QP's rings, so receives the application posted meanwhile never reached the
+/// engine and a peer's SEND drew RNR NAKs for as long as the wait lasted (here for ever: the WRITE before the
+/// refused FETCH_ADD waits in SQD, and the peer retries RNR without limit). A QP's send and receive queues are
+/// independent (verbs orders completions within each queue only): the receive is posted and the SEND lands, with
+/// no RNR NAK; the refusal still completes after the WRITE once the QP leaves SQD.
+#[test]
+fn receives_flow_while_a_send_refusal_waits() {
+    let d = daemon("refusal-recv");
+    let mut p = a_waiting_refusal(&d, 0);
+    // The refusal waits behind the WRITE; now a receive on `a` and a SEND from `b` into it.
+    p.a.post_recv(50, &[p.mr.sge(8192, 256)]).unwrap();
+    p.mr.as_mut_slice()[12288..][..200].fill(0x3c);
+    p.b.post_send(&SendWr::new(60, WrOpcode::Send), &[p.mr.sge(12288, 200)]).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let Some(c) = wait_cqe(&mut p.cq, Duration::from_secs(2)).unwrap() else {
+            panic!(
+                "after {got:?}: the SEND into the receive posted while the refusal waits did not complete ({} RNR NAKs)",
+                qp_stat(&p.dev, p.a.qpn(), "rnr_nak_sent")
+            )
+        };
+        got.push((c.wr_id, c.status, c.qpn));
+    }
+    got.sort_by_key(|g| g.0);
+    assert_eq!(got, [(50, WcStatus::Success, p.a.qpn()), (60, WcStatus::Success, p.b.qpn())]);
+    assert!(p.mr.as_slice()[8192..][..200].iter().all(|&b| b == 0x3c));
+    assert_eq!(qp_stat(&p.dev, p.a.qpn(), "rnr_nak_sent"), 0);
+    assert_eq!(state(&p.a), QpState::Sqd);
+    // Back to RTS: the WRITE completes, then the refused FETCH_ADD, and the QP is in ERR.
+    p.a.modify(&to(QpState::Rts)).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        let c = wait_cqe(&mut p.cq, Duration::from_secs(5)).unwrap().unwrap_or_else(|| panic!("after {got:?}"));
+        got.push((c.wr_id, c.status));
+    }
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::LocQpOpErr)]);
+    assert_eq!(state(&p.a), QpState::Err);
 }

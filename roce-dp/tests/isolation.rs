@@ -655,6 +655,44 @@ fn garbage_client_errors_only_its_own_qps() {
     assert_eq!(app.counts(), (0, 0, 0, 0), "everything reclaimed");
 }
 
+/// Session 14: a send ring whose indices a hostile client corrupted completed (LOC_QP_OP_ERR, `vendor_err`
+/// 0x101) before the flush of the WRs it had posted before it: `[corrupt, WRITE flushed]`. Each queue's
+/// completions come in post order, for a hostile client too: its QP now goes to error first, so the WRs before
+/// the corruption are flushed, then the corruption completes.
+fn corrupt_send_ring_completes_after_the_flush_of_the_wrs_before_it() {
+    let path = sock("corrupt-order");
+    let mut d = LoopbackDaemon::start(LoopbackConfig::new(&path)).unwrap();
+    let mut s = Raw::open(&path);
+    let Response::Pd { pd } = s.call(&Request::AllocPd, None).0 else { panic!("pd") };
+    let mut mem = ShmRegion::create("roce-iso-corrupt-order", PAGE, Backing::Pages).unwrap();
+    let win = mem.as_mut_slice().as_mut_ptr() as u64;
+    let q = Request::RegMr { pd, va: win, len: PAGE as u64, offset: 0, access: AccessFlags::ALL.0 };
+    let Response::Mr { lkey, rkey } = s.call(&q, Some(mem.fd())).0 else { panic!("mr") };
+    let (cq, r, h) = s.region(&Request::CreateCq { depth: 16, channel: None });
+    let mut cq = RawCq { id: cq, r, h, head: 0 };
+    let (mut x, _y) = raw_pair(&mut s, pd, cq.id);
+    // A WRITE held in the engine (SQD starts no new WR), then the ring's tail thrown far ahead.
+    let sqd = QpAttr { state: Some(QpState::Sqd), ..QpAttr::default() };
+    assert_eq!(s.modify(x.qpn, sqd, None), Response::Ok);
+    x.post(wqe(WrOpcode::RdmaWrite, Sge { addr: win, len: 64, lkey }, (win + 1024, rkey)));
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        match s.call(&Request::QueryQp { qpn: x.qpn }, None).0 {
+            Response::QpInfo(i) if i.sq_outstanding == 1 => break,
+            Response::QpInfo(_) => assert!(Instant::now() < until, "the WRITE never reached the engine"),
+            r => panic!("query: {r:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    x.r.write(x.h.sq.offset as usize + 128, x.tail.wrapping_add(0x4000_0000)).unwrap();
+    let got: Vec<_> = (0..2).map(|_| cq.next_of(x.qpn)).map(|c| (c.wr_id, c.status, c.vendor_err)).collect();
+    let (flush, loc) = (WcStatus::WrFlushErr.code() as u8, WcStatus::LocQpOpErr.code() as u8);
+    assert_eq!(got, [(0xbad, flush, 0), (0, loc, VENDOR_RING_CORRUPT)]);
+    assert_eq!(s.state(x.qpn), QpState::Err);
+    drop(s);
+    d.shutdown("test over").expect("the worker did not panic");
+}
+
 fn busy_stats(path: &Path) -> Vec<StatRecord> {
     Device::open(path).unwrap().stats().unwrap()
 }
@@ -744,12 +782,16 @@ fn main() {
         Ok(other) => panic!("unknown {ROLE} {other}"),
         Err(_) => {}
     }
-    let tests: [(&str, fn()); 4] = [
+    let tests: [(&str, fn()); 5] = [
         (
             "killed_client_is_reclaimed_within_a_second_and_others_carry_on",
             killed_client_is_reclaimed_within_a_second_and_others_carry_on,
         ),
         ("garbage_client_errors_only_its_own_qps", garbage_client_errors_only_its_own_qps),
+        (
+            "corrupt_send_ring_completes_after_the_flush_of_the_wrs_before_it",
+            corrupt_send_ring_completes_after_the_flush_of_the_wrs_before_it,
+        ),
         ("daemon_shutdown_is_a_clear_error_not_a_hang", daemon_shutdown_is_a_clear_error_not_a_hang),
         (
             "killed_daemon_is_a_clear_error_and_a_restart_serves_anew",

@@ -215,6 +215,9 @@ pub struct ApplianceStats {
     /// Completions of refused WQEs held back behind the engine's completions of their CQ or a full ring (each
     /// delivered in its place among them, as the ring has room).
     pub cqes_held: u64,
+    /// WQEs a modify to RESET discarded without completions: those still in the QP's rings, and a refused one
+    /// still waiting for the WRs before it (each a WR the application posted before the reset).
+    pub wqes_discarded_reset: u64,
     /// Sessions whose resources were reclaimed.
     pub sessions_reclaimed: u64,
     /// Commands served.
@@ -347,7 +350,7 @@ struct QpSlot {
     /// A ring of this QP is corrupt: it is no longer read.
     broken: bool,
     /// A send WQE the daemon refused, whose completion waits until every WR posted before it has completed
-    /// (the QP's rings are not read meanwhile).
+    /// (the QP's send ring is not read meanwhile; its receive ring is).
     refusal: Option<abi::Cqe>,
 }
 
@@ -676,22 +679,24 @@ impl Appliance {
                     // behind the engine's, and those still in the rings (a refusal waiting leaves them there).
                     // Read later, they went to the QP's new life: refused in RESET or INIT, it went to ERR. At
                     // most a ring's capacity each (a client that keeps posting does not hold the worker here).
+                    // Counted in `wqes_discarded_reset`.
                     let q = &mut self.qps[i];
-                    q.refusal = None;
+                    let mut n = u64::from(q.refusal.take().is_some());
                     for _ in 0..q.sq_cap {
                         match q.region.sq.poll_into(&mut self.req, &mut self.inline) {
-                            Ok(true) | Err(WqError::Wqe { .. }) => {}
+                            Ok(true) | Err(WqError::Wqe { .. }) => n += 1,
                             Ok(false) | Err(_) => break,
                         }
                     }
                     q.region.sq.release();
                     for _ in 0..q.rq_cap {
                         match q.region.rq.poll_into(&mut self.sges) {
-                            Ok(Some(_)) | Err(WqError::Wqe { .. }) => {}
+                            Ok(Some(_)) | Err(WqError::Wqe { .. }) => n += 1,
                             Ok(None) | Err(_) => break,
                         }
                     }
                     q.region.rq.release();
+                    self.stats.wqes_discarded_reset += n;
                 }
                 Response::Ok
             }
@@ -774,6 +779,7 @@ impl Appliance {
             ("cqes_delivered", s.cqes_delivered),
             ("cqes_dropped", s.cqes_dropped),
             ("cqes_held", s.cqes_held),
+            ("wqes_discarded_reset", s.wqes_discarded_reset),
             ("commands", s.commands),
             ("events_signalled", s.events_signalled),
             ("events_unsent", s.events_unsent),
@@ -790,6 +796,7 @@ impl Appliance {
             ("cqes_delivered", s.cqes_delivered),
             ("cqes_dropped", s.cqes_dropped),
             ("cqes_held", s.cqes_held),
+            ("wqes_discarded_reset", s.wqes_discarded_reset),
             ("sessions_reclaimed", s.sessions_reclaimed),
             ("commands", s.commands),
             ("events_signalled", s.events_signalled),
@@ -885,23 +892,25 @@ impl Appliance {
 
     fn poll_qp(&mut self, e: &mut Engine, i: usize) -> bool {
         let q = &mut self.qps[i];
-        if q.broken {
-            return false;
-        }
         if let Some(cqe) = q.refusal {
             // A send queue's completions come in the order its WRs were posted. The WRs before the refused one
             // complete first, as they would on a NIC (which refuses a bad WR at post time, or errors at it while
-            // executing in order); then its completion, and the QP goes to error (the rest are flushed).
-            if e.wq_lens(q.qpn).is_some_and(|(sq, _)| sq > 0) {
-                return false;
+            // executing in order); then its completion, and the QP goes to error (the rest are flushed). The send
+            // ring is not read meanwhile; the receive ring is (below): the two queues are independent, and a
+            // peer's SEND in the wait must find the receives the application posted, not RNR NAKs.
+            if e.wq_lens(q.qpn).is_none_or(|(sq, _)| sq == 0) {
+                q.refusal = None;
+                self.refuse(e, i, cqe);
+                return true;
             }
-            q.refusal = None;
-            self.refuse(e, i, cqe);
-            return true;
+        }
+        let q = &mut self.qps[i];
+        if q.broken {
+            return false;
         }
         // An idle QP costs a look at each ring's cached tail (a load of the client's tail only when the cache says
         // empty); the engine is asked for its queues' room only when a ring has something.
-        let (sq_new, rq_new) = (q.region.sq.has_work(), q.region.rq.has_work());
+        let (sq_new, rq_new) = (q.refusal.is_none() && q.region.sq.has_work(), q.region.rq.has_work());
         if !sq_new && !rq_new {
             return false;
         }
@@ -943,6 +952,7 @@ impl Appliance {
                     }
                 }
                 Err(WqError::Wqe { wr_id, error, .. }) => {
+                    moved = true;
                     q.refusal = Some(abi::Cqe::refused(wr_id, q.qpn, WcOpcode::Send, &error));
                     break;
                 }
@@ -954,7 +964,7 @@ impl Appliance {
             }
         }
         q.region.sq.release();
-        let mut room = if rq_new && !rcq_full && q.refusal.is_none() { q.rq_cap.saturating_sub(rq_len) } else { 0 };
+        let mut room = if rq_new && !rcq_full { q.rq_cap.saturating_sub(rq_len) } else { 0 };
         while room > 0 && failed.is_none() {
             match q.region.rq.poll_into(&mut self.sges) {
                 Ok(None) => break,
@@ -979,17 +989,15 @@ impl Appliance {
         if let Some(cqe) = failed {
             self.refuse(e, i, cqe);
             moved = true;
-        } else if q.refusal.is_some() {
-            moved = true;
         }
         moved
     }
 
     /// Completes a refused WQE of QP `i` with `cqe` and moves the QP to error. A send WQE's refusal comes here
-    /// once the WRs before it have completed ([`poll_qp`](Self::poll_qp)); a receive WQE's (or a corrupt ring's)
-    /// at once: the QP goes to error first, so the engine's flush of the receives posted before it comes before
-    /// it. Either way it follows every completion the engine already has for its CQ, so each queue's completions
-    /// stay in post order. A full ring (or completions of the engine still waiting for room) holds it back,
+    /// once the WRs before it have completed ([`poll_qp`](Self::poll_qp)); a receive WQE's, or a corrupt ring's
+    /// (either queue's: a hostile client's, whose WRs before it are flushed, not waited for), at once: the QP goes
+    /// to error first, so the engine's flush of the WRs posted before it comes before it. Either way it follows
+    /// every completion the engine already has for its CQ, so each queue's completions stay in post order. A full ring (or completions of the engine still waiting for room) holds it back,
     /// delivered in its place as room comes; only beyond the CQ's own depth of held refusals (a client that posts
     /// past its CQ's depth and never polls: a CQ overrun in verbs) is one dropped and counted.
     fn refuse(&mut self, e: &mut Engine, i: usize, cqe: abi::Cqe) {
@@ -1000,7 +1008,8 @@ impl Appliance {
         let to_err = |e: &mut Engine| {
             let _ = e.modify_qp(qpn, &QpAttr { state: Some(QpState::Err), ..QpAttr::default() });
         };
-        if recv {
+        let err_first = recv || cqe.vendor_err == VENDOR_RING_CORRUPT;
+        if err_first {
             to_err(e);
         }
         if let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) {
@@ -1021,7 +1030,7 @@ impl Appliance {
                 }
             }
         }
-        if !recv {
+        if !err_first {
             to_err(e);
         }
     }
