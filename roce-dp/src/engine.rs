@@ -246,7 +246,9 @@ pub struct Engine {
     mrs: MrTable,
     cqs: Vec<Option<Cq>>,
     qps: Vec<Option<Box<Qp>>>,
-    free_qps: Vec<u32>,
+    /// Where the search for the next free QP index starts: QP numbers are handed out cyclically over the range
+    /// (as rxe does), so a destroyed QP's number comes back only after every other free one was used.
+    next_qp: u32,
     next_pd: u32,
     heap: BinaryHeap<Reverse<(Instant, u32, u8)>>,
     ready: VecDeque<u32>,
@@ -281,7 +283,7 @@ impl Engine {
             mrs: MrTable::new(cfg.max_mrs as usize),
             cqs: Vec::new(),
             qps: Vec::new(),
-            free_qps: Vec::new(),
+            next_qp: 0,
             next_pd: 1,
             heap: BinaryHeap::with_capacity(max_qps.min(4096) * NUM_TIMERS * 2),
             ready: VecDeque::with_capacity(max_qps.min(4096)),
@@ -438,6 +440,15 @@ impl Engine {
         n
     }
 
+    /// Removes the completions of QP `qpn` from CQ `cq` ([`destroy_qp`](Self::destroy_qp) does it for the QP's
+    /// CQs); `removed` is told the position each had (0: the next to be polled), in order. Returns how many went.
+    pub fn cq_clean(&mut self, cq: CqId, qpn: u32, removed: impl FnMut(usize)) -> usize {
+        match self.cqs.get_mut(cq.0 as usize) {
+            Some(Some(q)) => q.clean(qpn, removed),
+            _ => 0,
+        }
+    }
+
     /// Polls one completion.
     pub fn poll_cq_one(&mut self, cq: CqId) -> Option<Cqe> {
         self.cqs.get_mut(cq.0 as usize)?.as_mut()?.pop()
@@ -473,28 +484,30 @@ impl Engine {
                 return Err(VerbsError::NoSuchCq(c.0));
             }
         }
-        let idx = match self.free_qps.pop() {
-            Some(i) => i,
-            None => {
-                if self.qps.len() >= self.cfg.max_qps as usize {
-                    return Err(VerbsError::ResourceExhausted("queue pairs"));
-                }
-                self.qps.push(None);
-                self.qps.len() as u32 - 1
-            }
-        };
+        let idx = self.free_qp_index().ok_or(VerbsError::ResourceExhausted("queue pairs"))?;
         let qpn = self.cfg.qpn_base + idx;
-        match Qp::new(qpn, pd, send_cq, recv_cq, caps) {
-            Ok(mut qp) => {
-                qp.rc = RateController::new(&self.cfg.cc);
-                self.qps[idx as usize] = Some(Box::new(qp));
-                Ok(qpn)
-            }
-            Err(e) => {
-                self.free_qps.push(idx);
-                Err(e)
-            }
+        let mut qp = Qp::new(qpn, pd, send_cq, recv_cq, caps)?;
+        qp.rc = RateController::new(&self.cfg.cc);
+        if idx as usize == self.qps.len() {
+            self.qps.push(None);
         }
+        self.qps[idx as usize] = Some(Box::new(qp));
+        self.next_qp = if idx + 1 >= self.cfg.max_qps { 0 } else { idx + 1 };
+        Ok(qpn)
+    }
+
+    /// The next free QP index at or after `next_qp`, wrapping over the range (`qps.len()` when a new slot is
+    /// to be added): a destroyed QP's number is not handed out again while other numbers are free, so that what
+    /// still names it (a peer's late packet, a completion an application kept) is not taken for a new QP's.
+    fn free_qp_index(&self) -> Option<u32> {
+        let n = self.qps.len();
+        let from = (self.next_qp as usize).min(n);
+        let i = match self.qps[from..].iter().position(Option::is_none) {
+            Some(k) => from + k,
+            None if n < self.cfg.max_qps as usize => n,
+            None => self.qps[..from].iter().position(Option::is_none)?,
+        };
+        Some(i as u32)
     }
 
     #[inline]
@@ -567,11 +580,16 @@ impl Engine {
         Some(self.qps[i as usize].as_deref()?.cnt)
     }
 
-    /// Destroys a QP (its outstanding WRs are dropped without completions, as ibv_destroy_qp does).
+    /// Destroys a QP (its outstanding WRs are dropped without completions, as ibv_destroy_qp does). The completions
+    /// of the QP still in its CQs go too (as libmlx5's destroy cleans them out of the CQ buffers): none is polled
+    /// after the destroy, when its number may name another QP.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), VerbsError> {
         let i = self.qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
-        self.qps[i as usize] = None;
-        self.free_qps.push(i);
+        let q = self.qps[i as usize].take().expect("checked");
+        self.cq_clean(q.send_cq, qpn, |_| {});
+        if q.recv_cq != q.send_cq {
+            self.cq_clean(q.recv_cq, qpn, |_| {});
+        }
         self.ready.retain(|&r| r != i);
         self.prune_timers();
         Ok(())

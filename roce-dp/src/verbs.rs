@@ -279,6 +279,22 @@ impl Cq {
         self.ring.len()
     }
 
+    /// Removes the completions of QP `qpn`, keeping the others in order; `removed` is told the position each
+    /// removed one had. Returns how many went.
+    pub(crate) fn clean(&mut self, qpn: u32, mut removed: impl FnMut(usize)) -> usize {
+        let mut pos = 0;
+        let before = self.ring.len();
+        self.ring.retain(|c| {
+            let keep = c.qpn != qpn;
+            if !keep {
+                removed(pos);
+            }
+            pos += 1;
+            keep
+        });
+        before - self.ring.len()
+    }
+
     /// What it holds before it overflows.
     pub(crate) fn depth(&self) -> usize {
         self.depth

@@ -550,3 +550,55 @@ fn receives_flow_while_a_send_refusal_waits() {
     assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::LocQpOpErr)]);
     assert_eq!(state(&p.a), QpState::Err);
 }
+
+/// Session 14: a destroyed QP's completions stayed in its CQ (in the engine's queue, among the held refusals, and
+/// in the ring), and QP numbers were reused last-freed-first: the next QP created got the destroyed one's number
+/// and the application polled the old completions as the new QP's. As libmlx5's `ibv_destroy_qp` cleans a QP's
+/// CQEs out of its CQs, none of a destroyed QP is polled now: the daemon drops what it has not delivered (the
+/// refusals held among them keep their place: `z`'s refused receive between the flushes of the receives before and
+/// after it), the library skips what the ring holds, and the next QP gets another number.
+#[test]
+fn a_destroyed_qps_completions_are_not_polled() {
+    let d = daemon("destroyed-cqes");
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.reg_mr(1 << 16, AccessFlags::ALL).unwrap();
+    let mut cq = dev.create_cq(4).unwrap();
+    let init = QpInit { sq_depth: 8, rq_depth: 8, ..QpInit::default() };
+    // x: 6 receives flushed, 4 fill the CQ's ring and 2 wait in the engine.
+    let mut x = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    x.to_init(AccessFlags::ALL).unwrap();
+    for i in 0..6 {
+        x.post_recv(100 + i, &[mr.sge(0, 64)]).unwrap();
+    }
+    let t0 = Instant::now();
+    while x.query().unwrap().rq_posted != 6 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "x's receives never reached the engine");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    x.modify(&to(QpState::Err)).unwrap();
+    // z: a receive, a refused one (its refusal held behind the engine's completions), another receive.
+    let mut z = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    z.to_init(AccessFlags::ALL).unwrap();
+    z.post_recv(1, &[mr.sge(0, 64)]).unwrap();
+    let mut bad = mr.sge(0, 64);
+    bad.len = 0x8000_0001;
+    z.post_recv(2, &[bad]).unwrap();
+    z.post_recv(3, &[mr.sge(0, 64)]).unwrap();
+    let t0 = Instant::now();
+    while state(&z) != QpState::Err || z.query().unwrap().rq_posted != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "z's receives were not flushed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let old = x.qpn();
+    drop(x);
+    let y = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    assert_ne!(y.qpn(), old, "the destroyed QP's number was handed out again at once");
+    let mut got = Vec::new();
+    while let Some(c) = wait_cqe(&mut cq, Duration::from_millis(300)).unwrap() {
+        got.push((c.qpn, c.wr_id, c.status));
+    }
+    let zq = z.qpn();
+    assert_eq!(got, [(zq, 1, WcStatus::WrFlushErr), (zq, 2, WcStatus::LocQpOpErr), (zq, 3, WcStatus::WrFlushErr)]);
+}

@@ -299,3 +299,51 @@ fn an_ipv6_peer_is_answered_over_ipv6_and_other_sources_are_dropped() {
     );
     assert_eq!(eng.poll_cq_one(cq).map(|c| (c.wr_id, c.status, c.byte_len)), Some((1, WcStatus::Success, 8)));
 }
+
+/// Session 14: QP numbers were reused last-freed-first, so a destroyed QP's number named the next QP created, and
+/// anything still naming it (a completion left in a CQ, a peer's late packet) was taken for the new QP's. Numbers
+/// now go round the engine's range (as rxe allocates its QP indices): a freed one comes back only after the rest.
+#[test]
+fn qp_numbers_are_not_reused_until_the_range_wraps() {
+    use roce_dp::{Engine, EngineConfig, QpCaps};
+    let mut e = Engine::new(EngineConfig { qpn_base: 0x11, max_qps: 4, ..EngineConfig::default() });
+    let pd = e.alloc_pd();
+    let cq = e.create_cq(16).unwrap();
+    let mk = |e: &mut Engine| e.create_qp(pd, cq, cq, QpCaps::default());
+    let a = mk(&mut e).unwrap();
+    e.destroy_qp(a).unwrap();
+    let b = mk(&mut e).unwrap();
+    assert_ne!(b, a, "a destroyed QP's number was handed out again at once");
+    let c = mk(&mut e).unwrap();
+    e.destroy_qp(c).unwrap();
+    assert_eq!([a, b, c], [0x11, 0x12, 0x13]);
+    // 0x14 is the last never used; then the range wraps to the lowest free numbers, the newest freed last.
+    let got: Vec<u32> = (0..3).map(|_| mk(&mut e).unwrap()).collect();
+    assert_eq!(got, [0x14, 0x11, 0x13]);
+    assert_eq!(mk(&mut e), Err(VerbsError::ResourceExhausted("queue pairs")));
+    e.destroy_qp(0x12).unwrap();
+    assert_eq!(mk(&mut e), Ok(0x12));
+}
+
+/// Session 14: a destroyed QP's completions stayed in its CQs and were polled after the destroy (with QP numbers
+/// reused, as the completions of the QP that got its number). libmlx5's destroy cleans them out of the CQs
+/// (`__mlx5_cq_clean`); the engine's destroy now does the same, and the other QPs' completions keep their order.
+#[test]
+fn a_destroyed_qps_completions_leave_its_cqs() {
+    let mut p = Peer::new();
+    let other = p.eng.create_qp(p.pd, p.scq, p.rcq, p.cfg.caps).unwrap();
+    p.eng.modify_qp(other, &QpAttr { access: Some(AccessFlags::ALL), ..to(QpState::Init) }).unwrap();
+    let s = p.sge(0, 8);
+    for (qp, id) in [(p.qpn, 1), (other, 2), (p.qpn, 3), (other, 4), (p.qpn, 5)] {
+        p.eng.post_recv(qp, id, &[s]).unwrap();
+    }
+    p.eng.modify_qp(p.qpn, &to(QpState::Err)).unwrap();
+    p.eng.modify_qp(other, &to(QpState::Err)).unwrap();
+    assert_eq!(p.eng.cq_len(p.rcq), 5);
+    p.eng.destroy_qp(p.qpn).unwrap();
+    let mut got = Vec::new();
+    while let Some(c) = p.eng.poll_cq_one(p.rcq) {
+        got.push((c.qpn, c.wr_id, c.status));
+    }
+    assert_eq!(got, [(other, 2, WcStatus::WrFlushErr), (other, 4, WcStatus::WrFlushErr)]);
+}

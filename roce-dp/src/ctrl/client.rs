@@ -536,7 +536,9 @@ impl Device {
             c.inner.state().cqs.push(entry);
             c.inner.clone()
         });
-        Ok(Cq { dev: self.inner.clone(), cq, region, empty_polls: 0, channel, arm_seq: 0 })
+        let stale =
+            Arc::new(StaleQps { tail: region.cq.tail_view(), any: AtomicBool::new(false), qps: Mutex::default() });
+        Ok(Cq { dev: self.inner.clone(), cq, region, empty_polls: 0, channel, arm_seq: 0, stale })
     }
 
     /// Creates a completion channel (`ibv_create_comp_channel`): see the module documentation.
@@ -571,7 +573,11 @@ impl Device {
         // SAFETY: the daemon sent this region for this new QP; this is its only ClientQpRegion in the process.
         let region = unsafe { ClientQpRegion::open(fd)? };
         guard.disarm();
-        Ok(Qp { dev: self.inner.clone(), qpn, region })
+        let mut cqs = vec![send_cq.stale.clone()];
+        if recv_cq.cq != send_cq.cq {
+            cqs.push(recv_cq.stale.clone());
+        }
+        Ok(Qp { dev: self.inner.clone(), qpn, region, cqs })
     }
 
     /// Every counter of the daemon (see [`super::proto`]'s statistics section).
@@ -744,6 +750,38 @@ pub struct Cq {
     channel: Option<Arc<ChannelInner>>,
     /// The last arm sequence written (0: never armed).
     arm_seq: u32,
+    /// Destroyed QPs whose completions may still be in the ring.
+    stale: Arc<StaleQps>,
+}
+
+/// The QPs of a CQ destroyed while completions of theirs may still wait in its ring, each with the ring index the
+/// daemon had reached when the destroy returned. libmlx5's `ibv_destroy_qp` cleans the QP's CQEs out of its CQs'
+/// buffers (`__mlx5_cq_clean`), so an application never polls a completion of a destroyed QP, whose number may
+/// by then be another QP's; the daemon drops those it has not delivered, and the library skips those already in
+/// the ring (the ring's slots are the daemon's to write, so they are skipped as polled, not moved). A poll costs
+/// one load of `any` while no destroyed QP is pending.
+struct StaleQps {
+    /// The daemon's index in the ring (None: no shared ring, nothing to skip).
+    tail: Option<super::ring::TailView>,
+    /// Whether `qps` holds any (changed under its lock).
+    any: AtomicBool,
+    /// (QP number, the ring index before which its completions are).
+    qps: Mutex<Vec<(u32, u32)>>,
+}
+
+impl StaleQps {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u32, u32)>> {
+        self.qps.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// QP `qpn` was destroyed: its completions are those before the ring's tail now.
+    fn destroyed(&self, qpn: u32) {
+        let Some(tail) = &self.tail else { return };
+        let until = tail.load();
+        let mut qps = self.lock();
+        qps.push((qpn, until));
+        self.any.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Empty polls between two looks at the control socket.
@@ -759,7 +797,12 @@ impl Cq {
     /// the daemon is still there, so a caller spinning on an empty queue gets [`Error::DaemonGone`] instead of
     /// spinning forever.
     pub fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, Error> {
-        let n = self.region.cq.poll(out).map_err(|e| Error::Protocol(format!("completion ring: {e}")))?;
+        let n = if self.stale.any.load(Ordering::Relaxed) {
+            self.poll_skipping_stale(out)
+        } else {
+            self.region.cq.poll(out)
+        };
+        let n = n.map_err(|e| Error::Protocol(format!("completion ring: {e}")))?;
         if n > 0 {
             self.empty_polls = 0;
             return Ok(n);
@@ -774,6 +817,22 @@ impl Cq {
 }
 
 impl Cq {
+    /// A poll that skips the completions of destroyed QPs written before their destroy ([`StaleQps`]), and
+    /// forgets each such QP once the ring is read past its index.
+    fn poll_skipping_stale(&mut self, out: &mut [Cqe]) -> Result<usize, WqError> {
+        let mut qps = self.stale.lock();
+        // Free-running indices: `i` is before `until` when `until - i`, as a signed distance, is positive.
+        let n = self.region.cq.poll_skipping(out, |i, c| {
+            qps.iter().any(|&(q, until)| q == c.qpn && (until.wrapping_sub(i) as i32) > 0)
+        })?;
+        let head = self.region.cq.head_index();
+        qps.retain(|&(_, until)| (until.wrapping_sub(head) as i32) > 0);
+        if qps.is_empty() {
+            self.stale.any.store(false, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+
     /// Arms the CQ (`ibv_req_notify_cq`): its channel is signalled once when a completion arrives after this call
     /// (with `solicited_only`, a solicited receive or a failed completion). Poll again after arming before
     /// sleeping (module documentation). No system call: a store into the shared region and a fence.
@@ -1002,6 +1061,8 @@ pub struct Qp {
     dev: Arc<Inner>,
     qpn: u32,
     region: ClientQpRegion,
+    /// Its send and receive CQs' records of destroyed QPs (one when they are the same CQ).
+    cqs: Vec<Arc<StaleQps>>,
 }
 
 impl Qp {
@@ -1119,6 +1180,11 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         self.dev.destroy(Request::DestroyQp { qpn: self.qpn });
+        // The daemon wrote its last completion of this QP before it answered: what the rings hold of it is
+        // before their tails now.
+        for s in &self.cqs {
+            s.destroyed(self.qpn);
+        }
     }
 }
 

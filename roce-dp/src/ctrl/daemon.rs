@@ -711,6 +711,11 @@ impl Appliance {
             }
             Cmd::DestroyQp(qpn) => {
                 let i = self.own_qp(client, qpn).map_err(no)?;
+                let (scq, rcq) = (self.qps[i].send_cq, self.qps[i].recv_cq);
+                self.forget_cqes(e, scq, qpn);
+                if rcq != scq {
+                    self.forget_cqes(e, rcq, qpn);
+                }
                 let _ = e.destroy_qp(qpn);
                 self.qps.swap_remove(i);
                 Response::Ok
@@ -1032,6 +1037,21 @@ impl Appliance {
         }
         if !err_first {
             to_err(e);
+        }
+    }
+
+    /// Drops the completions of QP `qpn` (being destroyed) that CQ `cq` has not delivered: the engine's (as its
+    /// destroy would) and the held refusals; the held refusals of other QPs keep their place among the engine's
+    /// completions that stay. What the ring already holds the client library skips (see [`super::client`]).
+    fn forget_cqes(&mut self, e: &mut Engine, cq: CqId, qpn: u32) {
+        let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) else { return };
+        let mut gone = Vec::new();
+        e.cq_clean(cq, qpn, |pos| gone.push(slot.popped + pos as u64));
+        slot.refusals.retain(|(_, c)| c.qpn != qpn);
+        if !gone.is_empty() {
+            for (at, _) in slot.refusals.iter_mut() {
+                *at -= gone.iter().filter(|&&g| g < *at).count() as u64;
+            }
         }
     }
 

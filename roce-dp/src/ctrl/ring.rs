@@ -319,6 +319,31 @@ impl NotifyView {
     }
 }
 
+/// A look at a ring's producer index from outside its consumer half, from any thread: the client library reads a
+/// CQ ring's tail when it destroys a QP, to know which completions the daemon wrote before the destroy. Keeps the
+/// mapping alive like the halves do; the value is the peer's (hostile: just a number to compare).
+#[derive(Clone)]
+pub struct TailView {
+    ctrl: NonNull<RingCtrl>,
+    _owner: Owner,
+}
+
+// SAFETY: a pointer to a ring's control block in a mapping its owner keeps alive; the view only loads the tail
+// atomically, which any thread may do.
+unsafe impl Send for TailView {}
+// SAFETY: as above.
+unsafe impl Sync for TailView {}
+
+impl TailView {
+    /// The producer's index now (Acquire: the entries before it are written).
+    #[inline]
+    pub fn load(&self) -> u32 {
+        // SAFETY: ctrl points at a live, aligned RingCtrl (checked when the consumer attached) that the owner keeps
+        // mapped; its fields are atomics, valid for any bit pattern and only accessed atomically.
+        unsafe { self.ctrl.as_ref() }.tail.load(Ordering::Acquire)
+    }
+}
+
 /// Zeroes a ring's indices. Call it once on fresh memory before either half attaches (a new memfd is zero already).
 ///
 /// # Safety
@@ -654,6 +679,18 @@ impl<T: Pod> Consumer<T> {
     /// How many times this half loaded the producer's tail (only when its cache said "empty", or in `sync`).
     pub fn reloads(&self) -> u64 {
         self.reloads
+    }
+
+    /// The free-running index of the next entry to read.
+    #[inline]
+    pub fn head_index(&self) -> u32 {
+        self.head
+    }
+
+    /// A view of the producer's index for other threads ([`TailView`]); `None` for a ring attached without an owner
+    /// that keeps its memory mapped.
+    pub fn tail_view(&self) -> Option<TailView> {
+        Some(TailView { ctrl: self.raw.ctrl, _owner: self.raw._owner.clone()? })
     }
 
     /// Entries available according to the cached tail (no shared-memory access).

@@ -320,6 +320,16 @@ impl CqReader {
         CqReader { ring, deferred: None }
     }
 
+    /// The ring index of the next completion to read (free-running).
+    pub fn head_index(&self) -> u32 {
+        self.ring.head_index()
+    }
+
+    /// A view of the daemon's index in the ring, for other threads (`None` for a heap ring without an owner).
+    pub fn tail_view(&self) -> Option<super::ring::TailView> {
+        self.ring.tail_view()
+    }
+
     /// Completions waiting in the ring, looking at the daemon's tail now (nothing is consumed): the re-check after
     /// arming a CQ. An error if the ring is corrupt.
     pub fn pending(&mut self) -> Result<u32, WqError> {
@@ -328,14 +338,26 @@ impl CqReader {
 
     /// Up to `out.len()` completions (`ibv_poll_cq`); slots go back to the daemon before returning. A CQE that
     /// cannot be decoded is an error, reported once, after the good completions polled before it.
+    #[inline]
     pub fn poll(&mut self, out: &mut [verbs::Cqe]) -> Result<usize, WqError> {
+        self.poll_skipping(out, |_, _| false)
+    }
+
+    /// [`poll`](Self::poll), but the completions for which `skip(ring index, completion)` says true are consumed
+    /// and not returned (those of a destroyed QP).
+    pub fn poll_skipping(
+        &mut self,
+        out: &mut [verbs::Cqe],
+        mut skip: impl FnMut(u32, &verbs::Cqe) -> bool,
+    ) -> Result<usize, WqError> {
         if let Some(e) = self.deferred.take() {
             return Err(WqError::Cqe(e));
         }
         let mut n = 0;
         while n < out.len() {
-            let Some(c) = self.ring.pop()? else { break };
+            let Some((i, c)) = self.ring.pop_indexed()? else { break };
             match c.decode() {
+                Ok(d) if skip(i, &d) => continue,
                 Ok(d) => out[n] = d,
                 Err(e) => {
                     self.deferred = Some(e);
