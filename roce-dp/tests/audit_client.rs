@@ -602,3 +602,26 @@ fn a_destroyed_qps_completions_are_not_polled() {
     let zq = z.qpn();
     assert_eq!(got, [(zq, 1, WcStatus::WrFlushErr), (zq, 2, WcStatus::LocQpOpErr), (zq, 3, WcStatus::WrFlushErr)]);
 }
+
+/// Session 14: with receives read while a send refusal waits, a receive the daemon refuses meanwhile errors the QP
+/// at once; the WRITE before the waiting refusal is then flushed and the waiting refusal completes after it. Each
+/// queue's completions stay in post order: send [WRITE flushed, FETCH_ADD refused], receive [the bad receive].
+#[test]
+fn a_receive_refused_while_a_send_refusal_waits_keeps_each_queue_in_order() {
+    let d = daemon("refusal-recv-refused");
+    let mut p = a_waiting_refusal(&d, 0);
+    let mut bad = p.mr.sge(0, 64);
+    bad.len = 0x8000_0001;
+    p.a.post_recv(7, &[bad]).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let c = wait_cqe(&mut p.cq, Duration::from_secs(5)).unwrap().unwrap_or_else(|| panic!("after {got:?}"));
+        got.push((c.wr_id, c.status, c.opcode == roce_dp::WcOpcode::Recv));
+    }
+    let sends: Vec<_> = got.iter().filter(|g| !g.2).map(|g| (g.0, g.1)).collect();
+    let recvs: Vec<_> = got.iter().filter(|g| g.2).map(|g| (g.0, g.1)).collect();
+    assert_eq!(sends, [(1, WcStatus::WrFlushErr), (2, WcStatus::LocQpOpErr)], "{got:?}");
+    assert_eq!(recvs, [(7, WcStatus::LocQpOpErr)], "{got:?}");
+    assert_eq!(state(&p.a), QpState::Err);
+    assert_eq!(wait_cqe(&mut p.cq, Duration::from_millis(100)).unwrap().map(|c| c.wr_id), None);
+}

@@ -866,7 +866,7 @@ impl Cq {
     }
 
     /// Completions waiting in the ring now, without taking any (the re-check after arming, for callers that poll
-    /// elsewhere).
+    /// elsewhere). Those of a QP destroyed since they were written count too, until a poll skips them.
     pub fn pending(&mut self) -> Result<u32, Error> {
         self.region.cq.pending().map_err(|e| Error::Protocol(format!("completion ring: {e}")))
     }
