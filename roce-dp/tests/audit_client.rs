@@ -625,3 +625,47 @@ fn a_receive_refused_while_a_send_refusal_waits_keeps_each_queue_in_order() {
     assert_eq!(state(&p.a), QpState::Err);
     assert_eq!(wait_cqe(&mut p.cq, Duration::from_millis(100)).unwrap().map(|c| c.wr_id), None);
 }
+
+/// Session 14 review: each QP dropped left a record in each of its CQs (its number and the ring's tail), forgotten
+/// only by a poll of that CQ reading past it; a CQ that is never polled (the receive CQ of QPs that only WRITE, a
+/// common pattern) kept one more record for every QP ever destroyed: memory without bound, and the poll that came
+/// at last compared each completion with all of them. A QP destroyed while the ring holds nothing unread cannot
+/// have a completion in it: no record now, and a later destroy forgets the records the polls have read past. What
+/// a record is for still works: a completion of a destroyed QP waiting unread in the ring is skipped, however many
+/// QPs come and go meanwhile. Old code: 60 records in the CQ never polled, 60 in the other.
+#[test]
+fn a_cq_never_polled_keeps_no_record_of_the_qps_destroyed_while_it_held_nothing() {
+    let d = daemon("stale-records");
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.reg_mr(1 << 16, AccessFlags::ALL).unwrap();
+    let mut cq = dev.create_cq(16).unwrap();
+    let mut idle = dev.create_cq(16).unwrap();
+    let init = QpInit { sq_depth: 8, rq_depth: 8, ..QpInit::default() };
+    for _ in 0..60 {
+        let qp = dev.create_qp(&pd, &cq, &idle, init).unwrap();
+        qp.to_init(AccessFlags::ALL).unwrap();
+    }
+    assert_eq!((cq.destroyed_qps_pending(), idle.destroyed_qps_pending()), (0, 0));
+    // x's flushed receive waits unread in `idle`: its record stays while other QPs come and go, and the poll that
+    // comes at last skips it (and forgets every record).
+    let mut x = dev.create_qp(&pd, &cq, &idle, init).unwrap();
+    x.to_init(AccessFlags::ALL).unwrap();
+    x.post_recv(7, &[mr.sge(0, 64)]).unwrap();
+    x.modify(&to(QpState::Err)).unwrap();
+    let t0 = Instant::now();
+    while idle.pending().unwrap() != 1 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "x's receive was not flushed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(x);
+    assert_eq!(idle.destroyed_qps_pending(), 1);
+    for _ in 0..5 {
+        drop(dev.create_qp(&pd, &cq, &idle, init).unwrap());
+    }
+    assert!(idle.destroyed_qps_pending() >= 1);
+    assert_eq!(wait_cqe(&mut idle, Duration::from_millis(100)).unwrap(), None, "x's flushed receive was polled");
+    assert_eq!(idle.destroyed_qps_pending(), 0);
+    assert_eq!(wait_cqe(&mut cq, Duration::from_millis(10)).unwrap(), None);
+    assert_eq!(cq.destroyed_qps_pending(), 0);
+}

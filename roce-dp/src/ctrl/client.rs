@@ -774,14 +774,30 @@ impl StaleQps {
         self.qps.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// QP `qpn` was destroyed: its completions are those before the ring's tail now.
+    /// QP `qpn` was destroyed: its completions are those before the ring's tail now. Only the part of the ring not
+    /// read yet can hold any: nothing is recorded when that part is empty, and the records the polls have read past
+    /// (or an earlier one of the same number, which this one covers) are forgotten here too, so a CQ that is never
+    /// polled (a receive CQ of QPs that only write, say) does not grow a record for each QP destroyed, and a CQ
+    /// not polled for a while keeps at most one per QP number.
     fn destroyed(&self, qpn: u32) {
-        let Some(tail) = &self.tail else { return };
-        let until = tail.load();
+        let Some(view) = &self.tail else { return };
+        let until = view.load();
         let mut qps = self.lock();
-        qps.push((qpn, until));
-        self.any.store(true, Ordering::Relaxed);
+        // Read after the tail (and under the lock, so no poll of ours retires records meanwhile): the polls have
+        // handed back at most what the daemon had written, and a poll running now only takes the head further.
+        let read = view.released();
+        qps.retain(|&(q, u)| q != qpn && before(read, u));
+        if before(read, until) {
+            qps.push((qpn, until));
+        }
+        self.any.store(!qps.is_empty(), Ordering::Relaxed);
     }
+}
+
+/// Whether free-running ring index `i` comes before `until` (their signed distance is positive).
+#[inline]
+fn before(i: u32, until: u32) -> bool {
+    (until.wrapping_sub(i) as i32) > 0
 }
 
 /// Empty polls between two looks at the control socket.
@@ -821,12 +837,10 @@ impl Cq {
     /// forgets each such QP once the ring is read past its index.
     fn poll_skipping_stale(&mut self, out: &mut [Cqe]) -> Result<usize, WqError> {
         let mut qps = self.stale.lock();
-        // Free-running indices: `i` is before `until` when `until - i`, as a signed distance, is positive.
-        let n = self.region.cq.poll_skipping(out, |i, c| {
-            qps.iter().any(|&(q, until)| q == c.qpn && (until.wrapping_sub(i) as i32) > 0)
-        })?;
+        let n =
+            self.region.cq.poll_skipping(out, |i, c| qps.iter().any(|&(q, until)| q == c.qpn && before(i, until)))?;
         let head = self.region.cq.head_index();
-        qps.retain(|&(_, until)| (until.wrapping_sub(head) as i32) > 0);
+        qps.retain(|&(_, until)| before(head, until));
         if qps.is_empty() {
             self.stale.any.store(false, Ordering::Relaxed);
         }
@@ -863,6 +877,12 @@ impl Cq {
         }
         self.region.notify.set_moderation(super::abi::moderation_word(count, period_us));
         Ok(())
+    }
+
+    /// How many destroyed QPs this CQ keeps a record of, whose completions a poll is still to skip (for tests).
+    #[doc(hidden)]
+    pub fn destroyed_qps_pending(&self) -> usize {
+        self.stale.lock().len()
     }
 
     /// Completions waiting in the ring now, without taking any (the re-check after arming, for callers that poll

@@ -319,16 +319,17 @@ impl NotifyView {
     }
 }
 
-/// A look at a ring's producer index from outside its consumer half, from any thread: the client library reads a
-/// CQ ring's tail when it destroys a QP, to know which completions the daemon wrote before the destroy. Keeps the
-/// mapping alive like the halves do; the value is the peer's (hostile: just a number to compare).
+/// A look at a ring's indices from outside its consumer half, from any thread: the client library reads a CQ ring's
+/// tail when it destroys a QP, to know which completions the daemon wrote before the destroy, and the head its own
+/// polls handed back, to know which of those are still to be read. Keeps the mapping alive like the halves do; the
+/// tail is the peer's (hostile: just a number to compare).
 #[derive(Clone)]
 pub struct TailView {
     ctrl: NonNull<RingCtrl>,
     _owner: Owner,
 }
 
-// SAFETY: a pointer to a ring's control block in a mapping its owner keeps alive; the view only loads the tail
+// SAFETY: a pointer to a ring's control block in a mapping its owner keeps alive; the view only loads its indices
 // atomically, which any thread may do.
 unsafe impl Send for TailView {}
 // SAFETY: as above.
@@ -341,6 +342,14 @@ impl TailView {
         // SAFETY: ctrl points at a live, aligned RingCtrl (checked when the consumer attached) that the owner keeps
         // mapped; its fields are atomics, valid for any bit pattern and only accessed atomically.
         unsafe { self.ctrl.as_ref() }.tail.load(Ordering::Acquire)
+    }
+
+    /// The consumer's index as its half last handed it back ([`Consumer::release`], at the end of each poll): at
+    /// most the index of the next entry it will read, so every entry before it has been read.
+    #[inline]
+    pub fn released(&self) -> u32 {
+        // SAFETY: as in `load`.
+        unsafe { self.ctrl.as_ref() }.head.load(Ordering::Acquire)
     }
 }
 
