@@ -551,6 +551,30 @@ fn receives_flow_while_a_send_refusal_waits() {
     assert_eq!(state(&p.a), QpState::Err);
 }
 
+/// A session with a CQ whose ring holds 4 and QP `x` in INIT with 6 receives (wr_id 100..106) posted on it.
+struct SixReceives {
+    x: Qp,
+    cq: Cq,
+    mr: Mr,
+    pd: roce_dp::client::Pd,
+    dev: Device,
+    init: QpInit,
+}
+
+fn six_receives(d: &LoopbackDaemon) -> SixReceives {
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mr = pd.reg_mr(1 << 16, AccessFlags::ALL).unwrap();
+    let cq = dev.create_cq(4).unwrap();
+    let init = QpInit { sq_depth: 8, rq_depth: 8, ..QpInit::default() };
+    let mut x = dev.create_qp(&pd, &cq, &cq, init).unwrap();
+    x.to_init(AccessFlags::ALL).unwrap();
+    for i in 0..6 {
+        x.post_recv(100 + i, &[mr.sge(0, 64)]).unwrap();
+    }
+    SixReceives { x, cq, mr, pd, dev, init }
+}
+
 /// Session 14: a destroyed QP's completions stayed in its CQ (in the engine's queue, among the held refusals, and
 /// in the ring), and QP numbers were reused last-freed-first: the next QP created got the destroyed one's number
 /// and the application polled the old completions as the new QP's. As libmlx5's `ibv_destroy_qp` cleans a QP's
@@ -560,17 +584,8 @@ fn receives_flow_while_a_send_refusal_waits() {
 #[test]
 fn a_destroyed_qps_completions_are_not_polled() {
     let d = daemon("destroyed-cqes");
-    let dev = Device::open(d.path()).unwrap();
-    let pd = dev.alloc_pd().unwrap();
-    let mr = pd.reg_mr(1 << 16, AccessFlags::ALL).unwrap();
-    let mut cq = dev.create_cq(4).unwrap();
-    let init = QpInit { sq_depth: 8, rq_depth: 8, ..QpInit::default() };
     // x: 6 receives flushed, 4 fill the CQ's ring and 2 wait in the engine.
-    let mut x = dev.create_qp(&pd, &cq, &cq, init).unwrap();
-    x.to_init(AccessFlags::ALL).unwrap();
-    for i in 0..6 {
-        x.post_recv(100 + i, &[mr.sge(0, 64)]).unwrap();
-    }
+    let SixReceives { x, mut cq, mr, pd, dev, init } = six_receives(&d);
     let t0 = Instant::now();
     while x.query().unwrap().rq_posted != 6 {
         assert!(t0.elapsed() < Duration::from_secs(5), "x's receives never reached the engine");
@@ -668,4 +683,29 @@ fn a_cq_never_polled_keeps_no_record_of_the_qps_destroyed_while_it_held_nothing(
     assert_eq!(idle.destroyed_qps_pending(), 0);
     assert_eq!(wait_cqe(&mut cq, Duration::from_millis(10)).unwrap(), None);
     assert_eq!(cq.destroyed_qps_pending(), 0);
+}
+
+/// Session 14 review: a QP's destroy drops its completions the worker has not delivered (the engine's still queued,
+/// and refusals held behind them), as a modify to RESET discards WQEs; those went uncounted, where the RESET's
+/// are counted (`wqes_discarded_reset`). Now `cqes_discarded_destroy`: here x's 6 flushed receives (4 fill the
+/// CQ's ring, 2 wait in the engine) and the refusal of its bad receive held behind them: 3 dropped; the ring's 4
+/// are skipped by the library, not counted. Old code: the counter does not exist (0).
+#[test]
+fn a_destroys_dropped_completions_are_counted() {
+    let d = daemon("destroy-counted");
+    let SixReceives { mut x, mut cq, mr, dev, .. } = six_receives(&d);
+    let mut bad = mr.sge(0, 64);
+    bad.len = 0x8000_0001;
+    x.post_recv(106, &[bad]).unwrap();
+    let t0 = Instant::now();
+    while daemon_stat(&dev, "cqes_held") != 1 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "x's bad receive was not refused and held");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(state(&x), QpState::Err);
+    assert_eq!(cq.pending().unwrap(), 4);
+    drop(x);
+    assert_eq!(daemon_stat(&dev, "cqes_discarded_destroy"), 3);
+    assert_eq!(wait_cqe(&mut cq, Duration::from_millis(100)).unwrap(), None);
+    assert_eq!(daemon_stat(&dev, "cqes_discarded_destroy"), 3);
 }

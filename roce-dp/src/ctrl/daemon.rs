@@ -213,11 +213,14 @@ pub struct ApplianceStats {
     /// CQEs dropped because their CQ ring was corrupt (or a refusal beyond the CQ's depth of held ones).
     pub cqes_dropped: u64,
     /// Completions of refused WQEs held back behind the engine's completions of their CQ or a full ring (each
-    /// delivered in its place among them, as the ring has room).
+    /// delivered in its place among them, as the ring has room, unless its QP is destroyed first).
     pub cqes_held: u64,
     /// WQEs a modify to RESET discarded without completions: those still in the QP's rings, and a refused one
     /// still waiting for the WRs before it (each a WR the application posted before the reset).
     pub wqes_discarded_reset: u64,
+    /// Completions of a destroyed QP dropped by its destroy before they reached the CQ ring: the engine's still
+    /// queued, and refusals held (what the ring already holds the client library skips).
+    pub cqes_discarded_destroy: u64,
     /// Sessions whose resources were reclaimed.
     pub sessions_reclaimed: u64,
     /// Commands served.
@@ -785,6 +788,7 @@ impl Appliance {
             ("cqes_dropped", s.cqes_dropped),
             ("cqes_held", s.cqes_held),
             ("wqes_discarded_reset", s.wqes_discarded_reset),
+            ("cqes_discarded_destroy", s.cqes_discarded_destroy),
             ("commands", s.commands),
             ("events_signalled", s.events_signalled),
             ("events_unsent", s.events_unsent),
@@ -802,6 +806,7 @@ impl Appliance {
             ("cqes_dropped", s.cqes_dropped),
             ("cqes_held", s.cqes_held),
             ("wqes_discarded_reset", s.wqes_discarded_reset),
+            ("cqes_discarded_destroy", s.cqes_discarded_destroy),
             ("sessions_reclaimed", s.sessions_reclaimed),
             ("commands", s.commands),
             ("events_signalled", s.events_signalled),
@@ -1042,12 +1047,15 @@ impl Appliance {
 
     /// Drops the completions of QP `qpn` (being destroyed) that CQ `cq` has not delivered: the engine's (as its
     /// destroy would) and the held refusals; the held refusals of other QPs keep their place among the engine's
-    /// completions that stay. What the ring already holds the client library skips (see [`super::client`]).
+    /// completions that stay. What the ring already holds the client library skips (see [`super::client`]). Counted
+    /// in `cqes_discarded_destroy`.
     fn forget_cqes(&mut self, e: &mut Engine, cq: CqId, qpn: u32) {
         let Some(Some(slot)) = self.cqs.get_mut(cq.0 as usize) else { return };
         let mut gone = Vec::new();
         e.cq_clean(cq, qpn, |pos| gone.push(slot.popped + pos as u64));
+        let held = slot.refusals.len();
         slot.refusals.retain(|(_, c)| c.qpn != qpn);
+        self.stats.cqes_discarded_destroy += (gone.len() + held - slot.refusals.len()) as u64;
         if !gone.is_empty() {
             for (at, _) in slot.refusals.iter_mut() {
                 *at -= gone.iter().filter(|&&g| g < *at).count() as u64;
