@@ -1007,9 +1007,10 @@ impl Appliance {
     /// once the WRs before it have completed ([`poll_qp`](Self::poll_qp)); a receive WQE's, or a corrupt ring's
     /// (either queue's: a hostile client's, whose WRs before it are flushed, not waited for), at once: the QP goes
     /// to error first, so the engine's flush of the WRs posted before it comes before it. Either way it follows
-    /// every completion the engine already has for its CQ, so each queue's completions stay in post order. A full ring (or completions of the engine still waiting for room) holds it back,
-    /// delivered in its place as room comes; only beyond the CQ's own depth of held refusals (a client that posts
-    /// past its CQ's depth and never polls: a CQ overrun in verbs) is one dropped and counted.
+    /// every completion the engine already has for its CQ, so each queue's completions stay in post order. A full
+    /// ring (or completions of the engine still waiting for room) holds it back, delivered in its place as room
+    /// comes; only beyond the CQ's own depth of held refusals (a client that posts past its CQ's depth and never
+    /// polls: a CQ overrun in verbs) is one dropped and counted.
     fn refuse(&mut self, e: &mut Engine, i: usize, cqe: abi::Cqe) {
         self.stats.wqes_refused += 1;
         let q = &self.qps[i];
@@ -1056,11 +1057,7 @@ impl Appliance {
         let held = slot.refusals.len();
         slot.refusals.retain(|(_, c)| c.qpn != qpn);
         self.stats.cqes_discarded_destroy += (gone.len() + held - slot.refusals.len()) as u64;
-        if !gone.is_empty() {
-            for (at, _) in slot.refusals.iter_mut() {
-                *at -= gone.iter().filter(|&&g| g < *at).count() as u64;
-            }
-        }
+        shift_back(slot.refusals.iter_mut().map(|(at, _)| at), &gone);
     }
 
     /// Keeps a refused WQE's completion for [`deliver`](Self::deliver), to go after the CQ's `at`-th engine
@@ -2098,8 +2095,38 @@ fn handle(
     (r, None)
 }
 
+/// Moves each held refusal's place `at` (it goes once the CQ's `at` engine completions before it were popped) back
+/// by the engine completions removed ahead of it: `gone` holds their indices, ascending; a removed completion at
+/// index `at` or later came after the refusal and does not move it. Both lists are in order (`at` never falls along
+/// the queue), so one merge walk: a destroy costs O(held + removed), not their product.
+fn shift_back<'a>(ats: impl Iterator<Item = &'a mut u64>, gone: &[u64]) {
+    let mut ahead = 0;
+    for at in ats {
+        while ahead < gone.len() && gone[ahead] < *at {
+            ahead += 1;
+        }
+        *at -= ahead as u64;
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// A refusal moves back by exactly the removed completions before its place: one removed at its place or after
+    /// it (it came after the refusal) does not move it; several refusals share one walk.
+    #[test]
+    fn shift_back_counts_only_the_removed_completions_ahead() {
+        let mut ats = [3u64, 3, 5, 9];
+        // 1 and 2 are ahead of every refusal; 3 is at the first two refusals' place (after them); 7 is between.
+        super::shift_back(ats.iter_mut(), &[1, 2, 3, 7]);
+        assert_eq!(ats, [1, 1, 2, 5]);
+        let mut none = [4u64];
+        super::shift_back(none.iter_mut(), &[]);
+        assert_eq!(none, [4]);
+        let mut after = [2u64];
+        super::shift_back(after.iter_mut(), &[2, 3]);
+        assert_eq!(after, [2]);
+    }
+
     use super::*;
 
     /// PD numbers wrap after 2^32 - 1 allocations without a panic (debug) and never hand out 0 or a number still
