@@ -192,7 +192,7 @@ fn rdp_sim_refuses_flags_it_would_ignore_and_runs_it_could_not_finish() {
     let conf_s = conf.to_str().unwrap();
     one_line(
         &run_bounded(sim, &["--incast", "2", "--cc-config", conf_s]),
-        &format!("rdp-sim: --cc-config {conf_s}: line 3: np_cnp_dscp: invalid value: integer `300`, expected u8"),
+        &format!("rdp-sim: --cc-config {conf_s}: line 3: dcqcn.np_cnp_dscp: invalid value: integer `300`, expected u8"),
     );
     let _ = std::fs::remove_file(&conf);
     // A device that never ends is not read to its end; one output file for two outputs is refused.
