@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use roce_dp::config::{DaemonBacking, Driver, HostView, Profile};
-use roce_dp::ctrl::daemon::{job_channel, Appliance, JobReceiver, Server, ServerConfig};
+use roce_dp::ctrl::daemon::{job_channel, socket_path_problem, Appliance, JobReceiver, Server, ServerConfig};
 use roce_dp::ctrl::proto::{DeviceInfo, StatRecord};
 use roce_dp::ctrl::shm::Backing;
 use roce_dp::dpdk::{
@@ -113,6 +113,14 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         )));
     };
     let path = cli.socket.clone().unwrap_or_else(|| PathBuf::from(&d.socket));
+    // As [daemon] socket: clients name the daemon by its whole path (a relative one is relative to each's directory).
+    if !path.is_absolute() {
+        return Err(Fail(format!("--socket {}: not an absolute path (e.g. /run/roce-dpd.sock)", path.display())));
+    }
+    // Before DPDK starts, as "in use" below: a socket that cannot be made ended the run after EAL and the port.
+    if let Some(why) = socket_path_problem(&path) {
+        return Err(Fail(why));
+    }
     let backing = match d.backing {
         DaemonBacking::Memfd => Backing::Pages,
         DaemonBacking::Hugetlbfs => Backing::Hugetlb,
