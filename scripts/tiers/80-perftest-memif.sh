@@ -3,7 +3,7 @@
 # --data_validation, exit codes, perftest's BW and latency tables parsed by column position, --out_json_file; -a (send
 # BW and send latency, both sides in lockstep), -b, -Q, -D, --run_infinitely ended by SIGINT; bad input: an unknown
 # flag, connection refused, a forced MTU the peer does not have, a client and a server killed mid-run, a peer speaking
-# another perftest version.
+# another perftest version. And the README's main job, scripts/run.sh, with -p and --timeout of its caller's.
 TIERS+=(tier8_perftest_memif)
 
 PF_N=0
@@ -218,6 +218,24 @@ tier8_perftest_memif() {
         test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
     check "run of ${secs:-?} s: longer than the server's --timeout" awk -v s="${secs:-0}" 'BEGIN {exit !(s > 3)}'
 
+
+    # The README's main job, scripts/run.sh, with perftest's flags and its own -p / --timeout replacing run.sh's
+    # (rdp_write_bw said "cannot be used multiple times" of a -p the user gave once); the port's options are run.sh's
+    # and refused in one line before anything runs.
+    local run_out="$LOG_DIR/tier8-run-sh.out"
+    rc=0
+    timeout 120 "$ROOT/scripts/run.sh" -s 4096 -n 2000 -q 2 --data_validation -p $((30000 + ($$ % 20000) + 98)) \
+        --timeout 30 >"$run_out" 2>&1 || rc=$?
+    check "scripts/run.sh -s 4096 -n 2000 -q 2 --data_validation -p PORT --timeout 30: exit 0 (got $rc)" test "$rc" -eq 0
+    check "scripts/run.sh: perftest's table" pf_table "$run_out" 4096 2000
+    check "scripts/run.sh: the server's validation and the logs, as the README shows" \
+        grep -Eq '^server: Data validation: 8192 bytes verified; logs: target/run-logs/[0-9]{8}-[0-9]{6}$' "$run_out"
+    rc=0 err="$LOG_DIR/tier8-run-sh-port-conf.err" t0=$SECONDS
+    timeout 60 "$ROOT/scripts/run.sh" --port-conf conf/af-packet.toml >/dev/null 2>"$err" || rc=$?
+    check "scripts/run.sh --port-conf FILE: exit 2 (got $rc) within 5 s ($((SECONDS - t0)) s)" \
+        test "$rc" -eq 2 -a $((SECONDS - t0)) -le 5
+    check "scripts/run.sh --port-conf FILE: one line naming it" \
+        test "$(wc -l <"$err")" -eq 1 -a -n "$(grep "^run.sh: --port-conf is run.sh's own" "$err")"
 
     # A client, then a server, killed mid-run: the other side exits non-zero within its timeout.
     pf_vanish client
