@@ -195,6 +195,32 @@ tier8_perftest_memif() {
     check "connection refused: exit 1 (got $rc) within 10 s ($((SECONDS - t0)) s)" test "$rc" -eq 1 -a $((SECONDS - t0)) -le 10
     check "connection refused: one line" test "$(wc -l <"$err")" -eq 1 -a -n "$(grep -i 'refused' "$err")"
 
+    # Profiles swapped or doubled: a memif client with no memif server to connect to (DPDK: "Operation not
+    # permitted"), and a second memif server on a socket the first holds (the vdev's probe failed inside EAL, and
+    # the tool said only "rte_eth_dev_get_port_by_name failed: No such device"): one line each saying why, exit 2.
+    local dsock="/run/rdp-${RUN_ID}-pdup.sock" dspid
+    track_path "$dsock"
+    track_prefix "${RUN_ID}pd1" && track_prefix "${RUN_ID}pd2" && track_prefix "${RUN_ID}pd3"
+    rc=0 err="$LOG_DIR/tier8-no-memif-server.err"
+    timeout 30 "$ROOT/target/release/rdp_write_bw" --port-conf "$ROOT/conf/memif-client.toml" --socket "$dsock" \
+        --file-prefix "${RUN_ID}pd1" --timeout 5 >/dev/null 2>"$err" || rc=$?
+    check "memif client profile, no memif server: exit 2 (got $rc)" test "$rc" -eq 2
+    check "memif client profile, no memif server: one line saying so" test "$(wc -l <"$err")" -eq 1 \
+        -a -n "$(grep "^rdp_write_bw: start net_memif0: .*: no memif server on $dsock" "$err")"
+    "$ROOT/target/release/rdp_write_bw" --port-conf "$ROOT/conf/memif-server.toml" --socket "$dsock" \
+        --file-prefix "${RUN_ID}pd2" -p $((30000 + ($$ % 20000) + 97)) --timeout 10 >/dev/null 2>&1 &
+    dspid=$!
+    track_pid "$dspid"
+    sleep 1
+    rc=0 err="$LOG_DIR/tier8-memif-socket-in-use.err"
+    timeout 30 "$ROOT/target/release/rdp_write_bw" --port-conf "$ROOT/conf/memif-server.toml" --socket "$dsock" \
+        --file-prefix "${RUN_ID}pd3" -p $((30000 + ($$ % 20000) + 96)) --timeout 5 >/dev/null 2>"$err" || rc=$?
+    kill -TERM "$dspid" 2>/dev/null
+    wait_pid "$dspid" 20 || true
+    check "second memif server on one socket: exit 2 (got $rc)" test "$rc" -eq 2
+    check "second memif server on one socket: one line with DPDK's reason" test "$(wc -l <"$err")" -eq 1 \
+        -a -n "$(grep '^rdp_write_bw: port net_memif0: .*; DPDK: .*Address already in use' "$err")"
+
     # The server forces 4096, the client 1024: the server refuses; the client then loses the exchange.
     PF_SEXTRA=(-m 4096) PF_CEXTRA=(-m 1024)
     pf_pair mtu-mismatch rdp_write_bw -s 4096 -n 1000

@@ -606,6 +606,17 @@ tier85_link() {
     spid=$DPD_PID
     line=$(port_link "$ss")
     check "link: a memif server without its peer shows 'link down' ($line)" grep -q '^port 0: .*link down' <<<"$line"
+    # A second memif server daemon on the memif socket the first holds: the vdev's probe fails inside EAL, which
+    # roce-dpd reported as "rte_eth_dev_get_port_by_name failed: No such device" alone; now with DPDK's reason.
+    local dup="$LOG_DIR/tier9-link-second-server.err"
+    track_prefix "${1}l2"
+    track_path "/run/roce-dpd-${RUN_ID}l2.sock"
+    timeout 30 "$ROOT/target/release/roce-dpd" --config "$ROOT/conf/daemon-memif-server.toml" \
+        --socket "/run/roce-dpd-${RUN_ID}l2.sock" --file-prefix "${1}l2" >"$dup" 2>&1 || rc=$?
+    check "link: a second memif server daemon on the first's memif socket: exit 2 (got $rc)" test "$rc" -eq 2
+    check "link: ... one line with DPDK's reason" \
+        one_line "$dup" '^roce-dpd: port net_memif0: .*; DPDK: .*Address already in use'
+    rc=0
     if ! dpd_start "$cs" "${1}lc" "$clog" "$ROOT/conf/daemon-memif-client.toml"; then
         fail "link: roce-dpd memif client starts: $(tail -n 2 "$clog")"
         kill -TERM "$spid"
