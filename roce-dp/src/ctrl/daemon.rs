@@ -1713,7 +1713,14 @@ impl Server {
         }
         // Before any client's memory is mapped: a hole a client punches in it must not kill the daemon.
         super::sigbus::install().map_err(|e| ServeError(format!("cannot guard shared memory: {e}")))?;
-        let listener = UnixListener::bind(path).map_err(|e| ServeError(format!("bind {shown}: {e}")))?;
+        let listener = UnixListener::bind(path).map_err(|e| match e.kind() {
+            // Not root (/run is root's): bind's bare "Permission denied" did not say what to change.
+            std::io::ErrorKind::PermissionDenied => ServeError(format!(
+                "cannot create the socket {shown}: permission denied on its directory: run roce-dpd as root, or set \
+                 [daemon] socket (or --socket) to a path in a directory this user may write"
+            )),
+            _ => ServeError(format!("bind {shown}: {e}")),
+        })?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.mode))
             .map_err(|e| ServeError(format!("chmod {:o} {shown}: {e}", cfg.mode)))?;
         listener.set_nonblocking(true).map_err(|e| ServeError(format!("{shown}: {e}")))?;
