@@ -6,7 +6,9 @@
 #   scripts/run.sh                                  -s 4096 -n 20000 -q 2 -m 4096 --data_validation
 #   scripts/run.sh -s 65536 -n 5000 -q 4 -m 1024    (the arguments replace the defaults)
 #
-# Any rdp_write_bw option is passed to both sides (see target/release/rdp_write_bw --help). Runs scripts/setup.sh
+# Any rdp_write_bw option is passed to both sides (see target/release/rdp_write_bw --help); -p PORT (the TCP
+# exchange's, default one from run.sh's PID) and --timeout S (default 120) replace run.sh's, and the port's options
+# (--port-conf, --socket, --file-prefix, --lcore, --daemon) are refused: they are run.sh's. Runs scripts/setup.sh
 # and the release build first (both do nothing when all is in place). Needs root. Exit status 0 only if both sides
 # exit 0 (every WR completed OK; with --data_validation, the payload verified).
 set -uo pipefail
@@ -17,9 +19,33 @@ cd "$ROOT"
 
 args=(-s 4096 -n 20000 -q 2 -m 4096 --data_validation)
 case "${1:-}" in
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
 esac
 [[ $# -gt 0 ]] && args=("$@")
+# The options run.sh gives each side itself: -p and --timeout the user's replace run.sh's; the port's are run.sh's
+# (each side's memif profile, socket and EAL prefix), and rdp_write_bw said "cannot be used multiple times" of a flag
+# the user gave once.
+port="" timeout=120 given=("${args[@]}") args=()
+for ((i = 0; i < ${#given[@]}; i++)); do
+    a="${given[i]}"
+    if [[ $a == -p || $a == --port || $a == --timeout ]] && ((i + 1 == ${#given[@]})); then
+        echo "run.sh: $a needs a value (see target/release/rdp_write_bw --help)" >&2
+        exit 2
+    fi
+    case "$a" in
+        -p | --port) port="${given[i + 1]:-}" i=$((i + 1)) ;;
+        --timeout) timeout="${given[i + 1]:-}" i=$((i + 1)) ;;
+        --port=*) port="${a#--port=}" ;;
+        -p?*) port="${a#-p}" ;;
+        --timeout=*) timeout="${a#--timeout=}" ;;
+        --port-conf | --port-conf=* | --daemon | --daemon=* | --socket | --socket=* | --file-prefix | --file-prefix=* \
+            | --lcore | --lcore=*)
+            echo "run.sh: ${a%%=*} is run.sh's own (each side: conf/memif-{server,client}.toml, its socket and EAL prefix); for another port run rdp_write_bw by hand (README: perftest-compatible tools)" >&2
+            exit 2
+            ;;
+        *) args+=("$a") ;;
+    esac
+done
 if [[ $(id -u) -ne 0 ]]; then
     echo "run.sh: run as root (DPDK needs /var/run/dpdk)" >&2
     exit 2
@@ -36,23 +62,23 @@ if ! cargo build --locked --release -p roce-dp-tools --bins >"$LOG_DIR/build.log
     exit 2
 fi
 BW="$ROOT/target/release/rdp_write_bw"
-sock="/run/rdp-${RUN_ID}-run.sock" ps="${RUN_ID}rs" pc="${RUN_ID}rc" port=$((20000 + ($$ % 20000)))
+sock="/run/rdp-${RUN_ID}-run.sock" ps="${RUN_ID}rs" pc="${RUN_ID}rc" port=${port:-$((20000 + ($$ % 20000)))}
 slog="$LOG_DIR/server.log" clog="$LOG_DIR/client.log" src=0 crc=0
 track_prefix "$ps"
 track_prefix "$pc"
 track_path "$sock"
 echo "roce-dp run: rdp_write_bw over memif between two soft-NIC processes (server lcore 1, client lcore 0)"
-"$BW" --port-conf conf/memif-server.toml --socket "$sock" --file-prefix "$ps" -p "$port" --timeout 120 \
+"$BW" --port-conf conf/memif-server.toml --socket "$sock" --file-prefix "$ps" -p "$port" --timeout "$timeout" \
     "${args[@]}" >"$slog" 2>&1 &
 spid=$!
 track_pid "$spid"
-"$BW" --port-conf conf/memif-client.toml --socket "$sock" --file-prefix "$pc" -p "$port" --timeout 120 \
+"$BW" --port-conf conf/memif-client.toml --socket "$sock" --file-prefix "$pc" -p "$port" --timeout "$timeout" \
     "${args[@]}" 127.0.0.1 >"$clog" 2>&1 || crc=$?
 wait_pid "$spid" 30 || src=$?
 sed -n '/^ #bytes/,$p' "$clog"
 grep -h '^rdp_write_bw:' "$clog" "$slog" | sed 's/^/  /'
 if [[ $src -ne 0 || $crc -ne 0 ]]; then
-    echo "run.sh: FAILED (server exit $src, client exit $crc); logs: $LOG_DIR"
+    echo "run.sh: FAILED (server exit $src, client exit $crc); logs: ${LOG_DIR#"$ROOT"/}"
     exit 1
 fi
-echo "server:$(grep -h '^ Data validation' "$slog" || echo ' (no --data_validation)'); logs: $LOG_DIR"
+echo "server:$(grep -h '^ Data validation' "$slog" || echo ' (no --data_validation)'); logs: ${LOG_DIR#"$ROOT"/}"

@@ -489,6 +489,32 @@ pub fn check_own_ipv4(ip: Ipv4Addr) -> Result<(), String> {
 /// The longest profile [`Profile::load`] reads (the shipped ones are under 4 KiB).
 pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
 
+/// A TOML error in `text` as one line: `line N: KEY: problem`, where KEY is the dotted key of the line the error is
+/// on (`daemon.max_depth`, `dcqcn.rp_gd`) when toml's own message does not name it: a value of the wrong type or
+/// range ("invalid type: string \"4096\", expected u32") says nothing of whose it is. toml's own text quotes the
+/// line and marks the column over several lines; only its first line is kept. Shared by the port profiles and
+/// `rdp-sim --cc-config`.
+pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let msg = e.message().lines().next().unwrap_or("syntax error").trim();
+    let Some(before) = e.span().and_then(|s| text.get(..s.start.min(text.len()))) else {
+        return msg.to_owned();
+    };
+    let line = before.matches('\n').count() + 1;
+    // A bare key (`max_depth`, `np_cnp_dscp`): not a continuation line of an array, not a table header.
+    let bare = |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+    let key = text.lines().nth(line - 1).and_then(|l| l.split_once('=')).map(|(k, _)| k.trim()).filter(|k| bare(k));
+    let Some(key) = key.filter(|k| !msg.contains(*k)) else {
+        return format!("line {line}: {msg}");
+    };
+    // The table the line is in: the last `[name]` header above it.
+    let table =
+        before.lines().filter_map(|l| l.trim().strip_prefix('[')?.split_once(']')).next_back().map(|(t, _)| t.trim());
+    match table {
+        Some(t) if bare(t) => format!("line {line}: {t}.{key}: {msg}"),
+        _ => format!("line {line}: {key}: {msg}"),
+    }
+}
+
 /// Whether `m` can be a station's own address: not group (multicast, broadcast) and not all zero.
 fn unicast(m: MacAddr) -> bool {
     m.0[0] & 1 == 0 && m.0 != [0; 6]
@@ -516,14 +542,7 @@ impl Profile {
 
     /// Parse and validate `text`; `name` prefixes errors.
     pub fn parse(name: &str, text: &str) -> Result<Profile, ConfigError> {
-        let p: Profile = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
-            let msg = e.message().lines().next().unwrap_or("syntax error").trim().to_owned();
-            match line {
-                Some(l) => ConfigError(format!("{name}: line {l}: {msg}")),
-                None => ConfigError(format!("{name}: {msg}")),
-            }
-        })?;
+        let p: Profile = toml::from_str(text).map_err(|e| ConfigError(format!("{name}: {}", toml_error(text, &e))))?;
         p.validate().map_err(|(key, why)| ConfigError(format!("{name}: {key}: {why}")))?;
         Ok(p)
     }
@@ -714,6 +733,18 @@ impl Profile {
         if let Some(d) = &self.daemon {
             if !d.socket.starts_with('/') {
                 return Err(("daemon.socket", format!("{:?} is not an absolute path", d.socket)));
+            }
+            let digits = d.socket_mode.to_string();
+            if d.socket_mode > 0o777 && digits.len() == 3 && digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+                // `socket_mode = 600`: a mode written as chmod takes it, which TOML reads as decimal 600 = 0o1130.
+                return Err((
+                    "daemon.socket_mode",
+                    format!(
+                        "{digits} is decimal ({:#o}); TOML reads a mode in octal only with the 0o prefix: write \
+                         socket_mode = 0o{digits}",
+                        d.socket_mode
+                    ),
+                ));
             }
             if d.socket_mode > 0o777 || d.socket_mode & 0o600 != 0o600 {
                 return Err((
@@ -1073,6 +1104,38 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_mode_written_without_0o_says_so() {
+        let d = |mode: &str| format!("{BASE}[daemon]\nsocket = \"/run/x.sock\"\nsocket_mode = {mode}\n");
+        // It said "0o1130 must be 0o600..=0o777 with owner rw" of a file that says 600.
+        assert_eq!(
+            err(&d("600")),
+            "t.toml: daemon.socket_mode: 600 is decimal (0o1130); TOML reads a mode in octal only with the 0o \
+             prefix: write socket_mode = 0o600"
+        );
+        assert!(err(&d("660")).ends_with("write socket_mode = 0o660"));
+        assert_eq!(Profile::parse("t.toml", &d("0o660")).unwrap().daemon.unwrap().socket_mode, 0o660);
+        // 384 is 0o600 in decimal: a valid mode, whatever the notation.
+        assert_eq!(Profile::parse("t.toml", &d("384")).unwrap().daemon.unwrap().socket_mode, 0o600);
+        assert_eq!(err(&d("0o400")), "t.toml: daemon.socket_mode: 0o400 must be 0o600..=0o777 with owner rw");
+        assert_eq!(err(&d("800")), "t.toml: daemon.socket_mode: 0o1440 must be 0o600..=0o777 with owner rw");
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key() {
+        // The line alone (`line 5: invalid type: string "1024", expected u32`) made the user find the key.
+        let e = err(&BASE.replace("mtu = 1024", "mtu = \"1024\""));
+        assert_eq!(e, "t.toml: line 5: net.mtu: invalid type: string \"1024\", expected u32");
+        let e = err(&format!("{BASE}[eal]\nlcores = 1\n"));
+        assert_eq!(e, "t.toml: line 7: eal.lcores: invalid type: integer `1`, expected a string");
+        let e = err(&format!("{BASE}[daemon]\nsocket = \"/run/x.sock\"\n  max_depth=-1 # x\n"));
+        assert_eq!(e, "t.toml: line 8: daemon.max_depth: invalid value: integer `-1`, expected u32");
+        // Keys toml's message names already, and lines that are no `key = value`, stay as they were.
+        assert!(err(&format!("{BASE}bogus = 1\n")).starts_with("t.toml: line 6: unknown field `bogus`"));
+        let e = err(&format!("{BASE}[eal]\nextra = [\n  \"-a\",\n  {{ a = 1 }},\n]\n"));
+        assert_eq!(e, "t.toml: line 9: invalid type: map, expected a string");
+    }
+
+    #[test]
     fn errors_are_one_line_naming_file_and_key() {
         let e = err(&format!("{BASE}bogus = 1\n"));
         assert!(e.starts_with("t.toml: line 6: unknown field `bogus`"), "{e}");
@@ -1082,7 +1145,7 @@ mod tests {
         let e = err(&BASE.replace("1024", "9000"));
         assert!(e.starts_with("t.toml: net.mtu: 9000 is not a RoCE path MTU"), "{e}");
         let e = err(&BASE.replace("net_ring", "tap"));
-        assert!(e.starts_with("t.toml: line 2: unknown variant `tap`"), "{e}");
+        assert!(e.starts_with("t.toml: line 2: port.driver: unknown variant `tap`"), "{e}");
         let e = err(&format!("{BASE}[mempool]\ndata_room = 1024\n"));
         assert!(e.starts_with("t.toml: mempool.data_room: 1024 is too small"), "{e}");
         let e = err("[port]\ndriver = \"mlx5\"\npci = \"3b:00.0\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 4096\n");

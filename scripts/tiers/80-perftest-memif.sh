@@ -3,7 +3,7 @@
 # --data_validation, exit codes, perftest's BW and latency tables parsed by column position, --out_json_file; -a (send
 # BW and send latency, both sides in lockstep), -b, -Q, -D, --run_infinitely ended by SIGINT; bad input: an unknown
 # flag, connection refused, a forced MTU the peer does not have, a client and a server killed mid-run, a peer speaking
-# another perftest version.
+# another perftest version. And the README's main job, scripts/run.sh, with -p and --timeout of its caller's.
 TIERS+=(tier8_perftest_memif)
 
 PF_N=0
@@ -195,6 +195,32 @@ tier8_perftest_memif() {
     check "connection refused: exit 1 (got $rc) within 10 s ($((SECONDS - t0)) s)" test "$rc" -eq 1 -a $((SECONDS - t0)) -le 10
     check "connection refused: one line" test "$(wc -l <"$err")" -eq 1 -a -n "$(grep -i 'refused' "$err")"
 
+    # Profiles swapped or doubled: a memif client with no memif server to connect to (DPDK: "Operation not
+    # permitted"), and a second memif server on a socket the first holds (the vdev's probe failed inside EAL, and
+    # the tool said only "rte_eth_dev_get_port_by_name failed: No such device"): one line each saying why, exit 2.
+    local dsock="/run/rdp-${RUN_ID}-pdup.sock" dspid
+    track_path "$dsock"
+    track_prefix "${RUN_ID}pd1" && track_prefix "${RUN_ID}pd2" && track_prefix "${RUN_ID}pd3"
+    rc=0 err="$LOG_DIR/tier8-no-memif-server.err"
+    timeout 30 "$ROOT/target/release/rdp_write_bw" --port-conf "$ROOT/conf/memif-client.toml" --socket "$dsock" \
+        --file-prefix "${RUN_ID}pd1" --timeout 5 >/dev/null 2>"$err" || rc=$?
+    check "memif client profile, no memif server: exit 2 (got $rc)" test "$rc" -eq 2
+    check "memif client profile, no memif server: one line saying so" test "$(wc -l <"$err")" -eq 1 \
+        -a -n "$(grep "^rdp_write_bw: start net_memif0: .*: no memif server on $dsock" "$err")"
+    "$ROOT/target/release/rdp_write_bw" --port-conf "$ROOT/conf/memif-server.toml" --socket "$dsock" \
+        --file-prefix "${RUN_ID}pd2" -p $((30000 + ($$ % 20000) + 97)) --timeout 10 >/dev/null 2>&1 &
+    dspid=$!
+    track_pid "$dspid"
+    sleep 1
+    rc=0 err="$LOG_DIR/tier8-memif-socket-in-use.err"
+    timeout 30 "$ROOT/target/release/rdp_write_bw" --port-conf "$ROOT/conf/memif-server.toml" --socket "$dsock" \
+        --file-prefix "${RUN_ID}pd3" -p $((30000 + ($$ % 20000) + 96)) --timeout 5 >/dev/null 2>"$err" || rc=$?
+    kill -TERM "$dspid" 2>/dev/null
+    wait_pid "$dspid" 20 || true
+    check "second memif server on one socket: exit 2 (got $rc)" test "$rc" -eq 2
+    check "second memif server on one socket: one line with DPDK's reason" test "$(wc -l <"$err")" -eq 1 \
+        -a -n "$(grep '^rdp_write_bw: port net_memif0: .*; DPDK: .*Address already in use' "$err")"
+
     # The server forces 4096, the client 1024: the server refuses; the client then loses the exchange.
     PF_SEXTRA=(-m 4096) PF_CEXTRA=(-m 1024)
     pf_pair mtu-mismatch rdp_write_bw -s 4096 -n 1000
@@ -218,6 +244,24 @@ tier8_perftest_memif() {
         test "$PF_SRC" -eq 0 -a "$PF_CRC" -eq 0
     check "run of ${secs:-?} s: longer than the server's --timeout" awk -v s="${secs:-0}" 'BEGIN {exit !(s > 3)}'
 
+
+    # The README's main job, scripts/run.sh, with perftest's flags and its own -p / --timeout replacing run.sh's
+    # (rdp_write_bw said "cannot be used multiple times" of a -p the user gave once); the port's options are run.sh's
+    # and refused in one line before anything runs.
+    local run_out="$LOG_DIR/tier8-run-sh.out"
+    rc=0
+    timeout 120 "$ROOT/scripts/run.sh" -s 4096 -n 2000 -q 2 --data_validation -p $((30000 + ($$ % 20000) + 98)) \
+        --timeout 30 >"$run_out" 2>&1 || rc=$?
+    check "scripts/run.sh -s 4096 -n 2000 -q 2 --data_validation -p PORT --timeout 30: exit 0 (got $rc)" test "$rc" -eq 0
+    check "scripts/run.sh: perftest's table" pf_table "$run_out" 4096 2000
+    check "scripts/run.sh: the server's validation and the logs, as the README shows" \
+        grep -Eq '^server: Data validation: 8192 bytes verified; logs: target/run-logs/[0-9]{8}-[0-9]{6}$' "$run_out"
+    rc=0 err="$LOG_DIR/tier8-run-sh-port-conf.err" t0=$SECONDS
+    timeout 60 "$ROOT/scripts/run.sh" --port-conf conf/af-packet.toml >/dev/null 2>"$err" || rc=$?
+    check "scripts/run.sh --port-conf FILE: exit 2 (got $rc) within 5 s ($((SECONDS - t0)) s)" \
+        test "$rc" -eq 2 -a $((SECONDS - t0)) -le 5
+    check "scripts/run.sh --port-conf FILE: one line naming it" \
+        test "$(wc -l <"$err")" -eq 1 -a -n "$(grep "^run.sh: --port-conf is run.sh's own" "$err")"
 
     # A client, then a server, killed mid-run: the other side exits non-zero within its timeout.
     pf_vanish client

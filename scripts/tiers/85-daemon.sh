@@ -147,6 +147,17 @@ tier85_daemon() {
         rc=$?
     check "permission denied (user nobody, socket 0600): exit 2 (got $rc), one line" test "$rc" -eq 2 -a -n \
         "$(one_line "$err" "^rdp-client: permission denied on $sock: " && echo y)"
+    # roce-dpd not as root: /run is root's (bind said "Permission denied (os error 13)" and nothing to do).
+    err="$LOG_DIR/tier9-dpd-nobody.err" rc=0
+    track_prefix "${RUN_ID}nb"
+    timeout 30 setpriv --reuid=65534 --regid=65534 --clear-groups "$ROOT/target/release/roce-dpd" \
+        --config "$ROOT/conf/daemon-ring.toml" --socket "/run/roce-dpd-${RUN_ID}-nobody.sock" --file-prefix "${RUN_ID}nb" \
+        >/dev/null 2>"$err" || rc=$?
+    check "roce-dpd as user nobody, socket in /run: exit 2 (got $rc), one line saying what to change" test "$rc" -eq 2 \
+        -a -n "$(one_line "$err" "^roce-dpd: cannot create the socket /run/roce-dpd-.*-nobody.sock: permission denied on its directory: run roce-dpd as root" && echo y)"
+    # EAL of a user other than root keeps its runtime directory under /tmp/dpdk: nothing left there.
+    rm -rf "/tmp/dpdk/${RUN_ID}nb"
+    rmdir /tmp/dpdk 2>/dev/null || true
     err="$LOG_DIR/tier9-abi.err" rc=0
     timeout 10 "$client" open --daemon "$sock" --abi-version 99 >/dev/null 2>"$err" || rc=$?
     check "ABI mismatch: exit 2 (got $rc), one line naming both versions" test "$rc" -eq 2 -a -n \
@@ -606,6 +617,17 @@ tier85_link() {
     spid=$DPD_PID
     line=$(port_link "$ss")
     check "link: a memif server without its peer shows 'link down' ($line)" grep -q '^port 0: .*link down' <<<"$line"
+    # A second memif server daemon on the memif socket the first holds: the vdev's probe fails inside EAL, which
+    # roce-dpd reported as "rte_eth_dev_get_port_by_name failed: No such device" alone; now with DPDK's reason.
+    local dup="$LOG_DIR/tier9-link-second-server.err"
+    track_prefix "${1}l2"
+    track_path "/run/roce-dpd-${RUN_ID}l2.sock"
+    timeout 30 "$ROOT/target/release/roce-dpd" --config "$ROOT/conf/daemon-memif-server.toml" \
+        --socket "/run/roce-dpd-${RUN_ID}l2.sock" --file-prefix "${1}l2" >"$dup" 2>&1 || rc=$?
+    check "link: a second memif server daemon on the first's memif socket: exit 2 (got $rc)" test "$rc" -eq 2
+    check "link: ... one line with DPDK's reason" \
+        one_line "$dup" '^roce-dpd: port net_memif0: .*; DPDK: .*Address already in use'
+    rc=0
     if ! dpd_start "$cs" "${1}lc" "$clog" "$ROOT/conf/daemon-memif-client.toml"; then
         fail "link: roce-dpd memif client starts: $(tail -n 2 "$clog")"
         kill -TERM "$spid"

@@ -102,6 +102,27 @@ pub fn remove_runtime_dir(prefix: &str) {
     }
 }
 
+/// DPDK's own explanation of a failure: the first line of its output that reports one, minus known noise.
+pub fn dpdk_explanation(log: &str) -> Option<String> {
+    const NOISE: &[&str] = &["Failed to register mp action callback"];
+    const WORDS: &[&str] = &["fail", "error", "invalid", "unrecognized", "cannot", "not supported", "too large"];
+    log.lines()
+        .map(str::trim)
+        .filter(|l| !NOISE.iter().any(|n| l.contains(n)))
+        .find(|l| {
+            let l = l.to_ascii_lowercase();
+            WORDS.iter().any(|w| l.contains(w))
+        })
+        .map(|l| l.strip_prefix("rdp-porttest: ").unwrap_or(l).to_owned())
+}
+
+/// `"; DPDK: LINE"`: the first failure DPDK logged so far ([`dpdk_explanation`] of its log, which the tools capture
+/// with [`roce_dp::dpdk::Eal::init_captured`]), to put after a setup step's error; empty when it logged none.
+#[cfg(feature = "dpdk")]
+pub fn dpdk_says() -> String {
+    dpdk_explanation(&roce_dp::dpdk::captured_log()).map(|why| format!("; DPDK: {why}")).unwrap_or_default()
+}
+
 /// Parses the command line: `--help` / `--version` print and exit 0 (`Err(SUCCESS)`); bad arguments print one line
 /// `TOOL: what (see --help)` and exit 2.
 pub fn parse_cli<C: clap::Parser>(tool: &str) -> Result<C, std::process::ExitCode> {

@@ -192,7 +192,7 @@ fn rdp_sim_refuses_flags_it_would_ignore_and_runs_it_could_not_finish() {
     let conf_s = conf.to_str().unwrap();
     one_line(
         &run_bounded(sim, &["--incast", "2", "--cc-config", conf_s]),
-        &format!("rdp-sim: --cc-config {conf_s}: line 3: np_cnp_dscp: invalid value: integer `300`, expected u8"),
+        &format!("rdp-sim: --cc-config {conf_s}: line 3: dcqcn.np_cnp_dscp: invalid value: integer `300`, expected u8"),
     );
     let _ = std::fs::remove_file(&conf);
     // A device that never ends is not read to its end; one output file for two outputs is refused.
@@ -358,6 +358,31 @@ mod dpdk_tools {
         one_line(
             &run(env!("CARGO_BIN_EXE_roce-dpd"), &["--config", &p]),
             &format!("roce-dpd: {p}: daemon.worker_lcores: lcore 998 is not an online CPU here (online: {online})"),
+        );
+        let _ = std::fs::remove_file(&p);
+        // roce-dpd's socket: --socket as relative as [daemon] socket may not be (it was served as given), and one
+        // in a directory that does not exist (bind said "No such file or directory" once EAL and the port were up).
+        let p = profile(
+            "daemon-sock.toml",
+            "[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n[eal]\nlcores = \"998\"\n\
+             [daemon]\nsocket = \"/run/rdp-cli-test-no-dir/d.sock\"\n",
+        );
+        let dpd = env!("CARGO_BIN_EXE_roce-dpd");
+        one_line(
+            &run(dpd, &["--config", &p, "--socket", "d.sock"]),
+            "roce-dpd: --socket d.sock: not an absolute path (e.g. /run/roce-dpd.sock)",
+        );
+        one_line(
+            &run(dpd, &["--config", &p]),
+            "roce-dpd: socket /run/rdp-cli-test-no-dir/d.sock: the directory /run/rdp-cli-test-no-dir does not exist \
+             (create it, or give a socket path in one that does)",
+        );
+        let long = format!("/run/{}.sock", "x".repeat(103));
+        one_line(
+            &run(dpd, &["--config", &p, "--socket", &long]),
+            &format!(
+                "roce-dpd: socket {long}: 113 bytes, longer than a Unix socket path can be (107): give a shorter one"
+            ),
         );
         let _ = std::fs::remove_file(&p);
     }

@@ -2,9 +2,13 @@
 //! - every invocation of one of our tools or scripts in a code block or an inline code span (after `$ `, `flock
 //!   LOCK`, or `target/release/`) uses only flags and subcommands that the tool's own `--help` (clap's, or the
 //!   script's header) lists, and every `--daemon`-less `rdp-client`/`rdp-nic`/... subcommand exists;
-//! - the cheap, deterministic examples (`rdp-sim`, `roce-dump` on a vendored capture) print what the README shows
-//!   (lines ending in `...` are prefixes, a line `...` skips output);
-//! - every repository path the README names (`conf/...`, `scripts/...`, links) exists.
+//! - the cheap, deterministic examples (`rdp-sim`, two-node and incast, `roce-dump` on a vendored capture) print what
+//!   the README shows (lines ending in `...` are prefixes, a line `...` skips output; a block may hold several `$ `
+//!   commands, each followed by its output);
+//! - every repository path the README and conf/README.md name (`conf/...`, `scripts/...`, links) exists, and so do
+//!   the tool invocations' flags in conf/README.md;
+//! - every configuration key the two name (`[daemon] socket_mode`, `worker.sleep_us`, `rp_dce_tcp_g`) is one the
+//!   port-profile and congestion-control parsers take.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,6 +20,10 @@ fn root() -> PathBuf {
 
 fn readme() -> String {
     std::fs::read_to_string(root().join("README.md")).expect("README.md")
+}
+
+fn conf_readme() -> String {
+    std::fs::read_to_string(root().join("conf/README.md")).expect("conf/README.md")
 }
 
 /// The directory the test binaries' tools are in (all of the package's binaries are built for its tests).
@@ -185,7 +193,7 @@ fn check(helps: &mut Helps, tool: &str, args: &[String]) -> Option<String> {
 
 #[test]
 fn every_readme_invocation_uses_flags_the_tool_has() {
-    let md = readme();
+    let md = format!("{}\n{}", readme(), conf_readme());
     let (blocks, spans) = snippets(&md);
     let mut cmds: Vec<String> = Vec::new();
     for b in &blocks {
@@ -230,15 +238,29 @@ fn the_check_catches_a_wrong_flag_and_subcommand() {
 }
 
 /// The README's output for a command, compared with the tool's: `...` lines skip, `X ...` is a prefix of a line.
-fn assert_shows(block: &[String], tool: &str) {
-    let cmd = &block[0];
+/// The command runs in a directory of its own (`--plot incast.svg` writes there); an argument naming a file of the
+/// repository (`roce-dp/tests/vectors/...`) is given whole.
+fn assert_shows(cmd: &str, want_lines: &[String], tool: &str) {
     let (name, args) = invocation(cmd).unwrap_or_else(|| panic!("not a command: {cmd}"));
     assert_eq!(name, tool);
-    let o = Command::new(bin_dir().join(tool)).args(&args).current_dir(root()).output().unwrap();
+    let args: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if !a.starts_with('-') && root().join(a).exists() {
+                root().join(a).display().to_string()
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(format!("rdp-readme-{}-{}", std::process::id(), cmd.len()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = Command::new(bin_dir().join(tool)).args(&args).current_dir(&dir).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(o.status.success(), "{cmd}: {}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8(o.stdout).unwrap();
     let mut lines = out.lines();
-    for want in &block[1..] {
+    for want in want_lines {
         if want == "..." {
             continue;
         }
@@ -250,27 +272,114 @@ fn assert_shows(block: &[String], tool: &str) {
     }
 }
 
+/// A block's `$ ` commands, each with the lines after it up to the next.
+fn commands_with_output(block: &[String]) -> Vec<(&str, &[String])> {
+    let starts: Vec<usize> = (0..block.len()).filter(|&i| block[i].starts_with("$ ")).collect();
+    starts
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| (block[i].as_str(), &block[i + 1..*starts.get(k + 1).unwrap_or(&block.len())]))
+        .collect()
+}
+
 #[test]
 fn the_deterministic_examples_print_what_the_readme_shows() {
     let (blocks, _) = snippets(&readme());
-    let mut seen = 0;
+    let (mut two_node, mut incast, mut dump) = (0, 0, 0);
     for b in &blocks {
-        let Some(first) = b.first() else { continue };
-        if first.starts_with("$ target/release/rdp-sim --op") {
-            assert_shows(b, "rdp-sim");
-            seen += 1;
-        }
-        if first.starts_with("$ target/release/roce-dump ") {
-            assert_shows(b, "roce-dump");
-            seen += 1;
+        for (cmd, want) in commands_with_output(b) {
+            if cmd.starts_with("$ target/release/rdp-sim ") {
+                assert_shows(cmd, want, "rdp-sim");
+                if cmd.contains("--incast") {
+                    incast += 1;
+                } else {
+                    two_node += 1;
+                }
+            }
+            if cmd.starts_with("$ target/release/roce-dump ") {
+                assert_shows(cmd, want, "roce-dump");
+                dump += 1;
+            }
         }
     }
-    assert_eq!(seen, 2, "the rdp-sim and roce-dump examples");
+    // The incast block holds three commands: only its first was a block's first line, and only that one was run.
+    assert_eq!((two_node, incast, dump), (1, 3, 1), "the rdp-sim (two-node, incast) and roce-dump examples");
+}
+
+#[test]
+fn a_block_of_several_commands_is_split_into_each_with_its_output() {
+    let b: Vec<String> = ["$ a", "x", "...", "$ b", "$ c", "y"].iter().map(|l| l.to_string()).collect();
+    let got: Vec<(&str, Vec<&str>)> =
+        commands_with_output(&b).into_iter().map(|(c, w)| (c, w.iter().map(String::as_str).collect())).collect();
+    assert_eq!(got, vec![("$ a", vec!["x", "..."]), ("$ b", vec![]), ("$ c", vec!["y"])]);
+}
+
+/// Whether the port-profile parser knows `key` in `[section]` (its value aside: a key it does not know is refused
+/// as "unknown field" before its value is looked at).
+fn profile_takes(section: &str, key: &str) -> bool {
+    let base = [
+        ("port", "driver = \"net_ring\""),
+        ("net", "ipv4 = \"10.0.0.1\"\nmtu = 1024"),
+        ("eal", ""),
+        ("worker", ""),
+        ("mempool", ""),
+        ("daemon", "socket = \"/run/x.sock\""),
+    ];
+    let text: String = base
+        .iter()
+        .map(|(s, body)| {
+            format!("[{s}]\n{body}\n{}", if *s == section { format!("{key} = 0\n") } else { String::new() })
+        })
+        .collect();
+    roce_dp::config::Profile::parse("t", &text).map_or_else(|e| !e.0.contains("unknown field"), |_| true)
+}
+
+/// Whether the congestion-control parser (`rdp-sim --cc-config`) knows `key`, at the top or in `[dcqcn]`.
+fn cc_config_takes(key: &str) -> bool {
+    ["", "[dcqcn]\n"].iter().any(|table| {
+        toml::from_str::<roce_dp::CcConfig>(&format!("{table}{key} = 0\n"))
+            .map_or_else(|e| !e.to_string().contains("unknown field"), |_| true)
+    })
+}
+
+#[test]
+fn every_config_key_the_readmes_name_is_one_the_parsers_take() {
+    const SECTIONS: &[&str] = &["port", "net", "eal", "worker", "mempool", "daemon"];
+    let key_chars =
+        |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    let (mut checked, mut wrong) = (0, Vec::new());
+    for md in [readme(), conf_readme()] {
+        let (_, spans) = snippets(&md);
+        for span in &spans {
+            // `[daemon] socket_mode`, `[worker] idle = "sleep"`, `port.pci`, `worker.sleep_us`.
+            let named = match span.strip_prefix('[').and_then(|r| r.split_once("] ")) {
+                Some((sec, rest)) => Some((sec, rest.split([' ', '=']).next().unwrap_or(""))),
+                None => span.split_once('.').filter(|(_, k)| !k.contains('.')),
+            };
+            if let Some((sec, key)) = named.filter(|(sec, key)| SECTIONS.contains(sec) && key_chars(key)) {
+                checked += 1;
+                if !profile_takes(sec, key) {
+                    wrong.push(format!("`{span}`: the port profile has no key {key} in [{sec}]"));
+                }
+            } else if (span.starts_with("rp_") || span.starts_with("np_")) && key_chars(span) {
+                checked += 1;
+                if !cc_config_takes(span) {
+                    wrong.push(format!("`{span}`: conf/dcqcn.toml's parser has no key {span}"));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "configuration keys the READMEs name that do not exist:\n{}", wrong.join("\n"));
+    assert!(checked >= 30, "only {checked} configuration keys found in the READMEs: the extraction broke");
+    // The check itself: a key that is not there is caught, in either parser.
+    assert!(profile_takes("daemon", "socket_mode") && !profile_takes("daemon", "socket_perms"));
+    assert!(profile_takes("worker", "idle") && !profile_takes("eal", "idle"));
+    assert!(cc_config_takes("rp_dce_tcp_g") && cc_config_takes("np_enabled") && !cc_config_takes("rp_dce_g"));
 }
 
 #[test]
 fn every_path_the_readme_names_exists() {
-    let md = readme();
+    let md = format!("{}\n{}", readme(), conf_readme());
     let mut missing = Vec::new();
     for word in md.split(|c: char| c.is_whitespace() || "`()[],;:'\"".contains(c)) {
         let w = word.trim_end_matches('.');
@@ -290,4 +399,26 @@ fn every_path_the_readme_names_exists() {
     missing.sort();
     missing.dedup();
     assert!(missing.is_empty(), "README names paths that do not exist: {missing:?}");
+}
+
+#[test]
+fn every_profile_in_conf_is_described_in_both_readmes() {
+    let (md, conf_md) = (readme(), conf_readme());
+    let mut files: Vec<String> = std::fs::read_dir(root().join("conf"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".toml"))
+        .collect();
+    files.sort();
+    let (_, spans) = snippets(&conf_md);
+    let (_, readme_spans) = snippets(&md);
+    for f in &files {
+        assert!(spans.iter().any(|s| s == f), "conf/{f} has no entry (`{f}`) in conf/README.md");
+        assert!(readme_spans.iter().any(|s| s == f), "conf/{f} is not in the README's table of conf/ (`{f}`)");
+    }
+    // And what conf/README.md names as a file of conf/ is one.
+    for s in spans.iter().filter(|s| s.ends_with(".toml") && !s.contains(['/', '*', ' '])) {
+        assert!(files.contains(s), "conf/README.md names {s}, which is not in conf/");
+    }
+    assert!(files.len() >= 14, "{files:?}");
 }

@@ -102,8 +102,9 @@ use crate::mr::AccessFlags;
 use crate::qp::{QpAttr, QpState};
 use crate::verbs::{Cqe, SendWr, Sge};
 
-/// What went wrong, with a message a user can act on.
-#[derive(Debug)]
+/// What went wrong, with a message a user can act on. `{:?}` prints that message too (what `fn main() ->
+/// Result<(), Error>` and `unwrap` show: one line naming the problem and what to do, not the variant's fields);
+/// `{:#?}` puts the variant's name before it.
 pub enum Error {
     /// Nothing listens on the socket.
     DaemonAbsent {
@@ -215,6 +216,31 @@ impl fmt::Display for Error {
                 "CQ event moderation count {count} with period {period_us} us: give both a count (>= 1) and a \
                  period (1-65535 us; a count alone could hold an event forever), or 0 and 0 to turn it off"
             ),
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if f.alternate() {
+            let variant = match self {
+                Error::DaemonAbsent { .. } => "DaemonAbsent",
+                Error::NotASocket { .. } => "NotASocket",
+                Error::PermissionDenied { .. } => "PermissionDenied",
+                Error::AbiMismatch(_) => "AbiMismatch",
+                Error::DaemonGone { .. } => "DaemonGone",
+                Error::Timeout { .. } => "Timeout",
+                Error::Refused { code, .. } => return write!(f, "Refused({code:?}): {self}"),
+                Error::Shm(_) => "Shm",
+                Error::QueueFull => "QueueFull",
+                Error::BadRequest(_) => "BadRequest",
+                Error::Protocol(_) => "Protocol",
+                Error::NoChannel { .. } => "NoChannel",
+                Error::BadModeration { .. } => "BadModeration",
+            };
+            write!(f, "{variant}: {self}")
+        } else {
+            fmt::Display::fmt(self, f)
         }
     }
 }
@@ -1229,5 +1255,25 @@ fn notice(msg: &Response) -> Option<String> {
         Response::Shutdown { reason } => Some(format!("it is shutting down: {reason}")),
         Response::Closed { reason } => Some(format!("it closed this session: {reason}")),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_returned_from_main_prints_its_one_line() {
+        // The module example's `fn main() -> Result<(), Error>` prints `Error: {e:?}`: it printed
+        // `DaemonAbsent { path: "/run/..." }`, without the line saying what to do.
+        let e = Device::open("/run/roce-dp-no-such-daemon.sock").unwrap_err();
+        assert_eq!(
+            format!("{e:?}"),
+            "no roce-dpd listening on /run/roce-dp-no-such-daemon.sock: start it with `roce-dpd --config \
+             conf/NAME.toml` (its [daemon] socket)"
+        );
+        assert_eq!(format!("{e:#?}"), format!("DaemonAbsent: {e}"));
+        let e = Error::Refused { code: ErrorCode::Exhausted, msg: "x".into() };
+        assert_eq!(format!("{e:#?}"), "Refused(Exhausted): roce-dpd refused: x");
     }
 }

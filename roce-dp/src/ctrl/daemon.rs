@@ -1624,6 +1624,33 @@ pub struct ServerConfig {
     pub stats_page_bytes: usize,
 }
 
+/// What makes `path` unusable as the daemon's socket before anything is tried, as one line naming the path and what
+/// to do: a directory that does not exist (bind's bare "No such file or directory" named neither), a path longer
+/// than a Unix socket address holds (107 bytes). `roce-dpd` asks before DPDK starts; [`Server::start_workers`] too.
+pub fn socket_path_problem(path: &Path) -> Option<String> {
+    let shown = path.display();
+    let len = path.as_os_str().len();
+    if len > 107 {
+        return Some(format!(
+            "socket {shown}: {len} bytes, longer than a Unix socket path can be (107): give a shorter one"
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if d.as_os_str().is_empty() => Path::new("."),
+        Some(d) => d,
+        None => return Some(format!("socket {shown}: not a file path")),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => None,
+        Ok(_) => Some(format!("socket {shown}: {} is not a directory", dir.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(format!(
+            "socket {shown}: the directory {} does not exist (create it, or give a socket path in one that does)",
+            dir.display()
+        )),
+        Err(e) => Some(format!("socket {shown}: {}: {e}", dir.display())),
+    }
+}
+
 /// Why the server could not start.
 #[derive(Debug)]
 pub struct ServeError(pub String);
@@ -1715,9 +1742,19 @@ impl Server {
             }
             std::fs::remove_file(path).map_err(|e| ServeError(format!("remove stale socket {shown}: {e}")))?;
         }
+        if let Some(why) = socket_path_problem(path) {
+            return Err(ServeError(why));
+        }
         // Before any client's memory is mapped: a hole a client punches in it must not kill the daemon.
         super::sigbus::install().map_err(|e| ServeError(format!("cannot guard shared memory: {e}")))?;
-        let listener = UnixListener::bind(path).map_err(|e| ServeError(format!("bind {shown}: {e}")))?;
+        let listener = UnixListener::bind(path).map_err(|e| match e.kind() {
+            // Not root (/run is root's): bind's bare "Permission denied" did not say what to change.
+            std::io::ErrorKind::PermissionDenied => ServeError(format!(
+                "cannot create the socket {shown}: permission denied on its directory: run roce-dpd as root, or set \
+                 [daemon] socket (or --socket) to a path in a directory this user may write"
+            )),
+            _ => ServeError(format!("bind {shown}: {e}")),
+        })?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.mode))
             .map_err(|e| ServeError(format!("chmod {:o} {shown}: {e}", cfg.mode)))?;
         listener.set_nonblocking(true).map_err(|e| ServeError(format!("{shown}: {e}")))?;

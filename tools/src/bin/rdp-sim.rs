@@ -198,25 +198,8 @@ fn read_cc_config(path: &PathBuf) -> Result<CcConfig, String> {
             path.display()
         ));
     }
-    let cfg: CcConfig = toml::from_str(&text).map_err(|e| {
-        // toml's own text quotes the line and marks the column over several lines: one line instead.
-        let msg = e.message().lines().next().unwrap_or("syntax error").trim().to_owned();
-        match e.span() {
-            Some(s) => {
-                // A value of the wrong type or range ("invalid value: integer `300`, expected u8") does not say
-                // whose: the key of the line it is on does.
-                let line = text[..s.start].matches('\n').count() + 1;
-                let key = text.lines().nth(line - 1).and_then(|l| l.split_once('=')).map(|(k, _)| k.trim());
-                match key {
-                    Some(k) if !k.is_empty() && !msg.contains(k) => {
-                        format!("--cc-config {}: line {line}: {k}: {msg}", path.display())
-                    }
-                    _ => format!("--cc-config {}: line {line}: {msg}", path.display()),
-                }
-            }
-            None => format!("--cc-config {}: {msg}", path.display()),
-        }
-    })?;
+    let cfg: CcConfig = toml::from_str(&text)
+        .map_err(|e| format!("--cc-config {}: {}", path.display(), roce_dp::config::toml_error(&text, &e)))?;
     cfg.validate().map_err(|e| format!("--cc-config {}: {e}", path.display()))?;
     Ok(cfg)
 }

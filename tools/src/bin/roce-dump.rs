@@ -1,4 +1,4 @@
-//! roce-dump: decode the RoCEv2 frames of a pcap/pcapng capture.
+//! roce-dump: decode the RoCEv2 frames of a pcap/pcapng capture (Ethernet, Linux cooked SLL/SLL2, raw IP).
 //!
 //! One line per RoCE frame; other frames are counted, not printed. The last line is
 //! `frames=N roce=N icrc_ok=N icrc_bad=N malformed=N` (` snapped=N` when the capture cut frames short). Exit status:
@@ -13,7 +13,7 @@ use std::io::{self, BufWriter};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// Decode the RoCEv2 frames of a pcap or pcapng capture (Ethernet link type).
+/// Decode the RoCEv2 frames of a pcap or pcapng capture (Ethernet, Linux cooked SLL/SLL2 or raw IP) and verify every ICRC.
 #[derive(Parser, Debug)]
 #[command(name = "roce-dump", version)]
 struct Args {

@@ -131,7 +131,8 @@ struct Cli {
     /// Do not compute the peak bandwidth (BW tests).
     #[arg(short = 'N', long = "noPeak")]
     no_peak: bool,
-    /// Request a completion every N sends (BW tests; default 100, at most the send queue depth).
+    /// Request a completion every N sends (BW tests; default 100, or 1 for messages above 8 KiB without -a or -e, as
+    /// perftest; at most the send queue depth).
     #[arg(short = 'Q', long = "cq-mod", value_parser = clap::value_parser!(u32).range(1..=1024))]
     cq_mod: Option<u32>,
     /// Report Gb/s instead of MiB/s (BW tests).

@@ -200,7 +200,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(SetupError(msg)) => {
-            match dpdk_explanation(&dpdk::captured_log()) {
+            match roce_dp_tools::dpdk_explanation(&dpdk::captured_log()) {
                 Some(why) => eprintln!("rdp-porttest: {msg}; DPDK: {why}"),
                 None => eprintln!("rdp-porttest: {msg}"),
             }
@@ -379,20 +379,6 @@ fn wait_link(port: &Port, up: bool, timeout: Duration) -> Result<dpdk::Link, Dpd
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// DPDK's own explanation of a failure: the first line of its output that reports one, minus known noise.
-fn dpdk_explanation(log: &str) -> Option<String> {
-    const NOISE: &[&str] = &["Failed to register mp action callback"];
-    const WORDS: &[&str] = &["fail", "error", "invalid", "unrecognized", "cannot", "not supported", "too large"];
-    log.lines()
-        .map(str::trim)
-        .filter(|l| !NOISE.iter().any(|n| l.contains(n)))
-        .find(|l| {
-            let l = l.to_ascii_lowercase();
-            WORDS.iter().any(|w| l.contains(w))
-        })
-        .map(|l| l.strip_prefix("rdp-porttest: ").unwrap_or(l).to_owned())
 }
 
 /// Poll every side until all flows finished, `deadline` passed or a signal arrived.

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use roce_dp::config::{DaemonBacking, Driver, HostView, Profile};
-use roce_dp::ctrl::daemon::{job_channel, Appliance, JobReceiver, Server, ServerConfig};
+use roce_dp::ctrl::daemon::{job_channel, socket_path_problem, Appliance, JobReceiver, Server, ServerConfig};
 use roce_dp::ctrl::proto::{DeviceInfo, StatRecord};
 use roce_dp::ctrl::shm::Backing;
 use roce_dp::dpdk::{
@@ -38,6 +38,7 @@ use roce_dp::dpdk::{
 use roce_dp::neigh::NeighIp;
 use roce_dp::wire::MacAddr;
 use roce_dp::{Engine, EngineConfig, LocalIp};
+use roce_dp_tools::dpdk_says;
 
 /// The first QPN of worker 0's engine.
 const QPN_BASE: u32 = 0x100;
@@ -113,6 +114,14 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         )));
     };
     let path = cli.socket.clone().unwrap_or_else(|| PathBuf::from(&d.socket));
+    // As [daemon] socket: clients name the daemon by its whole path (a relative one is relative to each's directory).
+    if !path.is_absolute() {
+        return Err(Fail(format!("--socket {}: not an absolute path (e.g. /run/roce-dpd.sock)", path.display())));
+    }
+    // Before DPDK starts, as "in use" below: a socket that cannot be made ended the run after EAL and the port.
+    if let Some(why) = socket_path_problem(&path) {
+        return Err(Fail(why));
+    }
     let backing = match d.backing {
         DaemonBacking::Memfd => Backing::Pages,
         DaemonBacking::Hugetlbfs => Backing::Hugetlb,
@@ -157,9 +166,10 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     let eal = if cli.verbose {
         Eal::init(args.to_vec())
     } else {
-        Eal::init_with_log(args.to_vec(), std::path::Path::new("/dev/null"))
+        // Kept, not shown: a failing port step quotes DPDK's explanation (dpdk_says).
+        Eal::init_captured(args.to_vec())
     }
-    .map_err(|e| Fail(format!("EAL ({shown}): {e}")))?;
+    .map_err(|e| Fail(format!("EAL ({shown}): {e}{}", dpdk_says())))?;
     let room = prof.pool_data_room();
     let (rx_desc, tx_desc) = (prof.port.rx_desc.unwrap_or(1024), prof.port.tx_desc.unwrap_or(1024));
     let nq = nw as u32;
@@ -182,12 +192,13 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
             Some((name, _)) => name,
             None => prof.port.pci.clone().unwrap_or_default(),
         };
-        Port::by_name(&eal, &name).map_err(|e| Fail(format!("port {name}: {e}")))?
+        Port::by_name(&eal, &name).map_err(|e| Fail(format!("port {name}: {e}{}", dpdk_says())))?
     };
     let pinfo = port.info()?;
     let (_rx_off, tx_off) = choose_offloads(&pinfo);
     let conf = PortConfig { rx_desc, tx_desc, tx_queues: nw as u16, tx_offloads: tx_off, ..PortConfig::default() };
-    port.configure(&conf, &pool).map_err(|e| Fail(format!("configure {} ({}): {e}", port.name(), pinfo.driver)))?;
+    port.configure(&conf, &pool)
+        .map_err(|e| Fail(format!("configure {} ({}): {e}{}", port.name(), pinfo.driver, dpdk_says())))?;
     let until = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         match port.start() {
@@ -200,7 +211,15 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
             {
                 std::thread::sleep(Duration::from_millis(50))
             }
-            Err(e) => return Err(Fail(format!("start {}: {e}", port.name()))),
+            Err(e) if prof.port.driver == Driver::Memif && prof.port.role.as_deref() == Some("client") => {
+                let sock = prof.port.socket.as_deref().unwrap_or("");
+                return Err(Fail(format!(
+                    "start {}: {e}: no memif server on {sock} within 30 s (this profile's role is client: start the \
+                     daemon whose profile has role = \"server\" first)",
+                    port.name()
+                )));
+            }
+            Err(e) => return Err(Fail(format!("start {}: {e}{}", port.name(), dpdk_says()))),
         }
     }
     let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
