@@ -135,8 +135,9 @@ pub enum Cmd {
     DestroyQp(u32),
     /// Counters.
     Stats,
-    /// The session ended: error its QPs and free everything it owned.
-    Reclaim,
+    /// The session ended: error its QPs and free everything it owned; true when it owned anything on any worker
+    /// (it counts in `sessions_reclaimed`, alike on every worker).
+    Reclaim(bool),
     /// The daemon is stopping: every QP of every session to the error state, completions flushed into the rings.
     Shutdown,
 }
@@ -221,7 +222,8 @@ pub struct ApplianceStats {
     /// Completions of a destroyed QP dropped by its destroy before they reached the CQ ring: the engine's still
     /// queued, and refusals held (what the ring already holds the client library skips).
     pub cqes_discarded_destroy: u64,
-    /// Sessions whose resources were reclaimed.
+    /// Ended sessions that owned something (a PD, CQ, QP, MR or completion channel) and had it reclaimed; a session
+    /// that only asked (`roce-stat`, an ABI probe) is not counted.
     pub sessions_reclaimed: u64,
     /// Commands served.
     pub commands: u64,
@@ -724,8 +726,9 @@ impl Appliance {
                 Response::Ok
             }
             Cmd::Stats => Response::Stats(self.stat_records(e, extra_stats)),
-            Cmd::Reclaim => {
+            Cmd::Reclaim(owned) => {
                 self.reclaim(e, client);
+                self.stats.sessions_reclaimed += u64::from(owned);
                 Response::Ok
             }
             Cmd::Shutdown => {
@@ -764,7 +767,6 @@ impl Appliance {
             c != client
         });
         self.pds.retain(|_, c| *c != client);
-        self.stats.sessions_reclaimed += 1;
     }
 
     /// This worker's records: the `daemon` scope (its objects and counters: [`Server`] merges the workers'), its
@@ -1575,9 +1577,13 @@ impl Router {
     /// Every worker reclaims the session (worker 0 last: see [`dereg_mr`](Self::dereg_mr)); its routes go.
     fn reclaim(&self, client: u32) -> Response {
         let mut rt = self.routes();
+        let owned = rt.pds_mrs.get(&client).is_some_and(|&(pds, mrs)| pds + mrs > 0)
+            || rt.qps.values().any(|&(c, _, _)| c == client)
+            || rt.cqs.values().any(|c| c.client == client)
+            || rt.channels.values().any(|c| c.client == client);
         let mut r = Response::Ok;
         for w in (0..self.workers.len()).rev() {
-            let x = self.ask(w, client, Cmd::Reclaim);
+            let x = self.ask(w, client, Cmd::Reclaim(owned));
             if !matches!(x, Response::Ok) {
                 r = x;
             }
