@@ -133,10 +133,15 @@ fn print_snapshot(s: &Snapshot, all: bool) -> String {
     let mut out = String::new();
     for ((_, scope, id), counters) in s {
         let _ = write!(out, "{}:", object_name(scope, *id));
+        let mut shown = false;
         for (name, v) in counters {
             if all || *v != 0 || is_gauge(scope, name) {
                 let _ = write!(out, " {} {}", text_name(name), value_text(scope, name, *v));
+                shown = true;
             }
+        }
+        if !shown {
+            out.push_str(" (every counter 0: --all shows them)");
         }
         out.push('\n');
     }
@@ -342,5 +347,14 @@ mod tests {
         assert_eq!(print_delta(&up, &down, 1.0, false), "port 0: link down speed_mbps 0\n");
         assert_eq!(print_delta(&down, &up, 1.0, false), "port 0: ipackets +5 (5/s) link up speed_mbps 10000\n");
         assert!(json_delta(&up, &down, 1.0).contains("\"delta\":{\"ipackets\":0,\"link\":0,\"speed_mbps\":0}"));
+    }
+
+    /// Session 14: an object whose counters were all zero printed as a bare `engine 0:`, as if cut short.
+    #[test]
+    fn an_object_with_every_counter_zero_says_so() {
+        let rec = |name: &str| StatRecord { scope: "engine".into(), id: 0, name: name.into(), value: 0 };
+        let s = snapshot(vec![rec("rx_frames"), rec("tx_frames")]);
+        assert_eq!(print_snapshot(&s, false), "engine 0: (every counter 0: --all shows them)\n");
+        assert_eq!(print_snapshot(&s, true), "engine 0: rx_frames 0 tx_frames 0\n");
     }
 }
