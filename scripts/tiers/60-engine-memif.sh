@@ -89,6 +89,28 @@ client_killed_mid_run() {
     wait_pid "$cpid" 5 >/dev/null 2>&1 || true
 }
 
+# memif_socket_in_use: a second rdp-nic server on the memif socket a first one holds: one line with DPDK's own
+# reason, exit 2 (session 14: rdp-nic sent DPDK's log to /dev/null and said only "No such device").
+memif_socket_in_use() {
+    local sock="/run/rdp-${RUN_ID}-mdup.sock" p1="${RUN_ID}md1" p2="${RUN_ID}md2" port=$((20000 + ($$ % 10000) + 97))
+    local err="$LOG_DIR/tier6-memif-socket-in-use.err" spid rc=0
+    track_prefix "$p1"
+    track_prefix "$p2"
+    track_path "$sock"
+    "$NIC" server --profile "$ROOT/conf/memif-server.toml" --socket "$sock" --oob-port "$port" --file-prefix "$p1" \
+        --timeout 10 --op write --size 64 --iters 10 >/dev/null 2>&1 &
+    spid=$!
+    track_pid "$spid"
+    sleep 1
+    timeout 30 "$NIC" server --profile "$ROOT/conf/memif-server.toml" --socket "$sock" --oob-port $((port + 1)) \
+        --file-prefix "$p2" --timeout 5 --op write --size 64 --iters 10 >/dev/null 2>"$err" || rc=$?
+    kill -TERM "$spid" 2>/dev/null
+    wait_pid "$spid" 20 >/dev/null 2>&1 || true
+    check "second rdp-nic memif server on one socket: exit 2 (got $rc)" test "$rc" -eq 2
+    check "second rdp-nic memif server on one socket: one line with DPDK's reason" test "$(wc -l <"$err")" -eq 1 \
+        -a -n "$(grep '^rdp-nic: port net_memif0: .*; DPDK: .*Address already in use' "$err")"
+}
+
 tier6_engine_memif() {
     tier_begin "tier 6 engine over memif"
     if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
@@ -118,6 +140,7 @@ tier6_engine_memif() {
     done
     raw_echo_peer_stops_reading
     client_killed_mid_run
+    memif_socket_in_use
     TIER_NOTE="($(grep -h '^RESULT op' "$LOG_DIR"/tier6-write-4096-client.log | grep -Eo 'avg_mib_s=[0-9.]+'))"
     tier_end
 }

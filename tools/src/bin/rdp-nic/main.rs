@@ -197,11 +197,17 @@ impl From<DpdkError> for SetupError {
 
 pub(crate) trait Ctx<T> {
     fn ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError>;
+    /// [`ctx`](Ctx::ctx) for a DPDK step: DPDK's own reason, from its captured log, after the error.
+    fn dpdk_ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError>;
 }
 
 impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
     fn ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError> {
         self.map_err(|e| SetupError(format!("{}: {e}", what())))
+    }
+
+    fn dpdk_ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError> {
+        self.map_err(|e| SetupError(format!("{}: {e}{}", what(), roce_dp_tools::dpdk_says())))
     }
 }
 
@@ -295,8 +301,9 @@ fn check_mtu(mtu: u32, max: u32) -> Result<u32, SetupError> {
 fn init_eal(args: EalArgs, verbose: bool) -> Result<Eal, SetupError> {
     let argv = args.to_vec();
     let shown = argv[1..].join(" ");
-    let eal = if verbose { Eal::init(argv) } else { Eal::init_with_log(argv, std::path::Path::new("/dev/null")) };
-    eal.ctx(|| format!("EAL ({shown})"))
+    // Quiet, DPDK's log is kept (not shown) so that a failed step can quote DPDK's reason.
+    let eal = if verbose { Eal::init(argv) } else { Eal::init_captured(argv) };
+    eal.dpdk_ctx(|| format!("EAL ({shown})"))
 }
 
 fn configure_and_start(
@@ -310,7 +317,7 @@ fn configure_and_start(
     // linearized by the worker).
     let (_rx_off, tx_off) = choose_offloads(&info);
     let conf = PortConfig { tx_offloads: tx_off, ..conf.clone() };
-    port.configure(&conf, pool).ctx(|| format!("configure {} ({})", port.name(), info.driver))?;
+    port.configure(&conf, pool).dpdk_ctx(|| format!("configure {} ({})", port.name(), info.driver))?;
     let until = Instant::now() + client_retry.unwrap_or_default();
     loop {
         match port.start() {
@@ -319,7 +326,7 @@ fn configure_and_start(
                 let _ = e;
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Err(e) => return Err(e).ctx(|| format!("start {}", port.name())),
+            Err(e) => return Err(e).dpdk_ctx(|| format!("start {}", port.name())),
         }
     }
 }
@@ -1070,7 +1077,7 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, clie
         Some((name, _)) => name,
         None => prof.port.pci.clone().unwrap_or_default(),
     };
-    let mut port = Port::by_name(&eal, &name).ctx(|| format!("port {name}"))?;
+    let mut port = Port::by_name(&eal, &name).dpdk_ctx(|| format!("port {name}"))?;
     let memif = prof.port.driver == Driver::Memif;
     let conf = PortConfig { rx_desc, tx_desc, ..PortConfig::default() };
     let retry = (client && memif).then(|| Duration::from_secs(o.timeout.min(30)));
