@@ -27,7 +27,7 @@ pub struct HeaderTemplate {
     ack_icrc: Option<icrc::AckIcrc>,
     /// The ICRC's initial-register correction for the fields it masks that the template fixes (IPv4: TOS, TTL,
     /// UDP checksum, BTH byte 4 without FECN/BECN; IPv6: all of them): the transmit path adds the IPv4 header
-    /// checksum's share from the value it computed ([`icrc::compute_with_fix`]) instead of reading the fields back.
+    /// checksum's share from the value it computed ([`icrc::compute_with_fix_in_place`]) instead of reading the fields back.
     icrc_fix: u32,
 }
 
@@ -165,7 +165,7 @@ impl HeaderTemplate {
             Some(v) => v,
             // FECN/BECN (BTH byte 4) are not in the template's correction.
             None if bth.fecn || bth.becn => icrc::compute(&ip[..at])?,
-            None => icrc::compute_with_fix(&ip[..at], fix),
+            None => icrc::compute_with_fix_in_place(&mut ip[..at], fix),
         };
         ip[at..].copy_from_slice(&v.to_le_bytes());
         Ok(n)
