@@ -19,9 +19,7 @@ use crate::stats::{EngineStats, QpCounters};
 use crate::time::{Duration, Instant};
 use crate::verbs::{Cq, CqId, Cqe, SendWr, Sge};
 use crate::wire::RxFrame;
-use crate::wire::{
-    self, op, AethRepr, AtomicEthRepr, BthRepr, Ecn, Error as WireError, IpAddrs, MacAddr, Psn, RethRepr,
-};
+use crate::wire::{self, op, AethRepr, AtomicEthRepr, Ecn, Error as WireError, IpAddrs, MacAddr, Psn, RethRepr};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -192,7 +190,7 @@ impl TxExt {
 /// One packet decided by a QP role, before its bytes are written.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TxPlan {
-    pub(crate) bth: BthRepr,
+    pub(crate) bth: wire::TxBth,
     pub(crate) ext: TxExt,
     pub(crate) payload_len: u32,
     pub(crate) src: PayloadSrc,
@@ -896,7 +894,7 @@ impl Engine {
             let mut bad = false;
             // One call with one payload closure (not one per source): the header code is inlined once, and the
             // closures with it.
-            let res = q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| match plan.src {
+            let res = q.hdr.emit_with(buf, plan.bth, len, ident, ext, |d| match plan.src {
                 PayloadSrc::None => d.fill(0),
                 PayloadSrc::Sq { idx, off } => bad = !q.gather(idx, off, d, mrs),
                 PayloadSrc::Mr { rkey, va } => {

@@ -6,7 +6,7 @@
 //! are exactly what [`emit_frame`](super::emit_frame) writes for the same headers (tested below).
 
 use super::opcode::{flags as f, hdr_len, OpInfo};
-use super::{icrc, ipv4, ipv6, udp, BthPacket, BthRepr, Error, ExtRepr, IpAddrs, Opcode, RoceRepr};
+use super::{icrc, ipv4, ipv6, udp, BthRepr, Error, ExtRepr, IpAddrs, Opcode, Psn, RoceRepr, TxBth};
 
 /// Longest prefix: Ethernet with an 802.1Q tag, IPv6, UDP.
 const MAX_PREFIX: usize = 18 + ipv6::HEADER_LEN + udp::HEADER_LEN;
@@ -29,6 +29,8 @@ pub struct HeaderTemplate {
     /// UDP checksum, BTH byte 4 without FECN/BECN; IPv6: all of them): the transmit path adds the IPv4 header
     /// checksum's share from the value it computed ([`icrc::compute_with_fix_in_place`]) instead of reading the fields back.
     icrc_fix: u32,
+    /// The flow's BTH words (P_Key, destination QP; opcode, flags and PSN zero): see [`bth`](Self::bth).
+    bth: TxBth,
 }
 
 impl HeaderTemplate {
@@ -68,7 +70,31 @@ impl HeaderTemplate {
         } else {
             icrc::v6_fix([h[0], h[1], h[2], h[3]], h[ipv6::field::HOP_LIMIT], udp_csum(ipv6::HEADER_LEN), 0)
         };
-        HeaderTemplate { bytes, eth_len: eth_len as u8, ip_len: ip_len as u8, v4, csum_partial, ack_icrc, icrc_fix }
+        let bth = TxBth::new(&BthRepr {
+            opcode: Opcode(0),
+            solicited: false,
+            pad: 0,
+            ack_req: false,
+            psn: Psn::new(0),
+            ..repr.bth
+        });
+        HeaderTemplate {
+            bytes,
+            eth_len: eth_len as u8,
+            ip_len: ip_len as u8,
+            v4,
+            csum_partial,
+            ack_icrc,
+            icrc_fix,
+            bth,
+        }
+    }
+
+    /// The BTH words of the flow (`repr.bth`'s P_Key, MigReq, TVer, FECN, BECN and destination QP), for a packet to
+    /// set its opcode, SE, AckReq and PSN into ([`TxBth::with`]).
+    #[inline(always)]
+    pub fn bth(&self) -> TxBth {
+        self.bth
     }
 
     /// Bytes of Ethernet + IP + UDP.
@@ -97,22 +123,24 @@ impl HeaderTemplate {
         ident: u16,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<usize, Error> {
-        self.emit_with(buf, bth, payload_len, ident, |info, tp| ext.emit(info, tp), fill)
+        self.emit_with(buf, TxBth::new(bth), payload_len, ident, |info, tp| ext.emit(info, tp), fill)
     }
 
-    /// [`emit`](Self::emit) with the extension headers written by `ext(info, bth_and_ext)` (the opcode's table
-    /// entry and the bytes from the BTH to the payload, the BTH already written) instead of from an [`ExtRepr`].
+    /// [`emit`](Self::emit) with the BTH as its words (the pad count is set here) and the extension headers written
+    /// by `ext(info, bth_and_ext)` (the opcode's table entry and the bytes from the BTH to the payload, the BTH
+    /// already written) instead of from an [`ExtRepr`].
     #[inline]
     pub fn emit_with(
         &self,
         buf: &mut [u8],
-        bth: &BthRepr,
+        bth: TxBth,
         payload_len: usize,
         ident: u16,
         ext: impl FnOnce(&OpInfo, &mut [u8]) -> Result<(), Error>,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<usize, Error> {
-        let info = bth.opcode.info().ok_or(Error::UnknownOpcode(bth.opcode.0))?;
+        let opcode = bth.opcode();
+        let info = opcode.info().ok_or(Error::UnknownOpcode(opcode.0))?;
         if payload_len > 0 && !info.any(f::PAYLOAD) {
             return Err(Error::Unencodable);
         }
@@ -152,7 +180,7 @@ impl HeaderTemplate {
         let l4 = eth_len + ip_len;
         buf[l4 + udp::field::LENGTH.start..l4 + udp::field::LENGTH.end].copy_from_slice(&(l4_len as u16).to_be_bytes());
         let tp = &mut buf[prefix..];
-        BthRepr { pad: pad as u8, ..*bth }.emit(&mut BthPacket::new_unchecked(&mut tp[..hdr_len::BTH]));
+        tp[..hdr_len::BTH].copy_from_slice(&bth.with_pad(pad as u8).bytes());
         ext(info, &mut tp[..hdr])?;
         let (payload, tail) = tp[hdr..].split_at_mut(payload_len);
         fill(payload);
@@ -160,11 +188,11 @@ impl HeaderTemplate {
         tail[..hdr_len::ICRC].fill(0);
         let ip = &mut buf[eth_len..];
         let at = ip.len() - hdr_len::ICRC;
-        let ack = self.ack_icrc.filter(|_| bth.opcode == Opcode::RC_ACKNOWLEDGE);
+        let ack = self.ack_icrc.filter(|_| opcode == Opcode::RC_ACKNOWLEDGE);
         let v = match ack.and_then(|a| a.compute(&ip[..at])) {
             Some(v) => v,
             // FECN/BECN (BTH byte 4) are not in the template's correction.
-            None if bth.fecn || bth.becn => icrc::compute(&ip[..at])?,
+            None if bth.ecn_marked() => icrc::compute(&ip[..at])?,
             None => icrc::compute_with_fix_in_place(&mut ip[..at], fix),
         };
         ip[at..].copy_from_slice(&v.to_le_bytes());
@@ -184,7 +212,7 @@ fn copy_prefix(buf: &mut [u8], prefix: &[u8]) {
 mod tests {
     use super::*;
     use crate::wire::{
-        emit_frame, AethRepr, AtomicEthRepr, Ecn, EthRepr, IpRepr, MacAddr, Psn, RethRepr, VlanTag, ROCE_UDP_PORT,
+        emit_frame, AethRepr, AtomicEthRepr, Ecn, EthRepr, IpRepr, MacAddr, RethRepr, VlanTag, ROCE_UDP_PORT,
     };
 
     #[test]
