@@ -1114,10 +1114,16 @@ fn has_tx_work(qp: &Qp) -> bool {
     qp.np.pending() || qp.response_ready(paced) || (!paced && qp.requester_has_work() && qp.rnr_until.is_none())
 }
 
-/// Mirrors the armed timers of QP `qp` (index `i`) into the heap (at most one live entry per kind).
+/// Mirrors the armed timers of QP `qp` (index `i`) into the heap (at most one live entry per kind). Only kinds set
+/// since the last sync (`pending`) are looked at: any other armed kind already has an entry at or before its
+/// deadline (the entry's expiry re-queues it at the deadline, see `handle_timeout`).
 #[inline(always)]
 fn sync_timers_of(heap: &mut BinaryHeap<Reverse<(Instant, u32, u8)>>, qp: &mut Qp, i: u32) {
-    let mut armed = qp.timers.armed;
+    let mut armed = qp.timers.armed & qp.timers.pending;
+    if qp.timers.pending == 0 {
+        return;
+    }
+    qp.timers.pending = 0;
     while armed != 0 {
         let k = armed.trailing_zeros() as usize;
         armed &= armed - 1;
