@@ -27,7 +27,7 @@ pub struct HeaderTemplate {
     ack_icrc: Option<icrc::AckIcrc>,
     /// The ICRC's initial-register correction for the fields it masks that the template fixes (IPv4: TOS, TTL,
     /// UDP checksum, BTH byte 4 without FECN/BECN; IPv6: all of them): the transmit path adds the IPv4 header
-    /// checksum's share from the value it computed ([`icrc::compute_with_fix_in_place`]) instead of reading the fields back.
+    /// checksum's share from the value it computed ([`icrc::compute_in_frame`]) instead of reading the fields back.
     icrc_fix: u32,
     /// The flow's BTH words (P_Key, destination QP; opcode, flags and PSN zero): see [`bth`](Self::bth).
     bth: TxBth,
@@ -193,9 +193,9 @@ impl HeaderTemplate {
             Some(v) => v,
             // FECN/BECN (BTH byte 4) are not in the template's correction.
             None if bth.ecn_marked() => icrc::compute(&ip[..at])?,
-            None => icrc::compute_with_fix_in_place(&mut ip[..at], fix),
+            None => icrc::compute_in_frame(&mut buf[..eth_len + at], eth_len, fix),
         };
-        ip[at..].copy_from_slice(&v.to_le_bytes());
+        buf[eth_len + at..].copy_from_slice(&v.to_le_bytes());
         Ok(n)
     }
 }
