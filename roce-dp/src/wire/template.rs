@@ -27,10 +27,15 @@ pub struct HeaderTemplate {
     ack_icrc: Option<icrc::AckIcrc>,
     /// The ICRC's initial-register correction for the fields it masks that the template fixes (IPv4: TOS, TTL,
     /// UDP checksum, BTH byte 4 without FECN/BECN; IPv6: all of them): the transmit path adds the IPv4 header
-    /// checksum's share from the value it computed ([`icrc::compute_in_frame`]) instead of reading the fields back.
+    /// checksum's share from the value it computed ([`icrc::compute_prepared`]) instead of reading the fields back.
     icrc_fix: u32,
     /// The flow's BTH words (P_Key, destination QP; opcode, flags and PSN zero): see [`bth`](Self::bth).
     bth: TxBth,
+    /// The IP header's first four bytes, little-endian (IPv4: the total length zero, set per frame).
+    ip_head: u32,
+    /// The 8 bytes before the IP header (the end of the Ethernet header), put back after an ICRC pass that used
+    /// them for the masked LRH.
+    before_ip: [u8; icrc::LRH_LEN],
 }
 
 impl HeaderTemplate {
@@ -78,8 +83,13 @@ impl HeaderTemplate {
             psn: Psn::new(0),
             ..repr.bth
         });
+        let ip_head = u32::from_le_bytes([bytes[eth_len], bytes[eth_len + 1], bytes[eth_len + 2], bytes[eth_len + 3]]);
+        let mut before_ip = [0u8; icrc::LRH_LEN];
+        before_ip.copy_from_slice(&bytes[eth_len - icrc::LRH_LEN..eth_len]);
         HeaderTemplate {
             bytes,
+            ip_head,
+            before_ip,
             eth_len: eth_len as u8,
             ip_len: ip_len as u8,
             v4,
@@ -161,11 +171,21 @@ impl HeaderTemplate {
             None => copy_prefix(buf, &self.bytes[..prefix]),
         }
         let mut fix = self.icrc_fix;
+        // The ICRC pass with the template's correction (not an ACK the table gives, nor a frame with FECN/BECN,
+        // which the correction leaves out) is prepared as the headers are written, so that the CRC's loads find
+        // these stores done: the correction XORed into the IP header's first four bytes, and for a packet 8 bytes
+        // short of whole 16-byte blocks the masked LRH in the 8 bytes before it (`icrc::compute_prepared`). Both
+        // are put back after the pass.
+        let ack = self.ack_icrc.filter(|_| opcode == Opcode::RC_ACKNOWLEDGE);
+        let prepared = ack.is_none() && !bth.ecn_marked();
+        // (n - eth_len - ICRC) % 16 == 8, with n - eth_len the covered bytes plus the ICRC.
+        let with_lrh = prepared && (n - eth_len) % 16 == (16 - icrc::LRH_LEN + hdr_len::ICRC) % 16;
+        let first4: u32;
         {
             let ip = &mut buf[eth_len..eth_len + ip_len];
             if self.v4 {
                 let total = (n - eth_len) as u16;
-                ip[ipv4::field::LENGTH].copy_from_slice(&total.to_be_bytes());
+                first4 = self.ip_head | u32::from(total.swap_bytes()) << 16;
                 ip[ipv4::field::IDENT].copy_from_slice(&ident.to_be_bytes());
                 let mut sum = self.csum_partial + u32::from(total) + u32::from(ident);
                 sum = (sum & 0xffff) + (sum >> 16);
@@ -174,8 +194,14 @@ impl HeaderTemplate {
                 ip[ipv4::field::CHECKSUM].copy_from_slice(&csum);
                 fix ^= icrc::v4_checksum_fix(csum);
             } else {
+                first4 = self.ip_head;
                 ip[ipv6::field::LENGTH].copy_from_slice(&(l4_len as u16).to_be_bytes());
             }
+            let head = if prepared { first4 ^ fix } else { first4 };
+            ip[..4].copy_from_slice(&head.to_le_bytes());
+        }
+        if with_lrh {
+            buf[eth_len - icrc::LRH_LEN..eth_len].copy_from_slice(&[0xff; icrc::LRH_LEN]);
         }
         let l4 = eth_len + ip_len;
         buf[l4 + udp::field::LENGTH.start..l4 + udp::field::LENGTH.end].copy_from_slice(&(l4_len as u16).to_be_bytes());
@@ -186,16 +212,25 @@ impl HeaderTemplate {
         fill(payload);
         // Pad and ICRC as one 4-byte store of zeros at the pad (the ICRC is written over it below).
         tail[..hdr_len::ICRC].fill(0);
-        let ip = &mut buf[eth_len..];
-        let at = ip.len() - hdr_len::ICRC;
-        let ack = self.ack_icrc.filter(|_| opcode == Opcode::RC_ACKNOWLEDGE);
-        let v = match ack.and_then(|a| a.compute(&ip[..at])) {
-            Some(v) => v,
-            // FECN/BECN (BTH byte 4) are not in the template's correction.
-            None if bth.ecn_marked() => icrc::compute(&ip[..at])?,
-            None => icrc::compute_in_frame(&mut buf[..eth_len + at], eth_len, fix),
+        let at = n - hdr_len::ICRC;
+        let v = if prepared {
+            let start = if with_lrh { eth_len - icrc::LRH_LEN } else { eth_len };
+            let v = icrc::compute_prepared(&buf[start..at], with_lrh);
+            buf[eth_len..eth_len + 4].copy_from_slice(&first4.to_le_bytes());
+            if with_lrh {
+                buf[start..eth_len].copy_from_slice(&self.before_ip);
+            }
+            v
+        } else {
+            let ip = &mut buf[eth_len..at];
+            match ack.and_then(|a| a.compute(ip)) {
+                Some(v) => v,
+                // FECN/BECN (BTH byte 4) are not in the template's correction.
+                None if bth.ecn_marked() => icrc::compute(ip)?,
+                None => icrc::compute_with_fix_in_place(ip, fix),
+            }
         };
-        buf[eth_len + at..].copy_from_slice(&v.to_le_bytes());
+        buf[at..].copy_from_slice(&v.to_le_bytes());
         Ok(n)
     }
 }
