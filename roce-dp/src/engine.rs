@@ -19,9 +19,7 @@ use crate::stats::{EngineStats, QpCounters};
 use crate::time::{Duration, Instant};
 use crate::verbs::{Cq, CqId, Cqe, SendWr, Sge};
 use crate::wire::RxFrame;
-use crate::wire::{
-    self, op, AethRepr, AtomicEthRepr, BthRepr, Ecn, Error as WireError, IpAddrs, MacAddr, Psn, RethRepr,
-};
+use crate::wire::{self, op, AethRepr, AtomicEthRepr, Ecn, Error as WireError, IpAddrs, MacAddr, Psn, RethRepr};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -192,7 +190,7 @@ impl TxExt {
 /// One packet decided by a QP role, before its bytes are written.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TxPlan {
-    pub(crate) bth: BthRepr,
+    pub(crate) bth: wire::TxBth,
     pub(crate) ext: TxExt,
     pub(crate) payload_len: u32,
     pub(crate) src: PayloadSrc,
@@ -625,7 +623,10 @@ impl Engine {
             ([s], Some(d)) => *d = *s,
             _ => qp.sq_sges[base..base + sgl.len()].copy_from_slice(sgl),
         }
-        self.push_send(i, wr, sgl.len() as u32, length);
+        push_send(qp, wr, sgl.len() as u32, length);
+        if !wake_requester(qp, &mut self.ready, i) {
+            self.flush_posted(i);
+        }
         Ok(())
     }
 
@@ -641,7 +642,10 @@ impl Engine {
         if let Some(dst) = qp.sq_inline.get_mut(base..base + data.len()) {
             crate::copy::copy_bytes(dst, data);
         }
-        self.push_send(i, &wr, 0, data.len() as u64);
+        push_send(qp, &wr, 0, data.len() as u64);
+        if !wake_requester(qp, &mut self.ready, i) {
+            self.flush_posted(i);
+        }
         Ok(())
     }
 
@@ -671,31 +675,14 @@ impl Engine {
         Ok(i)
     }
 
-    /// Appends the send WQE (its SGEs or inline bytes already in the slot) and wakes the requester. Inline, with
-    /// the WR by reference: the WR is copied once, into the slot.
-    #[inline(always)]
-    fn push_send(&mut self, i: u32, wr: &SendWr, num_sge: u32, length: u64) {
+    /// A send WQE posted to QP `i` in the error state: it completes flushed ([`wake_requester`] refused it).
+    #[cold]
+    #[inline(never)]
+    fn flush_posted(&mut self, i: u32) {
+        let mut ctx = Ctx { now: Instant::ZERO, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
         let qp = self.qps[i as usize].as_deref_mut().expect("checked");
-        let idx = qp.sq.tail;
-        *qp.sq.get_mut(idx) = SendWqe {
-            wr: *wr,
-            num_sge,
-            length,
-            state: WqeState::Posted,
-            first_psn: Psn::new(0),
-            last_psn: Psn::new(0),
-            counted: false,
-        };
-        qp.sq.tail = idx.wrapping_add(1);
-        if qp.state == QpState::Err {
-            let mut ctx = Ctx { now: Instant::ZERO, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
-            let qp = self.qps[i as usize].as_deref_mut().expect("checked");
-            qp.enter_error(&mut ctx);
-            self.sync_qp(i);
-        } else {
-            // A post arms no timer (the requester arms the retransmit timer when it sends): only the ready queue.
-            self.mark_ready(i);
-        }
+        qp.enter_error(&mut ctx);
+        self.sync_qp(i);
     }
 
     /// Posts a receive work request.
@@ -797,10 +784,7 @@ impl Engine {
         }
         // sync_qp without looking the QP up again.
         sync_timers_of(&mut self.heap, qp, i);
-        if !qp.in_ready && has_tx_work(qp) {
-            qp.in_ready = true;
-            self.ready.push_back(i);
-        }
+        enqueue_ready(qp, &mut self.ready, i);
         self.prune_timers();
     }
 
@@ -914,7 +898,7 @@ impl Engine {
             let mut bad = false;
             // One call with one payload closure (not one per source): the header code is inlined once, and the
             // closures with it.
-            let res = q.hdr.emit_with(buf, &plan.bth, len, ident, ext, |d| match plan.src {
+            let res = q.hdr.emit_with(buf, plan.bth, len, ident, ext, |d| match plan.src {
                 PayloadSrc::None => d.fill(0),
                 PayloadSrc::Sq { idx, off } => bad = !q.gather(idx, off, d, mrs),
                 PayloadSrc::Mr { rkey, va } => {
@@ -1069,10 +1053,7 @@ impl Engine {
     #[inline(always)]
     fn mark_ready(&mut self, i: u32) {
         let Some(qp) = self.qps.get_mut(i as usize).and_then(|q| q.as_deref_mut()) else { return };
-        if !qp.in_ready && has_tx_work(qp) {
-            qp.in_ready = true;
-            self.ready.push_back(i);
-        }
+        enqueue_ready(qp, &mut self.ready, i);
     }
 
     /// After `poll_transmit` served QP `i` at the front of the ready queue: its timers go to the heap, and it leaves
@@ -1119,6 +1100,44 @@ fn requeue(ready: &mut VecDeque<u32>, heap: &mut BinaryHeap<Reverse<(Instant, u3
     }
 }
 
+/// Appends a send WQE to `qp`'s send queue (its SGEs or inline bytes already in the slot). Inline, with the WR by
+/// reference: the WR is copied once, into the slot.
+#[inline(always)]
+fn push_send(qp: &mut Qp, wr: &SendWr, num_sge: u32, length: u64) {
+    let idx = qp.sq.tail;
+    *qp.sq.get_mut(idx) = SendWqe {
+        wr: *wr,
+        num_sge,
+        length,
+        state: WqeState::Posted,
+        first_psn: Psn::new(0),
+        last_psn: Psn::new(0),
+        counted: false,
+    };
+    qp.sq.tail = idx.wrapping_add(1);
+}
+
+/// After a send WQE was appended to QP `qp` (index `i`): the requester has work, so the QP joins the ready queue
+/// if it is not there (a post arms no timer: the requester arms the retransmit timer when it sends). False if the
+/// QP is in the error state, where the WQE is flushed instead.
+#[inline(always)]
+fn wake_requester(qp: &mut Qp, ready: &mut VecDeque<u32>, i: u32) -> bool {
+    if qp.state == QpState::Err {
+        return false;
+    }
+    enqueue_ready(qp, ready, i);
+    true
+}
+
+/// Puts QP `qp` (index `i`) in the ready queue if it has something to send and is not there yet.
+#[inline(always)]
+fn enqueue_ready(qp: &mut Qp, ready: &mut VecDeque<u32>, i: u32) {
+    if !qp.in_ready && has_tx_work(qp) {
+        qp.in_ready = true;
+        ready.push_back(i);
+    }
+}
+
 /// QP `qpn`'s index and the QP, if it exists (a lookup that borrows only the QP table).
 #[inline(always)]
 fn qp_slot(qps: &mut [Option<Box<Qp>>], base: u32, qpn: u32) -> Option<(u32, &mut Qp)> {
@@ -1134,10 +1153,16 @@ fn has_tx_work(qp: &Qp) -> bool {
     qp.np.pending() || qp.response_ready(paced) || (!paced && qp.requester_has_work() && qp.rnr_until.is_none())
 }
 
-/// Mirrors the armed timers of QP `qp` (index `i`) into the heap (at most one live entry per kind).
+/// Mirrors the armed timers of QP `qp` (index `i`) into the heap (at most one live entry per kind). Only kinds set
+/// since the last sync (`pending`) are looked at: any other armed kind already has an entry at or before its
+/// deadline (the entry's expiry re-queues it at the deadline, see `handle_timeout`).
 #[inline(always)]
 fn sync_timers_of(heap: &mut BinaryHeap<Reverse<(Instant, u32, u8)>>, qp: &mut Qp, i: u32) {
-    let mut armed = qp.timers.armed;
+    let mut armed = qp.timers.armed & qp.timers.pending;
+    if qp.timers.pending == 0 {
+        return;
+    }
+    qp.timers.pending = 0;
     while armed != 0 {
         let k = armed.trailing_zeros() as usize;
         armed &= armed - 1;

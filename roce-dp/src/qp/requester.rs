@@ -5,7 +5,7 @@ use super::{Qp, QpState, SendWqe, TimerKind, WqeState};
 use crate::engine::{Ctx, PayloadSrc, TxExt, TxPlan};
 use crate::mr::{AccessError, AccessFlags, MrTable};
 use crate::verbs::{Sge, WcStatus, WrOpcode};
-use crate::wire::{AtomicEthRepr, BthRepr, Opcode, RethRepr};
+use crate::wire::{AtomicEthRepr, Opcode, RethRepr};
 
 /// What the requester has for the wire.
 pub(crate) enum ReqOutcome {
@@ -207,7 +207,8 @@ impl Qp {
 
         let psn = self.req_psn;
         let off = self.psn_offset(wqe, psn);
-        let mut bth = BthRepr { psn, dest_qp: self.dest_qpn, ..self.tmpl.bth };
+        let (opcode, ack_req);
+        let mut solicited = false;
         let mut ext = TxExt::None;
         let mut payload_len = 0u32;
         let mut src = PayloadSrc::None;
@@ -215,24 +216,24 @@ impl Qp {
         match op {
             WrOpcode::RdmaRead => {
                 let remaining = wqe.length.saturating_sub(off);
-                bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
+                opcode = Opcode::RC_RDMA_READ_REQUEST;
                 ext = TxExt::Reth(
                     RethRepr { va: wqe.wr.remote_addr.wrapping_add(off), rkey: wqe.wr.rkey, len: remaining as u32 },
                     None,
                 );
-                bth.ack_req = true;
+                ack_req = true;
                 self.req_psn = wqe.last_psn.add(1);
                 self.req_cur = idx.wrapping_add(1);
             }
             WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => {
-                bth.opcode = if op == WrOpcode::AtomicCmpSwp { Opcode::RC_COMPARE_SWAP } else { Opcode::RC_FETCH_ADD };
+                opcode = if op == WrOpcode::AtomicCmpSwp { Opcode::RC_COMPARE_SWAP } else { Opcode::RC_FETCH_ADD };
                 let (swap_add, compare) = if op == WrOpcode::AtomicCmpSwp {
                     (wqe.wr.swap, wqe.wr.compare_add)
                 } else {
                     (wqe.wr.compare_add, 0)
                 };
                 ext = TxExt::Atomic(AtomicEthRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, swap_add, compare });
-                bth.ack_req = true;
+                ack_req = true;
                 self.req_psn = psn.add(1);
                 self.req_cur = idx.wrapping_add(1);
             }
@@ -242,7 +243,7 @@ impl Qp {
                 let first = off == 0;
                 let last = remaining <= mtu;
                 let len = remaining.min(mtu) as u32;
-                bth.opcode = send_write_opcode(op, first, last);
+                opcode = send_write_opcode(op, first, last);
                 let imm =
                     (last && matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm)).then_some(wqe.wr.imm);
                 if first && matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm) {
@@ -255,11 +256,11 @@ impl Qp {
                     if op == WrOpcode::SendWithInv {
                         ext = TxExt::Ieth(wqe.wr.invalidate_rkey);
                     }
-                    bth.solicited = wqe.wr.solicited;
+                    solicited = wqe.wr.solicited;
                 }
                 // AckReq on the last packet of a message, and every `ack_req_every` packets within long ones.
                 self.noack_pkts += 1;
-                bth.ack_req = last || self.noack_pkts >= ctx.cfg.ack_req_every;
+                ack_req = last || self.noack_pkts >= ctx.cfg.ack_req_every;
                 payload_len = len;
                 if len > 0 {
                     src = PayloadSrc::Sq { idx, off };
@@ -270,7 +271,7 @@ impl Qp {
                 }
             }
         }
-        if bth.ack_req {
+        if ack_req {
             self.noack_pkts = 0;
         }
         if op.is_rd_atomic() && !wqe.counted {
@@ -292,6 +293,7 @@ impl Qp {
                 self.timers.set(TimerKind::Retransmit, ctx.now + t);
             }
         }
+        let bth = self.hdr.bth().with(opcode, solicited, ack_req, psn);
         ReqOutcome::Packet(TxPlan { bth, ext, payload_len, src, data_frame: true })
     }
 

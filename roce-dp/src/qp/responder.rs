@@ -551,22 +551,31 @@ impl Qp {
     /// The next response packet, if any.
     pub(crate) fn next_response(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
         let item = *self.out.front()?;
-        let mut bth = BthRepr { dest_qp: self.dest_qpn, ..self.tmpl.bth };
+        let base = self.hdr.bth();
+        let bth = |opcode, psn| base.with(opcode, false, false, psn);
         let mut ext = TxExt::None;
         match item {
             RespOut::Ack { psn, syndrome, msn } => {
                 self.out.pop_front();
-                bth.opcode = Opcode::RC_ACKNOWLEDGE;
-                bth.psn = psn;
                 ext = TxExt::Aeth(AethRepr { syndrome, msn }, None);
-                Some(TxPlan { bth, ext, payload_len: 0, src: PayloadSrc::None, data_frame: false })
+                Some(TxPlan {
+                    bth: bth(Opcode::RC_ACKNOWLEDGE, psn),
+                    ext,
+                    payload_len: 0,
+                    src: PayloadSrc::None,
+                    data_frame: false,
+                })
             }
             RespOut::AtomicAck { psn, orig, msn } => {
                 self.out.pop_front();
-                bth.opcode = Opcode::RC_ATOMIC_ACKNOWLEDGE;
-                bth.psn = psn;
                 ext = TxExt::Aeth(AethRepr::ack(msn), Some(orig));
-                Some(TxPlan { bth, ext, payload_len: 0, src: PayloadSrc::None, data_frame: false })
+                Some(TxPlan {
+                    bth: bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, psn),
+                    ext,
+                    payload_len: 0,
+                    src: PayloadSrc::None,
+                    data_frame: false,
+                })
             }
             RespOut::Read { rkey, va, len, first, start, cur, last, msn } => {
                 let mtu = u64::from(self.mtu);
@@ -574,8 +583,7 @@ impl Qp {
                 let plen = len.saturating_sub(off).min(mtu);
                 let is_first_pkt = cur == start;
                 let is_last = cur == last;
-                bth.psn = cur;
-                bth.opcode = match (is_first_pkt, is_last) {
+                let opcode = match (is_first_pkt, is_last) {
                     (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
                     (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
                     (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
@@ -588,9 +596,9 @@ impl Qp {
                 if plen > 0 && ctx.mrs.check(rkey, self.pd, va + off, plen, AccessFlags::REMOTE_READ).is_err() {
                     self.out.pop_front();
                     self.cnt.nak_rem_access_sent += 1;
-                    bth.opcode = Opcode::RC_ACKNOWLEDGE;
                     ext = TxExt::Aeth(AethRepr::nak(NakCode::RemoteAccessErr, msn), None);
                     self.enter_error(ctx);
+                    let bth = bth(Opcode::RC_ACKNOWLEDGE, cur);
                     return Some(TxPlan { bth, ext, payload_len: 0, src: PayloadSrc::None, data_frame: false });
                 }
                 if is_last {
@@ -599,7 +607,7 @@ impl Qp {
                     *c = cur.add(1);
                 }
                 let src = if plen > 0 { PayloadSrc::Mr { rkey, va: va + off } } else { PayloadSrc::None };
-                Some(TxPlan { bth, ext, payload_len: plen as u32, src, data_frame: true })
+                Some(TxPlan { bth: bth(opcode, cur), ext, payload_len: plen as u32, src, data_frame: true })
             }
         }
     }

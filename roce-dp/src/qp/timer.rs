@@ -31,6 +31,10 @@ pub(crate) struct TimerTable {
     /// Bit k is set while `deadline[k]` is armed, so the engine's per-frame timer sync visits only armed kinds
     /// (usually just the retransmit timer) however many kinds exist. Write deadlines through `set`/`stop`.
     pub(crate) armed: u8,
+    /// Bit k is set when `deadline[k]` was set since the engine last mirrored this table into its heap: only those
+    /// kinds can need a heap entry (an armed kind not set since has its entry, at or before its deadline), so the
+    /// per-frame sync of a QP whose timers did not move is a test of this byte.
+    pub(crate) pending: u8,
 }
 
 impl TimerTable {
@@ -38,6 +42,7 @@ impl TimerTable {
     pub(crate) fn set(&mut self, k: TimerKind, at: Instant) {
         self.deadline[k as usize] = Some(at);
         self.armed |= 1 << k as u8;
+        self.pending |= 1 << k as u8;
     }
     #[inline]
     pub(crate) fn stop(&mut self, k: TimerKind) {
@@ -71,7 +76,7 @@ mod tests {
         let mut t = TimerTable::default();
         t.set(TimerKind::Pace, Instant(5));
         t.set(TimerKind::Retransmit, Instant(9));
-        assert_eq!(t.armed, 0b1_0001);
+        assert_eq!((t.armed, t.pending), (0b1_0001, 0b1_0001));
         t.stop(TimerKind::Pace);
         t.stop(TimerKind::Rnr);
         assert_eq!((t.armed, t.get(TimerKind::Retransmit), t.get(TimerKind::Pace)), (1, Some(Instant(9)), None));

@@ -219,19 +219,7 @@ impl BthRepr {
     #[inline]
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) {
         // Built in registers and stored as one 12-byte write (the same bytes as the five setters).
-        let mut b = [0u8; HEADER_LEN];
-        b[field::OPCODE] = self.opcode.0;
-        b[field::FLAGS] = (u8::from(self.solicited) * SE)
-            | (u8::from(self.mig_req) * MIG)
-            | ((self.pad & 3) << 4)
-            | (self.tver & 0x0f);
-        b[field::PKEY.start..field::PKEY.end].copy_from_slice(&self.pkey.to_be_bytes());
-        let qp =
-            (u32::from((u8::from(self.fecn) * FECN) | (u8::from(self.becn) * BECN)) << 24) | (self.dest_qp & 0xff_ffff);
-        b[field::FECN_BECN..field::DEST_QP.end].copy_from_slice(&qp.to_be_bytes());
-        let psn = (u32::from(u8::from(self.ack_req) * ACK_REQ) << 24) | (self.psn.value() & 0xff_ffff);
-        b[field::ACK_REQ..field::PSN.end].copy_from_slice(&psn.to_be_bytes());
-        packet.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&b);
+        packet.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&TxBth::new(self).bytes());
     }
 
     /// The BTH of a RoCEv2 CNP to `dest_qp` (the QP that sent the CE-marked packets): opcode 0x81, BECN set,
@@ -253,9 +241,154 @@ impl BthRepr {
     }
 }
 
+/// A BTH as the transmit path builds it: its wire bytes as two big-endian words (bytes 0..8, bytes 8..12). A QP
+/// keeps the words of the fields that never change for it (P_Key, destination QP; the header template's
+/// [`bth`](super::HeaderTemplate::bth)) and each packet sets its opcode, SE, AckReq and PSN into a copy with
+/// [`with`](Self::with): a few masks and ORs, instead of a [`BthRepr`] of eleven fields copied through the
+/// transmit plan and packed field by field per frame. The pad count is set by the template from the payload length.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TxBth {
+    hi: u64,
+    lo: u32,
+}
+
+impl TxBth {
+    /// Bit of the opcode's lowest bit in `hi`.
+    const OPCODE_AT: u32 = 56;
+    /// SE in `hi`.
+    const SE_BIT: u64 = (SE as u64) << 48;
+    /// PadCnt in `hi`.
+    const PAD_AT: u32 = 52;
+    /// FECN and BECN in `hi`.
+    const ECN_BITS: u64 = ((FECN | BECN) as u64) << 24;
+    /// AckReq in `lo`.
+    const ACK_REQ_BIT: u32 = (ACK_REQ as u32) << 24;
+
+    /// The words of `repr` (reserved bits zero, `dest_qp` and the PSN masked to 24 bits, pad and TVer to their
+    /// widths): the bytes [`BthRepr::emit`] writes.
+    #[inline(always)]
+    pub fn new(repr: &BthRepr) -> TxBth {
+        let flags = (u8::from(repr.solicited) * SE)
+            | (u8::from(repr.mig_req) * MIG)
+            | ((repr.pad & 3) << 4)
+            | (repr.tver & 0x0f);
+        let ecn = (u8::from(repr.fecn) * FECN) | (u8::from(repr.becn) * BECN);
+        let hi = (u64::from(repr.opcode.0) << Self::OPCODE_AT)
+            | (u64::from(flags) << 48)
+            | (u64::from(repr.pkey) << 32)
+            | (u64::from(ecn) << 24)
+            | u64::from(repr.dest_qp & 0xff_ffff);
+        let lo = (u32::from(u8::from(repr.ack_req) * ACK_REQ) << 24) | (repr.psn.value() & 0xff_ffff);
+        TxBth { hi, lo }
+    }
+
+    /// These words with the opcode, SE, AckReq and PSN of one packet (the other fields kept).
+    #[inline(always)]
+    pub fn with(self, opcode: Opcode, solicited: bool, ack_req: bool, psn: Psn) -> TxBth {
+        let hi = (self.hi & !((0xff << Self::OPCODE_AT) | Self::SE_BIT))
+            | (u64::from(opcode.0) << Self::OPCODE_AT)
+            | (u64::from(solicited) * Self::SE_BIT);
+        let lo = (self.lo & 0x7f00_0000) | (u32::from(ack_req) * Self::ACK_REQ_BIT) | (psn.value() & 0xff_ffff);
+        TxBth { hi, lo }
+    }
+
+    /// These words with PadCnt `pad` (masked to 2 bits).
+    #[inline(always)]
+    pub fn with_pad(self, pad: u8) -> TxBth {
+        let hi = (self.hi & !(3 << Self::PAD_AT)) | (u64::from(pad & 3) << Self::PAD_AT);
+        TxBth { hi, ..self }
+    }
+
+    /// The opcode.
+    #[inline(always)]
+    pub fn opcode(self) -> Opcode {
+        Opcode((self.hi >> Self::OPCODE_AT) as u8)
+    }
+
+    /// AckReq.
+    #[inline(always)]
+    pub fn ack_req(self) -> bool {
+        self.lo & Self::ACK_REQ_BIT != 0
+    }
+
+    /// FECN or BECN set.
+    #[inline(always)]
+    pub fn ecn_marked(self) -> bool {
+        self.hi & Self::ECN_BITS != 0
+    }
+
+    /// The 12 wire bytes.
+    #[inline(always)]
+    pub fn bytes(self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[..8].copy_from_slice(&self.hi.to_be_bytes());
+        b[8..].copy_from_slice(&self.lo.to_be_bytes());
+        b
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `TxBth`: `new` packs every field as the setters do, `with` replaces the four per-packet fields whatever
+    /// they held and keeps the others, `with_pad` replaces the pad; the accessors read them back.
+    #[test]
+    fn tx_words_are_the_setters_bytes() {
+        let mut x = 0x1357_9bdfu32;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        let setters = |r: &BthRepr| {
+            let mut b = [0u8; HEADER_LEN];
+            let mut p = Packet::new_unchecked(&mut b[..]);
+            p.set_opcode(r.opcode);
+            p.set_flags(r.solicited, r.mig_req, r.pad, r.tver);
+            p.set_pkey(r.pkey);
+            p.set_ecn_dest_qp(r.fecn, r.becn, r.dest_qp);
+            p.set_ack_req_psn(r.ack_req, r.psn);
+            b
+        };
+        let random = |rnd: &mut dyn FnMut() -> u32| {
+            let v = rnd();
+            BthRepr {
+                opcode: Opcode(v as u8),
+                solicited: v & 0x100 != 0,
+                mig_req: v & 0x200 != 0,
+                pad: (v >> 10) as u8,
+                tver: (v >> 14) as u8,
+                pkey: rnd() as u16,
+                fecn: v & 0x4_0000 != 0,
+                becn: v & 0x8_0000 != 0,
+                dest_qp: rnd(),
+                ack_req: v & 0x10_0000 != 0,
+                psn: Psn::new(rnd()),
+            }
+        };
+        for _ in 0..5000 {
+            let base = random(&mut rnd);
+            let w = TxBth::new(&base);
+            assert_eq!(w.bytes(), setters(&base));
+            let mut b = [0u8; HEADER_LEN];
+            base.emit(&mut Packet::new_unchecked(&mut b[..]));
+            assert_eq!(b, setters(&base));
+            assert_eq!((w.opcode(), w.ack_req(), w.ecn_marked()), (base.opcode, base.ack_req, base.fecn || base.becn));
+            let p = random(&mut rnd);
+            let got = w.with(p.opcode, p.solicited, p.ack_req, p.psn).with_pad(p.pad);
+            let want = BthRepr {
+                opcode: p.opcode,
+                solicited: p.solicited,
+                ack_req: p.ack_req,
+                psn: p.psn,
+                pad: p.pad,
+                ..base
+            };
+            assert_eq!(got.bytes(), setters(&want));
+        }
+    }
 
     /// rc_write_4k.pcap, first WRITE_FIRST: dest QP 0x2f, PSN 0xdab31a.
     static BYTES: [u8; 12] = [0x06, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x2f, 0x00, 0xda, 0xb3, 0x1a];

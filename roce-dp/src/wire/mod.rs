@@ -63,7 +63,7 @@ mod roce;
 pub mod template;
 pub mod udp;
 
-pub use bth::Packet as BthPacket;
+pub use bth::{Packet as BthPacket, TxBth};
 pub use ethernet::{Frame as EthernetFrame, HEADER_LEN as ETHERNET_HEADER_LEN};
 pub use ext::{
     AethPacket, AtomicAckEthPacket, AtomicEthPacket, CnpPacket, DethPacket, FethPacket, IethPacket, ImmDtPacket,

@@ -6,7 +6,7 @@
 //! are exactly what [`emit_frame`](super::emit_frame) writes for the same headers (tested below).
 
 use super::opcode::{flags as f, hdr_len, OpInfo};
-use super::{icrc, ipv4, ipv6, udp, BthPacket, BthRepr, Error, ExtRepr, IpAddrs, Opcode, RoceRepr};
+use super::{icrc, ipv4, ipv6, udp, BthRepr, Error, ExtRepr, IpAddrs, Opcode, Psn, RoceRepr, TxBth};
 
 /// Longest prefix: Ethernet with an 802.1Q tag, IPv6, UDP.
 const MAX_PREFIX: usize = 18 + ipv6::HEADER_LEN + udp::HEADER_LEN;
@@ -27,8 +27,15 @@ pub struct HeaderTemplate {
     ack_icrc: Option<icrc::AckIcrc>,
     /// The ICRC's initial-register correction for the fields it masks that the template fixes (IPv4: TOS, TTL,
     /// UDP checksum, BTH byte 4 without FECN/BECN; IPv6: all of them): the transmit path adds the IPv4 header
-    /// checksum's share from the value it computed ([`icrc::compute_with_fix`]) instead of reading the fields back.
+    /// checksum's share from the value it computed ([`icrc::compute_prepared`]) instead of reading the fields back.
     icrc_fix: u32,
+    /// The flow's BTH words (P_Key, destination QP; opcode, flags and PSN zero): see [`bth`](Self::bth).
+    bth: TxBth,
+    /// The IP header's first four bytes, little-endian (IPv4: the total length zero, set per frame).
+    ip_head: u32,
+    /// The 8 bytes before the IP header (the end of the Ethernet header), put back after an ICRC pass that used
+    /// them for the masked LRH.
+    before_ip: [u8; icrc::LRH_LEN],
 }
 
 impl HeaderTemplate {
@@ -68,7 +75,36 @@ impl HeaderTemplate {
         } else {
             icrc::v6_fix([h[0], h[1], h[2], h[3]], h[ipv6::field::HOP_LIMIT], udp_csum(ipv6::HEADER_LEN), 0)
         };
-        HeaderTemplate { bytes, eth_len: eth_len as u8, ip_len: ip_len as u8, v4, csum_partial, ack_icrc, icrc_fix }
+        let bth = TxBth::new(&BthRepr {
+            opcode: Opcode(0),
+            solicited: false,
+            pad: 0,
+            ack_req: false,
+            psn: Psn::new(0),
+            ..repr.bth
+        });
+        let ip_head = u32::from_le_bytes([bytes[eth_len], bytes[eth_len + 1], bytes[eth_len + 2], bytes[eth_len + 3]]);
+        let mut before_ip = [0u8; icrc::LRH_LEN];
+        before_ip.copy_from_slice(&bytes[eth_len - icrc::LRH_LEN..eth_len]);
+        HeaderTemplate {
+            bytes,
+            ip_head,
+            before_ip,
+            eth_len: eth_len as u8,
+            ip_len: ip_len as u8,
+            v4,
+            csum_partial,
+            ack_icrc,
+            icrc_fix,
+            bth,
+        }
+    }
+
+    /// The BTH words of the flow (`repr.bth`'s P_Key, MigReq, TVer, FECN, BECN and destination QP), for a packet to
+    /// set its opcode, SE, AckReq and PSN into ([`TxBth::with`]).
+    #[inline(always)]
+    pub fn bth(&self) -> TxBth {
+        self.bth
     }
 
     /// Bytes of Ethernet + IP + UDP.
@@ -97,22 +133,24 @@ impl HeaderTemplate {
         ident: u16,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<usize, Error> {
-        self.emit_with(buf, bth, payload_len, ident, |info, tp| ext.emit(info, tp), fill)
+        self.emit_with(buf, TxBth::new(bth), payload_len, ident, |info, tp| ext.emit(info, tp), fill)
     }
 
-    /// [`emit`](Self::emit) with the extension headers written by `ext(info, bth_and_ext)` (the opcode's table
-    /// entry and the bytes from the BTH to the payload, the BTH already written) instead of from an [`ExtRepr`].
+    /// [`emit`](Self::emit) with the BTH as its words (the pad count is set here) and the extension headers written
+    /// by `ext(info, bth_and_ext)` (the opcode's table entry and the bytes from the BTH to the payload, the BTH
+    /// already written) instead of from an [`ExtRepr`].
     #[inline]
     pub fn emit_with(
         &self,
         buf: &mut [u8],
-        bth: &BthRepr,
+        bth: TxBth,
         payload_len: usize,
         ident: u16,
         ext: impl FnOnce(&OpInfo, &mut [u8]) -> Result<(), Error>,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<usize, Error> {
-        let info = bth.opcode.info().ok_or(Error::UnknownOpcode(bth.opcode.0))?;
+        let opcode = bth.opcode();
+        let info = opcode.info().ok_or(Error::UnknownOpcode(opcode.0))?;
         if payload_len > 0 && !info.any(f::PAYLOAD) {
             return Err(Error::Unencodable);
         }
@@ -133,11 +171,21 @@ impl HeaderTemplate {
             None => copy_prefix(buf, &self.bytes[..prefix]),
         }
         let mut fix = self.icrc_fix;
+        // The ICRC pass with the template's correction (not an ACK the table gives, nor a frame with FECN/BECN,
+        // which the correction leaves out) is prepared as the headers are written, so that the CRC's loads find
+        // these stores done: the correction XORed into the IP header's first four bytes, and for a packet 8 bytes
+        // short of whole 16-byte blocks the masked LRH in the 8 bytes before it (`icrc::compute_prepared`). Both
+        // are put back after the pass.
+        let ack = self.ack_icrc.filter(|_| opcode == Opcode::RC_ACKNOWLEDGE);
+        let prepared = ack.is_none() && !bth.ecn_marked();
+        // (n - eth_len - ICRC) % 16 == 8, with n - eth_len the covered bytes plus the ICRC.
+        let with_lrh = prepared && (n - eth_len) % 16 == (16 - icrc::LRH_LEN + hdr_len::ICRC) % 16;
+        let first4: u32;
         {
             let ip = &mut buf[eth_len..eth_len + ip_len];
             if self.v4 {
                 let total = (n - eth_len) as u16;
-                ip[ipv4::field::LENGTH].copy_from_slice(&total.to_be_bytes());
+                first4 = self.ip_head | u32::from(total.swap_bytes()) << 16;
                 ip[ipv4::field::IDENT].copy_from_slice(&ident.to_be_bytes());
                 let mut sum = self.csum_partial + u32::from(total) + u32::from(ident);
                 sum = (sum & 0xffff) + (sum >> 16);
@@ -146,28 +194,43 @@ impl HeaderTemplate {
                 ip[ipv4::field::CHECKSUM].copy_from_slice(&csum);
                 fix ^= icrc::v4_checksum_fix(csum);
             } else {
+                first4 = self.ip_head;
                 ip[ipv6::field::LENGTH].copy_from_slice(&(l4_len as u16).to_be_bytes());
             }
+            let head = if prepared { first4 ^ fix } else { first4 };
+            ip[..4].copy_from_slice(&head.to_le_bytes());
+        }
+        if with_lrh {
+            buf[eth_len - icrc::LRH_LEN..eth_len].copy_from_slice(&[0xff; icrc::LRH_LEN]);
         }
         let l4 = eth_len + ip_len;
         buf[l4 + udp::field::LENGTH.start..l4 + udp::field::LENGTH.end].copy_from_slice(&(l4_len as u16).to_be_bytes());
         let tp = &mut buf[prefix..];
-        BthRepr { pad: pad as u8, ..*bth }.emit(&mut BthPacket::new_unchecked(&mut tp[..hdr_len::BTH]));
+        tp[..hdr_len::BTH].copy_from_slice(&bth.with_pad(pad as u8).bytes());
         ext(info, &mut tp[..hdr])?;
         let (payload, tail) = tp[hdr..].split_at_mut(payload_len);
         fill(payload);
         // Pad and ICRC as one 4-byte store of zeros at the pad (the ICRC is written over it below).
         tail[..hdr_len::ICRC].fill(0);
-        let ip = &mut buf[eth_len..];
-        let at = ip.len() - hdr_len::ICRC;
-        let ack = self.ack_icrc.filter(|_| bth.opcode == Opcode::RC_ACKNOWLEDGE);
-        let v = match ack.and_then(|a| a.compute(&ip[..at])) {
-            Some(v) => v,
-            // FECN/BECN (BTH byte 4) are not in the template's correction.
-            None if bth.fecn || bth.becn => icrc::compute(&ip[..at])?,
-            None => icrc::compute_with_fix(&ip[..at], fix),
+        let at = n - hdr_len::ICRC;
+        let v = if prepared {
+            let start = if with_lrh { eth_len - icrc::LRH_LEN } else { eth_len };
+            let v = icrc::compute_prepared(&buf[start..at], with_lrh);
+            buf[eth_len..eth_len + 4].copy_from_slice(&first4.to_le_bytes());
+            if with_lrh {
+                buf[start..eth_len].copy_from_slice(&self.before_ip);
+            }
+            v
+        } else {
+            let ip = &mut buf[eth_len..at];
+            match ack.and_then(|a| a.compute(ip)) {
+                Some(v) => v,
+                // FECN/BECN (BTH byte 4) are not in the template's correction.
+                None if bth.ecn_marked() => icrc::compute(ip)?,
+                None => icrc::compute_with_fix_in_place(ip, fix),
+            }
         };
-        ip[at..].copy_from_slice(&v.to_le_bytes());
+        buf[at..].copy_from_slice(&v.to_le_bytes());
         Ok(n)
     }
 }
@@ -184,7 +247,7 @@ fn copy_prefix(buf: &mut [u8], prefix: &[u8]) {
 mod tests {
     use super::*;
     use crate::wire::{
-        emit_frame, AethRepr, AtomicEthRepr, Ecn, EthRepr, IpRepr, MacAddr, Psn, RethRepr, VlanTag, ROCE_UDP_PORT,
+        emit_frame, AethRepr, AtomicEthRepr, Ecn, EthRepr, IpRepr, MacAddr, RethRepr, VlanTag, ROCE_UDP_PORT,
     };
 
     #[test]
