@@ -542,7 +542,17 @@ impl Profile {
 
     /// Parse and validate `text`; `name` prefixes errors.
     pub fn parse(name: &str, text: &str) -> Result<Profile, ConfigError> {
-        let p: Profile = toml::from_str(text).map_err(|e| ConfigError(format!("{name}: {}", toml_error(text, &e))))?;
+        let p: Profile = toml::from_str(text).map_err(|e| {
+            // A file with no [port] table is another kind of file (conf/dcqcn.toml, say): say so, not only which
+            // of its keys a profile does not know.
+            let port_table = text.lines().any(|l| l.trim_start().starts_with("[port]"));
+            let hint = if port_table {
+                ""
+            } else {
+                " (this file has no [port] table: not a port profile, see conf/README.md)"
+            };
+            ConfigError(format!("{name}: {}{hint}", toml_error(text, &e)))
+        })?;
         p.validate().map_err(|(key, why)| ConfigError(format!("{name}: {key}: {why}")))?;
         Ok(p)
     }
@@ -1133,6 +1143,17 @@ mod tests {
         assert!(err(&format!("{BASE}bogus = 1\n")).starts_with("t.toml: line 6: unknown field `bogus`"));
         let e = err(&format!("{BASE}[eal]\nextra = [\n  \"-a\",\n  {{ a = 1 }},\n]\n"));
         assert_eq!(e, "t.toml: line 9: invalid type: map, expected a string");
+    }
+
+    /// Session 14: `roce-dpd --config conf/dcqcn.toml` said only "unknown field `algorithm`", as if one key were
+    /// wrong in a port profile.
+    #[test]
+    fn a_file_that_is_no_port_profile_says_so() {
+        let dcqcn = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../conf/dcqcn.toml")).unwrap();
+        let e = err(&dcqcn);
+        assert!(e.starts_with("t.toml: line "), "{e}");
+        assert!(e.ends_with("(this file has no [port] table: not a port profile, see conf/README.md)"), "{e}");
+        assert!(!err(&format!("{BASE}bogus = 1\n")).contains("not a port profile"));
     }
 
     #[test]
