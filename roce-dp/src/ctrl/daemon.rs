@@ -1630,15 +1630,18 @@ pub struct ServerConfig {
     pub stats_page_bytes: usize,
 }
 
+/// The longest path a Unix socket address holds (`sun_path`'s 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 /// What makes `path` unusable as the daemon's socket before anything is tried, as one line naming the path and what
 /// to do: a directory that does not exist (bind's bare "No such file or directory" named neither), a path longer
 /// than a Unix socket address holds (107 bytes). `roce-dpd` asks before DPDK starts; [`Server::start_workers`] too.
 pub fn socket_path_problem(path: &Path) -> Option<String> {
     let shown = path.display();
     let len = path.as_os_str().len();
-    if len > 107 {
+    if len > MAX_SOCKET_PATH {
         return Some(format!(
-            "socket {shown}: {len} bytes, longer than a Unix socket path can be (107): give a shorter one"
+            "socket {shown}: {len} bytes, longer than a Unix socket path can be ({MAX_SOCKET_PATH}): give a shorter one"
         ));
     }
     let dir = match path.parent() {

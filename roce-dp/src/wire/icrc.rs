@@ -158,31 +158,15 @@ pub fn compute_with_fix(pkt: &[u8], fix: u32) -> u32 {
     c.finalize()
 }
 
-/// [`compute_with_fix`] for a sender that owns the packet's bytes, without making a `Hasher` (crc32fast detects the
-/// CPU's kernel in every `Hasher::new_with_initial`, ~37 instructions a packet): the CRC XORs the packet's first
-/// four bytes (little-endian) into its register before anything else, so a correction `fix` of the initial
-/// register is the same as `fix` XORed into those bytes. They are XORed in place, the packet is hashed by a clone
-/// of the prototype hasher (from [`LRH_SEED`]), and they are put back. Packets shorter than 4 bytes take
-/// [`compute_with_fix`].
-#[inline]
-pub fn compute_with_fix_in_place(pkt: &mut [u8], fix: u32) -> u32 {
-    let Some(head) = pkt.first_chunk_mut::<4>() else { return compute_with_fix(pkt, fix) };
-    let orig = *head;
-    *head = (u32::from_le_bytes(orig) ^ fix).to_le_bytes();
-    let mut c = seeded();
-    c.update(pkt);
-    if let Some(head) = pkt.first_chunk_mut::<4>() {
-        *head = orig;
-    }
-    c.finalize()
-}
-
 /// Bytes of the masked LRH the ICRC starts with.
 pub const LRH_LEN: usize = 8;
 
-/// The ICRC of a packet its sender prepared in place as it wrote the headers (see
-/// [`compute_with_fix_in_place`]; done early, so that the CRC's loads find those stores done): `span` is the packet
-/// with the correction of the initial register already XORed into its first four bytes, preceded by the masked
+/// The ICRC of a packet its sender prepared in place as it wrote the headers (done early, so that the CRC's loads
+/// find those stores done), without making a `Hasher` (crc32fast detects the CPU's kernel in every
+/// `Hasher::new_with_initial`, ~37 instructions a packet): the CRC XORs the packet's first four bytes
+/// (little-endian) into its register before anything else, so a correction of the initial register is the same
+/// XORed into those bytes, and a clone of the prototype hasher (from [`LRH_SEED`]) does the rest. `span` is the
+/// packet with the correction of the initial register already XORed into its first four bytes, preceded by the masked
 /// LRH (8 x 0xFF, which a zero CRC state turns into [`LRH_SEED`]) when `with_lrh`. The sender puts the bytes back
 /// afterwards. crc32fast folds 16 bytes at a time, ends a partial block with a byte shuffle (~30 instructions
 /// against ~10 for a whole block), and below 128 bytes runs its serial fold-by-1 kernel (~147 instructions for 120
@@ -622,22 +606,6 @@ mod tests {
             }
         }
         assert!(checked > 4000, "{checked}");
-    }
-
-    /// The in-place form gives `compute_with_fix`'s value for any correction and length (the short ones take the
-    /// hasher path) and leaves the packet as it was.
-    #[test]
-    fn in_place_equals_compute_with_fix() {
-        let mut rnd = xorshift(0x2545_f491);
-        for len in (0..300).chain([1023, 1024, 2048, 4136, 9000]) {
-            for _ in 0..4 {
-                let pkt: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
-                let fix = rnd();
-                let mut q = pkt.clone();
-                assert_eq!(compute_with_fix_in_place(&mut q, fix), compute_with_fix(&pkt, fix), "len {len}");
-                assert_eq!(q, pkt);
-            }
-        }
     }
 
     /// A span prepared as the template does (the correction XORed into the packet's first four bytes, the masked LRH

@@ -222,12 +222,12 @@ impl HeaderTemplate {
             }
             v
         } else {
-            let ip = &mut buf[eth_len..at];
+            let ip = &buf[eth_len..at];
             match ack.and_then(|a| a.compute(ip)) {
                 Some(v) => v,
                 // FECN/BECN (BTH byte 4) are not in the template's correction.
                 None if bth.ecn_marked() => icrc::compute(ip)?,
-                None => icrc::compute_with_fix_in_place(ip, fix),
+                None => icrc::compute_with_fix(ip, fix),
             }
         };
         buf[at..].copy_from_slice(&v.to_le_bytes());
