@@ -954,6 +954,13 @@ impl HostView {
         Some(text.lines().skip(2).any(|l| l.split(':').next().is_some_and(|n| n.trim() == iface)))
     }
 
+    /// The 2 MiB pool's pages free and not reserved (what `MFD_HUGETLB | MFD_HUGE_2MB` regions can still take).
+    fn free_2mb_hugepages(&self) -> Option<u64> {
+        let dir = self.sys.join("kernel/mm/hugepages/hugepages-2048kB");
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok()?.trim().parse::<u64>().ok();
+        Some(read("free_hugepages")?.saturating_sub(read("resv_hugepages").unwrap_or(0)))
+    }
+
     fn free_hugepages(&self) -> Option<u64> {
         let dir = std::fs::read_dir(self.sys.join("kernel/mm/hugepages")).ok()?;
         Some(
@@ -1030,6 +1037,24 @@ impl Profile {
             );
         }
         Ok(())
+    }
+
+    /// What the profile asks for that this machine cannot give now but may later, so the program runs and says so
+    /// at startup (one line each, `name: key: problem`): `[daemon] backing = "hugetlbfs"` with the 2 MiB pool empty
+    /// (its memfds are made, but mapping one reserves its pages and fails, so every CQ, QP and client buffer is
+    /// refused, each with one line, until pages are reserved; the daemon need not restart then). What cannot be
+    /// read is not judged.
+    pub fn host_warnings(&self, name: &str, host: &HostView) -> Vec<String> {
+        let mut v = Vec::new();
+        let huge = self.daemon.as_ref().is_some_and(|d| d.backing == DaemonBacking::Hugetlbfs);
+        if huge && host.free_2mb_hugepages() == Some(0) {
+            v.push(format!(
+                "{name}: daemon.backing: \"hugetlbfs\", but no 2 MiB hugepage is free on this machine: every CQ, QP and \
+                 client buffer is refused until some are (as root: scripts/setup.sh --hugepages N, or echo N > \
+                 /proc/sys/vm/nr_hugepages), or set backing = \"memfd\""
+            ));
+        }
+        v
     }
 }
 
@@ -1264,6 +1289,36 @@ mod tests {
         );
         assert_eq!(lcore_list("0-3,6"), Some(vec![0, 1, 2, 3, 6]));
         assert_eq!(lcore_list("1@2"), None, "forms it does not check are left to EAL");
+
+        // Session 15: a daemon profile asking for hugetlbfs backing with the 2 MiB pool empty started without a
+        // word, then refused every CQ, QP and client buffer. One warning line now; none for memfd backing, for a
+        // pool with free pages, or for a pool that cannot be read; free pages all reserved count as none.
+        let daemon = |backing: &str| {
+            Profile::parse(
+                "d.toml",
+                &format!(
+                    "[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 4096\n[daemon]\n\
+                     socket = \"/run/x.sock\"\nbacking = \"{backing}\"\n"
+                ),
+            )
+            .unwrap()
+        };
+        let (huge, memfd) = (daemon("hugetlbfs"), daemon("memfd"));
+        let warned =
+            ["d.toml: daemon.backing: \"hugetlbfs\", but no 2 MiB hugepage is free on this machine: every CQ, QP and \
+             client buffer is refused until some are (as root: scripts/setup.sh --hugepages N, or echo N > \
+             /proc/sys/vm/nr_hugepages), or set backing = \"memfd\""
+                .to_owned()];
+        assert_eq!(huge.host_warnings("d.toml", &host), warned);
+        assert!(memfd.host_warnings("d.toml", &host).is_empty());
+        assert!(nic("ice", "0000:5e:00.1", "").host_warnings("t.toml", &host).is_empty());
+        let pool = host.sys.join("kernel/mm/hugepages/hugepages-2048kB");
+        std::fs::write(pool.join("free_hugepages"), "3\n").unwrap();
+        assert!(huge.host_warnings("d.toml", &host).is_empty());
+        std::fs::write(pool.join("resv_hugepages"), "3\n").unwrap();
+        assert_eq!(huge.host_warnings("d.toml", &host), warned);
+        std::fs::remove_dir_all(&pool).unwrap();
+        assert!(huge.host_warnings("d.toml", &host).is_empty(), "a pool that cannot be read is not judged");
         let _ = std::fs::remove_dir_all(&root);
     }
 
