@@ -901,11 +901,18 @@ pub struct HostView {
     pub sys: std::path::PathBuf,
     /// `/proc/self/net/dev`: the interfaces of this process's network namespace.
     pub net_dev: std::path::PathBuf,
+    /// Where commands are looked for (`$PATH`), for hints that name one: `lspci` is pciutils', not installed
+    /// everywhere.
+    pub path: std::ffi::OsString,
 }
 
 impl Default for HostView {
     fn default() -> Self {
-        Self { sys: "/sys".into(), net_dev: "/proc/self/net/dev".into() }
+        Self {
+            sys: "/sys".into(),
+            net_dev: "/proc/self/net/dev".into(),
+            path: std::env::var_os("PATH").unwrap_or_default(),
+        }
     }
 }
 
@@ -954,6 +961,23 @@ impl HostView {
         Some(text.lines().skip(2).any(|l| l.split(':').next().is_some_and(|n| n.trim() == iface)))
     }
 
+    /// Whether `cmd` is an executable file in one of [`path`](Self::path)'s directories.
+    fn has_command(&self, cmd: &str) -> bool {
+        use std::os::unix::fs::PermissionsExt;
+        std::env::split_paths(&self.path)
+            .any(|d| std::fs::metadata(d.join(cmd)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+    }
+
+    /// How to list this machine's PCI addresses: `lspci -D` where pciutils is installed, else the sysfs directory
+    /// every Linux has.
+    fn pci_list_hint(&self) -> String {
+        if self.has_command("lspci") {
+            "lspci -D lists them".into()
+        } else {
+            format!("ls {} lists them", self.sys.join("bus/pci/devices").display())
+        }
+    }
+
     /// The 2 MiB pool's pages free and not reserved (what `MFD_HUGETLB | MFD_HUGE_2MB` regions can still take).
     fn free_2mb_hugepages(&self) -> Option<u64> {
         let dir = self.sys.join("kernel/mm/hugepages/hugepages-2048kB");
@@ -986,7 +1010,10 @@ impl Profile {
             if !dev.exists() {
                 return fail(
                     "port.pci",
-                    format!("no PCI device {pci} on this machine (lspci -D lists them; set port.pci to the NIC port's address)"),
+                    format!(
+                        "no PCI device {pci} on this machine ({}; set port.pci to the NIC port's address)",
+                        host.pci_list_hint()
+                    ),
                 );
             }
             let driver = std::fs::read_link(dev.join("driver"))
@@ -1236,7 +1263,14 @@ mod tests {
         std::fs::write(sys.join("kernel/mm/hugepages/hugepages-2048kB/free_hugepages"), "0\n").unwrap();
         let net_dev = root.join("net_dev");
         std::fs::write(&net_dev, "Inter-|   Receive\n face |bytes\n    lo: 0 0\n veth0: 1 2\n").unwrap();
-        let host = HostView { sys, net_dev };
+        // A $PATH without lspci (pciutils not installed), and one with it.
+        let (bin, no_bin) = (root.join("bin"), root.join("no-bin"));
+        for d in [&bin, &no_bin] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(bin.join("lspci"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(bin.join("lspci"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let host = HostView { sys, net_dev, path: bin.into_os_string() };
         let nic = |driver: &str, pci: &str, eal: &str| {
             Profile::parse(
                 "t.toml",
@@ -1249,6 +1283,16 @@ mod tests {
             check(&nic("ice", "0000:5e:00.2", ""), None).unwrap_err(),
             "t.toml: port.pci: no PCI device 0000:5e:00.2 on this machine (lspci -D lists them; set port.pci to the \
              NIC port's address)"
+        );
+        // Session 15: without pciutils the hint named a command the machine lacks; it names the sysfs directory.
+        let bare = HostView { path: no_bin.into_os_string(), ..host.clone() };
+        assert_eq!(
+            nic("ice", "0000:5e:00.2", "").check_host("t.toml", None, &bare).unwrap_err().0,
+            format!(
+                "t.toml: port.pci: no PCI device 0000:5e:00.2 on this machine (ls {}/bus/pci/devices lists them; set \
+                 port.pci to the NIC port's address)",
+                host.sys.display()
+            )
         );
         assert_eq!(
             check(&nic("ice", "0000:5e:00.0", ""), None).unwrap_err(),

@@ -25,6 +25,17 @@ fn one_line(o: &Output, want: &str) {
     assert!(o.stdout.is_empty(), "stdout: {}", String::from_utf8_lossy(&o.stdout));
 }
 
+/// How the tools' PCI hint lists this machine's devices: `lspci -D` where pciutils is installed (an `lspci` on
+/// $PATH), else `ls /sys/bus/pci/devices` (session 15: the hint named lspci on machines without it).
+fn pci_list_hint() -> &'static str {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|d| d.join("lspci").is_file()) {
+        "lspci -D lists them"
+    } else {
+        "ls /sys/bus/pci/devices lists them"
+    }
+}
+
 #[test]
 fn rdp_sim_bad_arguments_and_files_are_one_line() {
     let sim = env!("CARGO_BIN_EXE_rdp-sim");
@@ -313,8 +324,9 @@ mod dpdk_tools {
             one_line(
                 &run(exe, &args),
                 &format!(
-                    "{tool}: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine (lspci -D lists them; \
-                     set port.pci to the NIC port's address)"
+                    "{tool}: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine ({}; set port.pci to the NIC \
+                     port's address)",
+                    pci_list_hint()
                 ),
             );
             let _ = std::fs::remove_file(&p);
