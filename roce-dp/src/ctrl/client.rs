@@ -30,6 +30,21 @@
 //! socket) makes a control call fail with [`Error::Timeout`] after [`DEFAULT_CALL_TIMEOUT`] (or what
 //! [`Device::set_call_timeout`] says); a signal that interrupts the wait is retried.
 //!
+//! # Threads
+//! [`Device`] is `Send` and `Sync`: control calls from several threads take turns on the session's socket. [`Cq`],
+//! [`Qp`] and [`Mr`] are `Send`, not `Sync`: one thread at a time polls a CQ ([`Cq::poll`] takes `&mut self`) or
+//! posts on a QP; to poll a CQ in one thread and create QPs on it in another, keep it behind a mutex held only for
+//! the poll or the creation. A [`Qp`] may be dropped on any thread while another polls its CQs: what the two share
+//! (the CQ's records of destroyed QPs, the ring's indices) is atomics or behind the library's own mutex, so there is
+//! no data race. A poll running while the drop runs may still return completions of the QP (their order is
+//! unspecified, as with verbs); a poll that starts after the drop returned returns none of them
+//! (`roce-dp/tests/audit_client.rs`).
+//!
+//! ```compile_fail
+//! fn sync<T: Sync>() {}
+//! sync::<roce_dp::client::Cq>(); // two threads may not poll one CQ at once
+//! ```
+//!
 //! # Completion channels: sleeping instead of polling
 //! As with `ibv_create_comp_channel` / `ibv_req_notify_cq` / `ibv_get_cq_event` / `ibv_ack_cq_events`: a
 //! [`CompChannel`] ([`Device::create_comp_channel`]) is a descriptor the application can block on, or put into its
