@@ -1026,8 +1026,14 @@ impl Profile {
                     return fail(
                         "port.pci",
                         format!(
-                            "{pci} is on {}, not vfio-pci: bind it first (modprobe vfio-pci; dpdk-devbind.py -b vfio-pci {pci})",
-                            d.map_or("no driver".to_owned(), |d| format!("the kernel's {d} driver"))
+                            "{pci} is on {}, not vfio-pci: bind it first (modprobe vfio-pci; dpdk-devbind.py -b vfio-pci \
+                             {pci}{})",
+                            d.map_or("no driver".to_owned(), |d| format!("the kernel's {d} driver")),
+                            if host.has_command("dpdk-devbind.py") {
+                                ""
+                            } else {
+                                "; dpdk-devbind.py is not installed here: apt-get install dpdk"
+                            }
                         ),
                     )
                 }
@@ -1263,13 +1269,16 @@ mod tests {
         std::fs::write(sys.join("kernel/mm/hugepages/hugepages-2048kB/free_hugepages"), "0\n").unwrap();
         let net_dev = root.join("net_dev");
         std::fs::write(&net_dev, "Inter-|   Receive\n face |bytes\n    lo: 0 0\n veth0: 1 2\n").unwrap();
-        // A $PATH without lspci (pciutils not installed), and one with it.
+        // A $PATH without lspci (pciutils not installed) and dpdk-devbind.py (Debian's dpdk package), and one with
+        // both.
         let (bin, no_bin) = (root.join("bin"), root.join("no-bin"));
         for d in [&bin, &no_bin] {
             std::fs::create_dir_all(d).unwrap();
         }
-        std::fs::write(bin.join("lspci"), "#!/bin/sh\n").unwrap();
-        std::fs::set_permissions(bin.join("lspci"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        for cmd in ["lspci", "dpdk-devbind.py"] {
+            std::fs::write(bin.join(cmd), "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(bin.join(cmd), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        }
         let host = HostView { sys, net_dev, path: bin.into_os_string() };
         let nic = |driver: &str, pci: &str, eal: &str| {
             Profile::parse(
@@ -1293,6 +1302,13 @@ mod tests {
                  port.pci to the NIC port's address)",
                 host.sys.display()
             )
+        );
+        // Nor is dpdk-devbind.py everywhere (setup.sh installs libdpdk-dev, not the dpdk package that has it).
+        assert_eq!(
+            nic("ice", "0000:5e:00.0", "").check_host("t.toml", None, &bare).unwrap_err().0,
+            "t.toml: port.pci: 0000:5e:00.0 is on the kernel's ice driver, not vfio-pci: bind it first (modprobe \
+             vfio-pci; dpdk-devbind.py -b vfio-pci 0000:5e:00.0; dpdk-devbind.py is not installed here: apt-get \
+             install dpdk)"
         );
         assert_eq!(
             check(&nic("ice", "0000:5e:00.0", ""), None).unwrap_err(),
