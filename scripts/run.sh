@@ -8,9 +8,10 @@
 #
 # Any rdp_write_bw option is passed to both sides (see target/release/rdp_write_bw --help); -p PORT (the TCP
 # exchange's, default one from run.sh's PID) and --timeout S (default 120) replace run.sh's, and the port's options
-# (--port-conf, --socket, --file-prefix, --lcore, --daemon) are refused: they are run.sh's. Runs scripts/setup.sh
-# and the release build first (both do nothing when all is in place). Needs root. Exit status 0 only if both sides
-# exit 0 (every WR completed OK; with --data_validation, the payload verified).
+# (--port-conf, --socket, --file-prefix, --lcore, --daemon) are refused: they are run.sh's, and so is a HOST (the
+# client connects to 127.0.0.1). Runs scripts/setup.sh and the release build first (both do nothing when all is in
+# place). Needs root. Exit status 0 only if both sides exit 0 (every WR completed OK; with --data_validation, the
+# payload verified).
 set -uo pipefail
 
 # shellcheck source=scripts/lib.sh
@@ -19,22 +20,38 @@ cd "$ROOT"
 
 args=(-s 4096 -n 20000 -q 2 -m 4096 --data_validation)
 case "${1:-}" in
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
 esac
 [[ $# -gt 0 ]] && args=("$@")
 # The options run.sh gives each side itself: -p and --timeout the user's replace run.sh's; the port's are run.sh's
 # (each side's memif profile, socket and EAL prefix), and rdp_write_bw said "cannot be used multiple times" of a flag
 # the user gave once.
-port="" timeout=120 given=("${args[@]}") args=()
+# A word that is no option's value is a HOST: the client side's, which run.sh gives itself (127.0.0.1); passed on,
+# the server ran as a client of it and the client was given two. rdp_write_bw's options without a value (the rest
+# take one, or are refused by the tool itself):
+flags=" -a --all -b --bidirectional -F --CPU-freq -N --noPeak --report_gbits --run_infinitely --out_json
+ --data_validation -e --events --use_event -h --help -V --version "
+port="" timeout=120 given=("${args[@]}") args=() value=0
 for ((i = 0; i < ${#given[@]}; i++)); do
     a="${given[i]}"
+    if [[ $a != -?* ]]; then
+        if ((value == 0)); then
+            echo "run.sh: $a looks like a HOST, which is run.sh's own (the client connects to 127.0.0.1; both sides run here, over memif); against another machine run rdp_write_bw by hand (README: perftest-compatible tools)" >&2
+            exit 2
+        fi
+        value=0 args+=("$a")
+        continue
+    fi
+    # The next word is this option's value unless the option takes none or carries it (-s4096, --size=4096, -ab).
+    value=1
+    [[ $flags == *" $a "* || $a == --*=* || $a =~ ^-[^-]. ]] && value=0
     if [[ $a == -p || $a == --port || $a == --timeout ]] && ((i + 1 == ${#given[@]})); then
         echo "run.sh: $a needs a value (see target/release/rdp_write_bw --help)" >&2
         exit 2
     fi
     case "$a" in
-        -p | --port) port="${given[i + 1]:-}" i=$((i + 1)) ;;
-        --timeout) timeout="${given[i + 1]:-}" i=$((i + 1)) ;;
+        -p | --port) port="${given[i + 1]:-}" i=$((i + 1)) value=0 ;;
+        --timeout) timeout="${given[i + 1]:-}" i=$((i + 1)) value=0 ;;
         --port=*) port="${a#--port=}" ;;
         -p?*) port="${a#-p}" ;;
         --timeout=*) timeout="${a#--timeout=}" ;;

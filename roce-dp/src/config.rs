@@ -901,11 +901,18 @@ pub struct HostView {
     pub sys: std::path::PathBuf,
     /// `/proc/self/net/dev`: the interfaces of this process's network namespace.
     pub net_dev: std::path::PathBuf,
+    /// Where commands are looked for (`$PATH`), for hints that name one: `lspci` is pciutils', not installed
+    /// everywhere.
+    pub path: std::ffi::OsString,
 }
 
 impl Default for HostView {
     fn default() -> Self {
-        Self { sys: "/sys".into(), net_dev: "/proc/self/net/dev".into() }
+        Self {
+            sys: "/sys".into(),
+            net_dev: "/proc/self/net/dev".into(),
+            path: std::env::var_os("PATH").unwrap_or_default(),
+        }
     }
 }
 
@@ -954,6 +961,30 @@ impl HostView {
         Some(text.lines().skip(2).any(|l| l.split(':').next().is_some_and(|n| n.trim() == iface)))
     }
 
+    /// Whether `cmd` is an executable file in one of [`path`](Self::path)'s directories.
+    fn has_command(&self, cmd: &str) -> bool {
+        use std::os::unix::fs::PermissionsExt;
+        std::env::split_paths(&self.path)
+            .any(|d| std::fs::metadata(d.join(cmd)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+    }
+
+    /// How to list this machine's PCI addresses: `lspci -D` where pciutils is installed, else the sysfs directory
+    /// every Linux has.
+    fn pci_list_hint(&self) -> String {
+        if self.has_command("lspci") {
+            "lspci -D lists them".into()
+        } else {
+            format!("ls {} lists them", self.sys.join("bus/pci/devices").display())
+        }
+    }
+
+    /// The 2 MiB pool's pages free and not reserved (what `MFD_HUGETLB | MFD_HUGE_2MB` regions can still take).
+    fn free_2mb_hugepages(&self) -> Option<u64> {
+        let dir = self.sys.join("kernel/mm/hugepages/hugepages-2048kB");
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok()?.trim().parse::<u64>().ok();
+        Some(read("free_hugepages")?.saturating_sub(read("resv_hugepages").unwrap_or(0)))
+    }
+
     fn free_hugepages(&self) -> Option<u64> {
         let dir = std::fs::read_dir(self.sys.join("kernel/mm/hugepages")).ok()?;
         Some(
@@ -979,7 +1010,10 @@ impl Profile {
             if !dev.exists() {
                 return fail(
                     "port.pci",
-                    format!("no PCI device {pci} on this machine (lspci -D lists them; set port.pci to the NIC port's address)"),
+                    format!(
+                        "no PCI device {pci} on this machine ({}; set port.pci to the NIC port's address)",
+                        host.pci_list_hint()
+                    ),
                 );
             }
             let driver = std::fs::read_link(dev.join("driver"))
@@ -992,8 +1026,14 @@ impl Profile {
                     return fail(
                         "port.pci",
                         format!(
-                            "{pci} is on {}, not vfio-pci: bind it first (modprobe vfio-pci; dpdk-devbind.py -b vfio-pci {pci})",
-                            d.map_or("no driver".to_owned(), |d| format!("the kernel's {d} driver"))
+                            "{pci} is on {}, not vfio-pci: bind it first (modprobe vfio-pci; dpdk-devbind.py -b vfio-pci \
+                             {pci}{})",
+                            d.map_or("no driver".to_owned(), |d| format!("the kernel's {d} driver")),
+                            if host.has_command("dpdk-devbind.py") {
+                                ""
+                            } else {
+                                "; dpdk-devbind.py is not installed here: apt-get install dpdk"
+                            }
                         ),
                     )
                 }
@@ -1030,6 +1070,24 @@ impl Profile {
             );
         }
         Ok(())
+    }
+
+    /// What the profile asks for that this machine cannot give now but may later, so the program runs and says so
+    /// at startup (one line each, `name: key: problem`): `[daemon] backing = "hugetlbfs"` with the 2 MiB pool empty
+    /// (its memfds are made, but mapping one reserves its pages and fails, so every CQ, QP and client buffer is
+    /// refused, each with one line, until pages are reserved; the daemon need not restart then). What cannot be
+    /// read is not judged.
+    pub fn host_warnings(&self, name: &str, host: &HostView) -> Vec<String> {
+        let mut v = Vec::new();
+        let huge = self.daemon.as_ref().is_some_and(|d| d.backing == DaemonBacking::Hugetlbfs);
+        if huge && host.free_2mb_hugepages() == Some(0) {
+            v.push(format!(
+                "{name}: daemon.backing: \"hugetlbfs\", but no 2 MiB hugepage is free on this machine: every CQ, QP and \
+                 client buffer is refused until some are (as root: scripts/setup.sh --hugepages N, or echo N > \
+                 /proc/sys/vm/nr_hugepages), or set backing = \"memfd\""
+            ));
+        }
+        v
     }
 }
 
@@ -1211,7 +1269,17 @@ mod tests {
         std::fs::write(sys.join("kernel/mm/hugepages/hugepages-2048kB/free_hugepages"), "0\n").unwrap();
         let net_dev = root.join("net_dev");
         std::fs::write(&net_dev, "Inter-|   Receive\n face |bytes\n    lo: 0 0\n veth0: 1 2\n").unwrap();
-        let host = HostView { sys, net_dev };
+        // A $PATH without lspci (pciutils not installed) and dpdk-devbind.py (Debian's dpdk package), and one with
+        // both.
+        let (bin, no_bin) = (root.join("bin"), root.join("no-bin"));
+        for d in [&bin, &no_bin] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        for cmd in ["lspci", "dpdk-devbind.py"] {
+            std::fs::write(bin.join(cmd), "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(bin.join(cmd), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        }
+        let host = HostView { sys, net_dev, path: bin.into_os_string() };
         let nic = |driver: &str, pci: &str, eal: &str| {
             Profile::parse(
                 "t.toml",
@@ -1224,6 +1292,23 @@ mod tests {
             check(&nic("ice", "0000:5e:00.2", ""), None).unwrap_err(),
             "t.toml: port.pci: no PCI device 0000:5e:00.2 on this machine (lspci -D lists them; set port.pci to the \
              NIC port's address)"
+        );
+        // Session 15: without pciutils the hint named a command the machine lacks; it names the sysfs directory.
+        let bare = HostView { path: no_bin.into_os_string(), ..host.clone() };
+        assert_eq!(
+            nic("ice", "0000:5e:00.2", "").check_host("t.toml", None, &bare).unwrap_err().0,
+            format!(
+                "t.toml: port.pci: no PCI device 0000:5e:00.2 on this machine (ls {}/bus/pci/devices lists them; set \
+                 port.pci to the NIC port's address)",
+                host.sys.display()
+            )
+        );
+        // Nor is dpdk-devbind.py everywhere (setup.sh installs libdpdk-dev, not the dpdk package that has it).
+        assert_eq!(
+            nic("ice", "0000:5e:00.0", "").check_host("t.toml", None, &bare).unwrap_err().0,
+            "t.toml: port.pci: 0000:5e:00.0 is on the kernel's ice driver, not vfio-pci: bind it first (modprobe \
+             vfio-pci; dpdk-devbind.py -b vfio-pci 0000:5e:00.0; dpdk-devbind.py is not installed here: apt-get \
+             install dpdk)"
         );
         assert_eq!(
             check(&nic("ice", "0000:5e:00.0", ""), None).unwrap_err(),
@@ -1264,6 +1349,36 @@ mod tests {
         );
         assert_eq!(lcore_list("0-3,6"), Some(vec![0, 1, 2, 3, 6]));
         assert_eq!(lcore_list("1@2"), None, "forms it does not check are left to EAL");
+
+        // Session 15: a daemon profile asking for hugetlbfs backing with the 2 MiB pool empty started without a
+        // word, then refused every CQ, QP and client buffer. One warning line now; none for memfd backing, for a
+        // pool with free pages, or for a pool that cannot be read; free pages all reserved count as none.
+        let daemon = |backing: &str| {
+            Profile::parse(
+                "d.toml",
+                &format!(
+                    "[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 4096\n[daemon]\n\
+                     socket = \"/run/x.sock\"\nbacking = \"{backing}\"\n"
+                ),
+            )
+            .unwrap()
+        };
+        let (huge, memfd) = (daemon("hugetlbfs"), daemon("memfd"));
+        let warned =
+            ["d.toml: daemon.backing: \"hugetlbfs\", but no 2 MiB hugepage is free on this machine: every CQ, QP and \
+             client buffer is refused until some are (as root: scripts/setup.sh --hugepages N, or echo N > \
+             /proc/sys/vm/nr_hugepages), or set backing = \"memfd\""
+                .to_owned()];
+        assert_eq!(huge.host_warnings("d.toml", &host), warned);
+        assert!(memfd.host_warnings("d.toml", &host).is_empty());
+        assert!(nic("ice", "0000:5e:00.1", "").host_warnings("t.toml", &host).is_empty());
+        let pool = host.sys.join("kernel/mm/hugepages/hugepages-2048kB");
+        std::fs::write(pool.join("free_hugepages"), "3\n").unwrap();
+        assert!(huge.host_warnings("d.toml", &host).is_empty());
+        std::fs::write(pool.join("resv_hugepages"), "3\n").unwrap();
+        assert_eq!(huge.host_warnings("d.toml", &host), warned);
+        std::fs::remove_dir_all(&pool).unwrap();
+        assert!(huge.host_warnings("d.toml", &host).is_empty(), "a pool that cannot be read is not judged");
         let _ = std::fs::remove_dir_all(&root);
     }
 

@@ -14,7 +14,7 @@ fn host(tag: &str) -> HostView {
     std::fs::write(sys.join("devices/system/cpu/online"), "0-1\n").unwrap();
     let net_dev = root.join("net_dev");
     std::fs::write(&net_dev, "Inter-|   Receive\n face |bytes\n    lo: 0 0\n").unwrap();
-    HostView { sys, net_dev }
+    HostView { sys, net_dev, path: std::env::var_os("PATH").unwrap_or_default() }
 }
 
 fn profile(lcores: &str) -> Profile {

@@ -156,7 +156,7 @@ fn a_pd_with_a_qp_cannot_be_deallocated() {
     let init = QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() };
     assert_eq!(s.call(&Request::ModifyQp { qpn, m: ModifyQp { attr: init, ..ModifyQp::default() } }), Response::Ok);
     assert_eq!(s.stat("pds"), 1);
-    assert_eq!(s.call(&Request::DestroyQp { qpn }), Response::Ok);
+    assert_eq!(s.call(&Request::DestroyQp { qpn }), Response::QpDestroyed { send_tail: 0, recv_tail: 0 });
     assert_eq!(s.call(&Request::DeallocPd { pd }), Response::Ok);
     assert_eq!(s.stat("pds"), 0);
 }
@@ -172,9 +172,9 @@ fn a_pd_with_a_qp_on_another_worker_cannot_be_deallocated() {
     let q0 = s.qp(pd, c0).unwrap();
     let q1 = s.qp(pd, c1).unwrap();
     assert_ne!(q0 >> 16, q1 >> 16, "QPs {q0:#x} and {q1:#x} on two workers");
-    assert_eq!(s.call(&Request::DestroyQp { qpn: q0 }), Response::Ok);
+    assert_eq!(s.call(&Request::DestroyQp { qpn: q0 }), Response::QpDestroyed { send_tail: 0, recv_tail: 0 });
     refused(&s.call(&Request::DeallocPd { pd }), ErrorCode::Busy);
-    assert_eq!(s.call(&Request::DestroyQp { qpn: q1 }), Response::Ok);
+    assert_eq!(s.call(&Request::DestroyQp { qpn: q1 }), Response::QpDestroyed { send_tail: 0, recv_tail: 0 });
     assert_eq!(s.call(&Request::DeallocPd { pd }), Response::Ok);
 }
 
@@ -193,7 +193,7 @@ fn objects_in_use_are_busy_and_the_session_carries_on() {
     let fd = memfd("audit-inuse", 4096, SHRINK_GROW);
     let q = Request::RegMr { pd, va: 0x1000, len: 4096, offset: 0, access: AccessFlags::ALL.0 };
     let Response::Mr { lkey, .. } = s.call_fds(&q, &[fd.as_fd()]).0 else { panic!("RegMr") };
-    assert_eq!(s.call(&Request::DestroyQp { qpn }), Response::Ok);
+    assert_eq!(s.call(&Request::DestroyQp { qpn }), Response::QpDestroyed { send_tail: 0, recv_tail: 0 });
     refused(&s.call(&Request::DeallocPd { pd }), ErrorCode::Busy);
     assert_eq!(s.call(&Request::DeregMr { lkey }), Response::Ok);
     assert_eq!(s.call(&Request::DeallocPd { pd }), Response::Ok);

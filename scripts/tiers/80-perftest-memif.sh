@@ -262,6 +262,13 @@ tier8_perftest_memif() {
         test "$rc" -eq 2 -a $((SECONDS - t0)) -le 5
     check "scripts/run.sh --port-conf FILE: one line naming it" \
         test "$(wc -l <"$err")" -eq 1 -a -n "$(grep "^run.sh: --port-conf is run.sh's own" "$err")"
+    # A HOST (a word that is no option's value) went to both sides: the server ran as a client of it.
+    rc=0 err="$LOG_DIR/tier8-run-sh-host.err" t0=$SECONDS
+    timeout 60 "$ROOT/scripts/run.sh" -s 4096 10.0.0.2 >/dev/null 2>"$err" || rc=$?
+    check "scripts/run.sh -s 4096 HOST: exit 2 (got $rc) within 5 s ($((SECONDS - t0)) s)" \
+        test "$rc" -eq 2 -a $((SECONDS - t0)) -le 5
+    check "scripts/run.sh -s 4096 HOST: one line naming it" \
+        test "$(wc -l <"$err")" -eq 1 -a -n "$(grep "^run.sh: 10.0.0.2 looks like a HOST, which is run.sh's own" "$err")"
 
     # A client, then a server, killed mid-run: the other side exits non-zero within its timeout.
     pf_vanish client

@@ -25,6 +25,17 @@ fn one_line(o: &Output, want: &str) {
     assert!(o.stdout.is_empty(), "stdout: {}", String::from_utf8_lossy(&o.stdout));
 }
 
+/// How the tools' PCI hint lists this machine's devices: `lspci -D` where pciutils is installed (an `lspci` on
+/// $PATH), else `ls /sys/bus/pci/devices` (session 15: the hint named lspci on machines without it).
+fn pci_list_hint() -> &'static str {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|d| d.join("lspci").is_file()) {
+        "lspci -D lists them"
+    } else {
+        "ls /sys/bus/pci/devices lists them"
+    }
+}
+
 #[test]
 fn rdp_sim_bad_arguments_and_files_are_one_line() {
     let sim = env!("CARGO_BIN_EXE_rdp-sim");
@@ -313,8 +324,9 @@ mod dpdk_tools {
             one_line(
                 &run(exe, &args),
                 &format!(
-                    "{tool}: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine (lspci -D lists them; \
-                     set port.pci to the NIC port's address)"
+                    "{tool}: {p}: port.pci: no PCI device fffe:ff:1f.7 on this machine ({}; set port.pci to the NIC \
+                     port's address)",
+                    pci_list_hint()
                 ),
             );
             let _ = std::fs::remove_file(&p);
@@ -386,4 +398,69 @@ mod dpdk_tools {
         );
         let _ = std::fs::remove_file(&p);
     }
+}
+
+/// `scripts/run.sh`'s own path (it runs the README's main job; its argument errors come before root, setup and the
+/// build, so no root is needed here).
+fn run_sh() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/run.sh")
+}
+
+/// Session 15: `scripts/run.sh HOST` was not refused: the words went to both sides, so the server ran as a client
+/// of HOST and the client was given two hosts (run.sh adds 127.0.0.1), each failing after its timeout. A word that
+/// is no option's value is now refused in one line before anything runs; an option's value is not. Old run.sh: not
+/// refused (past the loop it stops at the root check, or runs setup and the build as root).
+#[test]
+fn run_sh_refuses_a_host_in_one_line() {
+    let want = |w: &str| {
+        format!(
+            "run.sh: {w} looks like a HOST, which is run.sh's own (the client connects to 127.0.0.1; both sides run \
+             here, over memif); against another machine run rdp_write_bw by hand (README: perftest-compatible tools)"
+        )
+    };
+    let sh = run_sh();
+    let sh = sh.to_str().unwrap();
+    for args in [
+        &["10.0.0.2"][..],
+        &["-s", "4096", "10.0.0.2"],
+        &["--data_validation", "10.0.0.2"],
+        &["-s4096", "10.0.0.2"],
+        &["--size=4096", "-ab", "10.0.0.2"],
+        &["-p", "3000", "10.0.0.2"],
+        &["--timeout", "9", "-e", "10.0.0.2", "-n", "5"],
+    ] {
+        let o = run("bash", &[&[sh][..], args].concat());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err, format!("{}\n", want("10.0.0.2")), "{args:?}");
+    }
+}
+
+/// run.sh tells an option's value from a HOST by its list of rdp_write_bw's options that take no value: it must be
+/// the tool's (an option added without a value and missing from the list would take the word after it for its
+/// value; one given a value and left in the list would have its value refused as a HOST).
+#[test]
+fn run_sh_knows_which_rdp_write_bw_options_take_no_value() {
+    let help = run(env!("CARGO_BIN_EXE_rdp_write_bw"), &["--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    let mut tool: Vec<String> = Vec::new();
+    for line in help.lines() {
+        let t = line.trim();
+        if let Some(alias) = t.strip_prefix("[alias: ").and_then(|a| a.strip_suffix(']')) {
+            tool.push(alias.to_owned());
+        } else if line.starts_with("  -") || line.starts_with("      --") {
+            // clap's option lines: "-a, --all", "--report_gbits", "-s, --size <SIZE>"; roce-dp's own (after the
+            // options) have a value and a description on the line.
+            if !t.contains('<') && !t.contains("  ") {
+                tool.extend(t.split(", ").map(str::to_owned));
+            }
+        }
+    }
+    let sh = std::fs::read_to_string(run_sh()).unwrap();
+    let list = sh.split("flags=\"").nth(1).and_then(|r| r.split('"').next()).expect("run.sh's flags=\"...\"");
+    let mut ours: Vec<String> = list.split_whitespace().map(str::to_owned).collect();
+    tool.sort();
+    ours.sort();
+    assert!(tool.len() >= 18, "{tool:?}");
+    assert_eq!(ours, tool);
 }

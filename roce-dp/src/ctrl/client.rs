@@ -30,6 +30,21 @@
 //! socket) makes a control call fail with [`Error::Timeout`] after [`DEFAULT_CALL_TIMEOUT`] (or what
 //! [`Device::set_call_timeout`] says); a signal that interrupts the wait is retried.
 //!
+//! # Threads
+//! [`Device`] is `Send` and `Sync`: control calls from several threads take turns on the session's socket. [`Cq`],
+//! [`Qp`] and [`Mr`] are `Send`, not `Sync`: one thread at a time polls a CQ ([`Cq::poll`] takes `&mut self`) or
+//! posts on a QP; to poll a CQ in one thread and create QPs on it in another, keep it behind a mutex held only for
+//! the poll or the creation. A [`Qp`] may be dropped on any thread while another polls its CQs: what the two share
+//! (the CQ's records of destroyed QPs, the ring's indices) is atomics or behind the library's own mutex, so there is
+//! no data race. A poll running while the drop runs may still return completions of the QP (their order is
+//! unspecified, as with verbs); a poll that starts after the drop returned returns none of them
+//! (`roce-dp/tests/audit_client.rs`).
+//!
+//! ```compile_fail
+//! fn sync<T: Sync>() {}
+//! sync::<roce_dp::client::Cq>(); // two threads may not poll one CQ at once
+//! ```
+//!
 //! # Completion channels: sleeping instead of polling
 //! As with `ibv_create_comp_channel` / `ibv_req_notify_cq` / `ibv_get_cq_event` / `ibv_ack_cq_events`: a
 //! [`CompChannel`] ([`Device::create_comp_channel`]) is a descriptor the application can block on, or put into its
@@ -285,6 +300,17 @@ struct Inner {
     /// return). Retried after each destroy that succeeds, so the object goes with its last user instead of
     /// staying, and counting against the session's limits, until the session ends.
     deferred: Mutex<Vec<Request>>,
+    /// QP destroys sent and not answered yet (changed only under `conn`'s lock): each answer's tails settle its
+    /// CQs' records ([`Inner::settle`]), whichever call reads it, before that call lets go of the connection.
+    destroying: Mutex<Vec<PendingDestroy>>,
+}
+
+/// A QP destroy waiting for its answer: the request's sequence number, the QP and its CQs' records (the send CQ's
+/// first).
+struct PendingDestroy {
+    seq: u32,
+    qpn: u32,
+    cqs: Vec<Arc<StaleQps>>,
 }
 
 impl Inner {
@@ -323,6 +349,17 @@ impl Inner {
         q: &Request,
         fds: &[std::os::fd::BorrowedFd<'_>],
     ) -> Result<(Response, Vec<OwnedFd>, bool), Error> {
+        self.call_as(q, fds, None)
+    }
+
+    /// [`call_fds`](Self::call_fds) of a QP destroy when `destroying` names its QP and CQ records: registered
+    /// under its sequence number before the request goes, so that its answer settles them whenever it comes.
+    fn call_as(
+        &self,
+        q: &Request,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+        destroying: Option<(u32, Vec<Arc<StaleQps>>)>,
+    ) -> Result<(Response, Vec<OwnedFd>, bool), Error> {
         if let Some(r) = self.gone.lock().expect("gone").clone() {
             return Err(Error::DaemonGone { path: self.path.clone(), reason: r });
         }
@@ -332,6 +369,7 @@ impl Inner {
         let mut conn = self.conn.lock().expect("conn");
         let deadline = Instant::now() + waited;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.register(seq, destroying);
         if let Err(e) = conn.send_request(seq, q, fds) {
             // The daemon may have said why before it closed the socket.
             if let Some(why) = conn.try_recv_response().ok().flatten().and_then(|f| notice(&f.msg)) {
@@ -352,6 +390,7 @@ impl Inner {
                 return Err(timed_out());
             };
             self.stalled.store(false, Ordering::Relaxed);
+            self.settle(f.seq, &f.msg);
             match f.msg {
                 Response::Shutdown { .. } | Response::Closed { .. } => {
                     return Err(self.gone(notice(&f.msg).unwrap_or_default()))
@@ -380,7 +419,12 @@ impl Inner {
                 Ok(Some(Frame { msg, .. })) if notice(&msg).is_some() => {
                     Err(self.gone(notice(&msg).unwrap_or_default()))
                 }
-                Ok(_) => Ok(()),
+                // A late answer (a call that timed out): a QP destroy's still settles its records.
+                Ok(Some(f)) => {
+                    self.settle(f.seq, &f.msg);
+                    Ok(())
+                }
+                Ok(None) => Ok(()),
                 Err(e) => Err(self.proto(e)),
             },
             Err(_) => Ok(()),
@@ -391,20 +435,63 @@ impl Inner {
 
     /// Destroys a daemon object on drop (errors only matter while the daemon lives; then they are bugs).
     fn destroy(&self, q: Request) {
+        self.destroy_as(q, None)
+    }
+
+    /// Destroys QP `qpn` on drop. Until its answer comes, every completion of it in `cqs` (its CQs' records, the
+    /// send CQ's first) is skipped: the daemon may still write some (it has not read the request yet, or it is not
+    /// answering and the request only goes); the answer then says where they end ([`Response::QpDestroyed`]).
+    fn destroy_qp(&self, qpn: u32, cqs: &[Arc<StaleQps>]) {
+        for s in cqs {
+            s.destroying(qpn);
+        }
+        self.destroy_as(Request::DestroyQp { qpn }, Some((qpn, cqs.to_vec())));
+    }
+
+    fn destroy_as(&self, q: Request, destroying: Option<(u32, Vec<Arc<StaleQps>>)>) {
         if self.gone.lock().expect("gone").is_some() {
             return;
         }
         if self.stalled.load(Ordering::Relaxed) {
-            // The daemon is not answering: say it without waiting (its answer, if it comes, is discarded; what it
-            // does not destroy it reclaims when the session ends).
+            // The daemon is not answering: say it without waiting (its answer, if it comes, settles a QP destroy's
+            // records and is otherwise discarded; what it does not destroy it reclaims when the session ends).
             let conn = self.conn.lock().expect("conn");
-            let _ = conn.send_request(self.seq.fetch_add(1, Ordering::Relaxed), &q, &[]);
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            self.register(seq, destroying);
+            let _ = conn.send_request(seq, &q, &[]);
             return;
         }
-        match self.call(&q, &[]) {
+        match self.call_as(&q, &[], destroying) {
             Err(Error::Refused { code: ErrorCode::Busy, .. }) => self.deferred().push(q),
             Ok(_) => self.retry_deferred(),
             Err(_) => {}
+        }
+    }
+
+    /// Registers a QP destroy about to be sent as request `seq` (called under `conn`'s lock).
+    fn register(&self, seq: u32, destroying: Option<(u32, Vec<Arc<StaleQps>>)>) {
+        if let Some((qpn, cqs)) = destroying {
+            self.pending_destroys().push(PendingDestroy { seq, qpn, cqs });
+        }
+    }
+
+    fn pending_destroys(&self) -> std::sync::MutexGuard<'_, Vec<PendingDestroy>> {
+        self.destroying.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A frame read from the daemon (called under `conn`'s lock): the answer to a registered QP destroy settles
+    /// its CQs' records with the tails it carries. Any other answer to it (a refusal: the QP was not destroyed,
+    /// and goes when the session ends) leaves its completions skipped.
+    fn settle(&self, seq: u32, msg: &Response) {
+        let d = {
+            let mut p = self.pending_destroys();
+            let Some(k) = p.iter().position(|d| d.seq == seq) else { return };
+            p.swap_remove(k)
+        };
+        if let Response::QpDestroyed { send_tail, recv_tail } = *msg {
+            for (s, tail) in d.cqs.iter().zip([send_tail, recv_tail]) {
+                s.destroyed(d.qpn, tail);
+            }
         }
     }
 
@@ -507,6 +594,7 @@ impl Device {
             checking: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
             deferred: Mutex::new(Vec::new()),
+            destroying: Mutex::new(Vec::new()),
         };
         match inner.call(&Request::Hello { abi }, &[])? {
             (Response::Hello(info), _) => inner.info = info,
@@ -780,44 +868,69 @@ pub struct Cq {
     stale: Arc<StaleQps>,
 }
 
-/// The QPs of a CQ destroyed while completions of theirs may still wait in its ring, each with the ring index the
-/// daemon had reached when the destroy returned. libmlx5's `ibv_destroy_qp` cleans the QP's CQEs out of its CQs'
-/// buffers (`__mlx5_cq_clean`), so an application never polls a completion of a destroyed QP, whose number may
-/// by then be another QP's; the daemon drops those it has not delivered, and the library skips those already in
-/// the ring (the ring's slots are the daemon's to write, so they are skipped as polled, not moved). A poll costs
-/// one load of `any` while no destroyed QP is pending.
+/// The QPs of a CQ destroyed while completions of theirs may still wait in its ring, each with the ring index
+/// before which the daemon wrote them. libmlx5's `ibv_destroy_qp` cleans the QP's CQEs out of its CQs' buffers
+/// (`__mlx5_cq_clean`), so an application never polls a completion of a destroyed QP, whose number may by then be
+/// another QP's; the daemon drops those it has not delivered, and the library skips those already in the ring
+/// (the ring's slots are the daemon's to write, so they are skipped as polled, not moved). A poll costs one load of
+/// `any` while no destroyed QP is pending.
+///
+/// The index is the one the daemon's worker had reached when it destroyed the QP, carried in the destroy's answer
+/// ([`Response::QpDestroyed`]), not the ring's tail as the library sees it when the answer comes: by then another
+/// thread's QP may have been given the same number (numbers come back once the worker's range wraps) and have
+/// completions in the ring, which are not the destroyed QP's. From the drop until the answer is read, every
+/// completion of the QP is skipped (`None`): the daemon may still write some, before it reads the request or while
+/// it does not answer (the drop then only sends it), and no other QP can have its number before the answer, which
+/// comes ahead of any later creation's on the session's socket.
 struct StaleQps {
     /// The daemon's index in the ring (None: no shared ring, nothing to skip).
     tail: Option<super::ring::TailView>,
     /// Whether `qps` holds any (changed under its lock).
     any: AtomicBool,
-    /// (QP number, the ring index before which its completions are).
-    qps: Mutex<Vec<(u32, u32)>>,
+    /// (QP number, the ring index before which its completions are; `None`: its destroy is not answered yet).
+    qps: Mutex<Vec<(u32, Option<u32>)>>,
 }
 
 impl StaleQps {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u32, u32)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u32, Option<u32>)>> {
         self.qps.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// QP `qpn` was destroyed: its completions are those before the ring's tail now. Only the part of the ring not
-    /// read yet can hold any: nothing is recorded when that part is empty, and the records the polls have read past
-    /// (or an earlier one of the same number, which this one covers) are forgotten here too, so a CQ that is never
-    /// polled (a receive CQ of QPs that only write, say) does not grow a record for each QP destroyed, and a CQ
-    /// not polled for a while keeps at most one per QP number.
-    fn destroyed(&self, qpn: u32) {
+    /// QP `qpn` is being destroyed: every completion of it is skipped until [`destroyed`](Self::destroyed).
+    fn destroying(&self, qpn: u32) {
         let Some(view) = &self.tail else { return };
-        let until = view.load();
         let mut qps = self.lock();
-        // Read after the tail (and under the lock, so no poll of ours retires records meanwhile): the polls have
-        // handed back at most what the daemon had written, and a poll running now only takes the head further.
         let read = view.released();
-        qps.retain(|&(q, u)| q != qpn && before(read, u));
+        qps.retain(|&(q, u)| q != qpn && pending(read, u));
+        qps.push((qpn, None));
+        self.any.store(true, Ordering::Relaxed);
+    }
+
+    /// The daemon destroyed QP `qpn` when its worker had written up to ring index `until` (the destroy's answer):
+    /// its completions are those before it. Only the part of the ring not read yet can hold any: nothing is kept
+    /// when that part ends before `until`, and the records the polls have read past (or an earlier one of the same
+    /// number, which this one covers) are forgotten here too, so a CQ that is never polled (a receive CQ of QPs
+    /// that only write, say) does not grow a record for each QP destroyed, and a CQ not polled for a while keeps at
+    /// most one per QP number.
+    fn destroyed(&self, qpn: u32, until: u32) {
+        let Some(view) = &self.tail else { return };
+        let mut qps = self.lock();
+        // Under the lock, so no poll of ours retires records meanwhile: the polls have handed back at most what
+        // the daemon had written, and a poll running now only takes the head further.
+        let read = view.released();
+        qps.retain(|&(q, u)| q != qpn && pending(read, u));
         if before(read, until) {
-            qps.push((qpn, until));
+            qps.push((qpn, Some(until)));
         }
         self.any.store(!qps.is_empty(), Ordering::Relaxed);
     }
+}
+
+/// Whether a record still matters to a ring read up to index `read`: its destroy is not answered yet, or the
+/// ring holds unread entries before its index.
+#[inline]
+fn pending(read: u32, until: Option<u32>) -> bool {
+    until.is_none_or(|u| before(read, u))
 }
 
 /// Whether free-running ring index `i` comes before `until` (their signed distance is positive).
@@ -863,10 +976,9 @@ impl Cq {
     /// forgets each such QP once the ring is read past its index.
     fn poll_skipping_stale(&mut self, out: &mut [Cqe]) -> Result<usize, WqError> {
         let mut qps = self.stale.lock();
-        let n =
-            self.region.cq.poll_skipping(out, |i, c| qps.iter().any(|&(q, until)| q == c.qpn && before(i, until)))?;
+        let n = self.region.cq.poll_skipping(out, |i, c| qps.iter().any(|&(q, u)| q == c.qpn && pending(i, u)))?;
         let head = self.region.cq.head_index();
-        qps.retain(|&(_, until)| before(head, until));
+        qps.retain(|&(_, u)| pending(head, u));
         if qps.is_empty() {
             self.stale.any.store(false, Ordering::Relaxed);
         }
@@ -1225,12 +1337,7 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        self.dev.destroy(Request::DestroyQp { qpn: self.qpn });
-        // The daemon wrote its last completion of this QP before it answered: what the rings hold of it is
-        // before their tails now.
-        for s in &self.cqs {
-            s.destroyed(self.qpn);
-        }
+        self.dev.destroy_qp(self.qpn, &self.cqs);
     }
 }
 

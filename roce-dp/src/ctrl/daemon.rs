@@ -723,7 +723,9 @@ impl Appliance {
                 }
                 let _ = e.destroy_qp(qpn);
                 self.qps.swap_remove(i);
-                Response::Ok
+                // Every completion of the QP this worker wrote is before these tails (deliver and refuse publish
+                // what they push before they return), and none of a later QP of the same number can be.
+                Response::QpDestroyed { send_tail: self.ring_tail(scq), recv_tail: self.ring_tail(rcq) }
             }
             Cmd::Stats => Response::Stats(self.stat_records(e, extra_stats)),
             Cmd::Reclaim(owned) => {
@@ -1060,6 +1062,11 @@ impl Appliance {
         slot.refusals.retain(|(_, c)| c.qpn != qpn);
         self.stats.cqes_discarded_destroy += (gone.len() + held - slot.refusals.len()) as u64;
         shift_back(slot.refusals.iter_mut().map(|(at, _)| at), &gone);
+    }
+
+    /// The index CQ `cq`'s ring's next completion will be written at (0 for a CQ this worker does not have).
+    fn ring_tail(&self, cq: CqId) -> u32 {
+        self.cqs.get(cq.0 as usize).and_then(Option::as_ref).map_or(0, |s| s.region.cq.next_index())
     }
 
     /// Keeps a refused WQE's completion for [`deliver`](Self::deliver), to go after the CQ's `at`-th engine
@@ -1527,7 +1534,7 @@ impl Router {
             _ => return not_found_qp(qpn),
         };
         let r = self.ask(w, client, Cmd::DestroyQp(qpn));
-        if matches!(r, Response::Ok) {
+        if matches!(r, Response::QpDestroyed { .. }) {
             rt.qps.remove(&qpn);
         }
         r

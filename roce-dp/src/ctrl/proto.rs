@@ -54,8 +54,8 @@ use crate::qp::{QpAttr, QpState};
 
 /// Version of this framing and of the messages; bumped on any change (2: `CreateQp` carries `max_inline`; 3:
 /// completion channels, `CreateCq` carries the channel; 4: statistics in pages, `StatsFrom` and `StatsPage`; 5: the
-/// `Closed` notice).
-pub const PROTO_VERSION: u16 = 5;
+/// `Closed` notice; 6: `DestroyQp` is answered [`Response::QpDestroyed`] with its CQ rings' tails).
+pub const PROTO_VERSION: u16 = 6;
 
 /// Largest frame accepted (statistics of many QPs are the big ones).
 pub const MAX_FRAME: usize = 8 << 20;
@@ -284,6 +284,16 @@ pub enum Response {
     Qp {
         /// QP number.
         qpn: u32,
+    },
+    /// A QP was destroyed: its send and receive CQ rings' tails (the producer's free-running index) when the worker
+    /// destroyed it. Every completion of the QP the daemon wrote into a ring is before that ring's tail, and none
+    /// of a later QP with the same number (numbers come back after the worker's range wraps) is: the client
+    /// library skips this QP's completions before the tail and no others (see [`super::client`]'s `StaleQps`).
+    QpDestroyed {
+        /// The send CQ ring's tail.
+        send_tail: u32,
+        /// The receive CQ ring's tail (the same as `send_tail` when the QP has one CQ).
+        recv_tail: u32,
     },
     /// A QP snapshot.
     QpInfo(QpInfo),
@@ -683,6 +693,11 @@ impl Response {
                 w.str(reason);
                 0x10c
             }
+            Response::QpDestroyed { send_tail, recv_tail } => {
+                w.u32(*send_tail);
+                w.u32(*recv_tail);
+                0x10d
+            }
         }
     }
 
@@ -718,6 +733,7 @@ impl Response {
             0x109 => Response::Shutdown { reason: r.str()? },
             0x10a => Response::Channel { channel: r.u32()? },
             0x10c => Response::Closed { reason: r.str()? },
+            0x10d => Response::QpDestroyed { send_tail: r.u32()?, recv_tail: r.u32()? },
             _ => return Err(ProtoError::Malformed("unknown response kind")),
         };
         r.end()?;
@@ -1101,6 +1117,7 @@ mod tests {
             Response::Shutdown { reason: "SIGTERM".into() },
             Response::Channel { channel: 4 },
             Response::Closed { reason: "a page vanished".into() },
+            Response::QpDestroyed { send_tail: 7, recv_tail: u32::MAX },
         ]
     }
 

@@ -154,7 +154,11 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     // Port and EAL next. EAL gets worker 0's lcore (its main lcore); the other workers are threads pinned to theirs.
     let lcore = lcores.first().map(u32::to_string);
     let worker_lcores = d.worker_lcores.as_deref().map(|l| ("daemon.worker_lcores", l));
-    prof.check_host(&cli.config.display().to_string(), worker_lcores, &HostView::default()).map_err(|e| Fail(e.0))?;
+    let host = HostView::default();
+    prof.check_host(&cli.config.display().to_string(), worker_lcores, &host).map_err(|e| Fail(e.0))?;
+    for w in prof.host_warnings(&cli.config.display().to_string(), &host) {
+        eprintln!("roce-dpd: warning: {w}");
+    }
     let args = prof.eal_args("roce-dpd", lcore.as_deref(), prefix);
     let shown = args.to_vec()[1..].join(" ");
     if path.exists() && std::os::unix::net::UnixStream::connect(&path).is_ok() {
