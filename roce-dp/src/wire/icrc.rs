@@ -279,14 +279,15 @@ impl RxPrepared {
 /// where the masked LRH would be, and the four bytes written here (over the source MAC address's first four) make
 /// its result the ICRC. The CRC register is linear over GF(2): the differences of the span's bytes from the masked
 /// span (the source MAC address's last two bytes and the EtherType against 0xff, each masked field against its
-/// all-ones value) each act as a register term ([`RX_UNSHIFT`]), and the first four bytes, XORed straight into the
-/// register, cancel their sum. Nothing the parse reads is written (it reads neither source MAC address byte), so
-/// the parse can run between this store and the CRC's loads (the store is done by then: no store-to-load
-/// forwarding stall), and the frame's header bytes stay as received meanwhile. Check with [`rx_check`]; put the
-/// bytes back with [`rx_restore`].
+/// all-ones value) each act as a register term (one table load each), and the first four bytes, XORed straight
+/// into the register, cancel their sum. Nothing the parse reads is written (it reads no source MAC address byte),
+/// so the parse runs between this store and the CRC's loads (the store is done by then: no store-to-load
+/// forwarding stall, which made the same pass with the CRC right after the store no faster than [`verify`]), and
+/// the frame's header bytes stay as received meanwhile. Check with [`rx_check`]; put the bytes back with
+/// [`rx_restore`].
 ///
 /// None (nothing written) unless the frame is Ethernet II without a tag carrying IPv4 without options or IPv6,
-/// with room for UDP, a BTH and an ICRC and the IP packet within the frame; such frames take [`verify`].
+/// with room for UDP, a BTH and an ICRC and the IP packet within the frame; other frames take [`verify`].
 #[inline(always)]
 pub fn rx_prepare(frame: &mut [u8]) -> Option<RxPrepared> {
     const V4: usize = RX_L3 + V4_HEAD;
