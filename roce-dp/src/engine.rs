@@ -715,8 +715,29 @@ impl Engine {
     // ---------------------------------------------------------------- the sans-IO interface
 
     /// Handles one received Ethernet frame. Anything malformed, unknown or unexpected is counted and dropped; the
-    /// engine never panics on frame contents.
-    pub fn handle_rx(&mut self, now: Instant, frame: &[u8], _meta: RxMeta) {
+    /// engine never panics on frame contents. A caller that owns the frame's buffer should prefer
+    /// [`handle_rx_mut`](Self::handle_rx_mut) (same effect, a cheaper ICRC check).
+    pub fn handle_rx(&mut self, now: Instant, frame: &[u8], meta: RxMeta) {
+        self.rx(now, frame, None, meta);
+    }
+
+    /// [`handle_rx`](Self::handle_rx) of a frame in a buffer the caller owns (an mbuf after its rx burst, a queued
+    /// `Vec`): the same effect, with the ICRC checked in place ([`wire::icrc::rx_prepare`]: four bytes of the
+    /// Ethernet source address are overwritten for the pass, which no check of the frame reads, and put back before
+    /// this returns). The frame's bytes are as received when it returns, whatever the frame holds.
+    pub fn handle_rx_mut(&mut self, now: Instant, frame: &mut [u8], meta: RxMeta) {
+        let prep = wire::icrc::rx_prepare(frame);
+        self.rx(now, frame, prep.as_ref(), meta);
+        if let Some(p) = prep {
+            wire::icrc::rx_restore(frame, p);
+        }
+    }
+
+    /// [`handle_rx`](Self::handle_rx) of a frame that `prep` (if any) prepared for the in-place ICRC check. Out of
+    /// line: one copy for both entry points, and the bytes to put back stay in the caller's registers, not live
+    /// (spilled) across the whole frame's handling.
+    #[inline(never)]
+    fn rx(&mut self, now: Instant, frame: &[u8], prep: Option<&wire::icrc::RxPrepared>, _meta: RxMeta) {
         self.stats.rx_frames += 1;
         if vlan_id(frame).is_some_and(|vid| vid != 0) {
             // Tagged for a VLAN: a frame of another network, as for ARP/ND (neigh.rs). The port has no VLAN and every
@@ -726,7 +747,7 @@ impl Engine {
             return;
         }
         // Borrowed in place: moving the parsed headers out of the Result would copy them once more per frame.
-        let parsed = wire::parse_rx(frame);
+        let parsed = wire::parse_rx_prepared(frame, prep);
         let f = match &parsed {
             Ok(f) => f,
             Err(e) => {

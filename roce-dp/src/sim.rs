@@ -191,8 +191,8 @@ impl Sim {
                 if *t > now {
                     break;
                 }
-                let Reverse((_, _, frame)) = self.links[d].in_flight.pop().expect("peeked");
-                self.nodes[dst].handle_rx(now, &frame, RxMeta::default());
+                let Reverse((_, _, mut frame)) = self.links[d].in_flight.pop().expect("peeked");
+                self.nodes[dst].handle_rx_mut(now, &mut frame, RxMeta::default());
                 self.idle[dst] = false;
             }
         }

@@ -115,7 +115,7 @@ fn pump(now: Instant, from: &mut Engine, to: &mut Engine, w: &mut Wire) -> usize
             return moved;
         }
         for i in 0..w.n {
-            to.handle_rx(now, &w.bufs[i][..w.lens[i]], RxMeta::default());
+            to.handle_rx_mut(now, &mut w.bufs[i][..w.lens[i]], RxMeta::default());
         }
         moved += w.n;
     }

@@ -89,7 +89,7 @@ pub struct PumpStats {
 pub fn pump(e: &mut Engine, now: Instant, buf: &mut [u8], st: &mut PumpStats) -> bool {
     let mut moved = false;
     while let Some(n) = e.poll_transmit(now, buf) {
-        e.handle_rx(now, &buf[..n], RxMeta::default());
+        e.handle_rx_mut(now, &mut buf[..n], RxMeta::default());
         st.frames += 1;
         st.bytes += n as u64;
         moved = true;
@@ -357,7 +357,7 @@ impl LoopWorker {
 fn pump_wire(e: &mut Engine, now: Instant, buf: &mut [u8], st: &mut PumpStats, me: usize, wire: &Wire) -> bool {
     let mut moved = false;
     while let Some(n) = e.poll_transmit(now, buf) {
-        let frame = &buf[..n];
+        let frame = &mut buf[..n];
         st.frames += 1;
         st.bytes += n as u64;
         moved = true;
@@ -366,13 +366,13 @@ fn pump_wire(e: &mut Engine, now: Instant, buf: &mut [u8], st: &mut PumpStats, m
             _ => me,
         };
         if owner == me {
-            e.handle_rx(now, frame, RxMeta::default());
+            e.handle_rx_mut(now, frame, RxMeta::default());
         } else {
             let _ = wire.peers[owner].send(frame.to_vec());
         }
     }
-    while let Ok(f) = wire.rx.try_recv() {
-        e.handle_rx(now, &f, RxMeta::default());
+    while let Ok(mut f) = wire.rx.try_recv() {
+        e.handle_rx_mut(now, &mut f, RxMeta::default());
         moved = true;
     }
     if e.poll_timeout().is_some_and(|t| t <= now) {

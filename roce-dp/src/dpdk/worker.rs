@@ -2,7 +2,7 @@
 //!
 //! Each [`Worker::poll`] does a bounded amount of work:
 //! 1. **rx**: one burst (from the port's rx queue, or from the worker's SPSC ring when a software [`Dispatch`]er
-//!    steers frames to it); each RoCE frame goes to `Engine::handle_rx` straight from the mbuf's data (no copy;
+//!    steers frames to it); each RoCE frame goes to `Engine::handle_rx_mut` straight from the mbuf's data (no copy;
 //!    a multi-segment mbuf is first made contiguous in one reusable scratch buffer, counted), frames for QPs of
 //!    another worker go to that worker's ring, ARP and IPv6 ND go to the port's [`Neighbours`], everything else is
 //!    counted and dropped; handled frames are freed in one bulk put at the end of the turn, after its tx bursts
@@ -523,7 +523,7 @@ impl<'p> Worker<'p> {
 
     /// Handles one received frame; gives the mbuf back to be freed with the burst, unless it was steered to
     /// another worker's ring.
-    fn handle_frame(&mut self, now: Instant, m: Mbuf, meta: RxMeta) -> Option<Mbuf> {
+    fn handle_frame(&mut self, now: Instant, mut m: Mbuf, meta: RxMeta) -> Option<Mbuf> {
         let multi = m.nb_segs() > 1;
         if multi {
             m.copy_segments(&mut self.scratch);
@@ -549,7 +549,15 @@ impl<'p> Worker<'p> {
                     return Some(m);
                 }
                 self.stats.rx_roce += 1;
-                self.engine.handle_rx(now, data, meta);
+                // The frame is this worker's after the rx burst: the engine checks its ICRC in place (it puts the
+                // bytes back before it returns). Not in an mbuf that DPDK code cloned (another holder may read it).
+                if multi {
+                    self.engine.handle_rx_mut(now, &mut self.scratch[..], meta);
+                } else if m.refcnt() == 1 {
+                    self.engine.handle_rx_mut(now, m.data_mut(), meta);
+                } else {
+                    self.engine.handle_rx(now, m.data(), meta);
+                }
             }
             FrameKind::Arp | FrameKind::Nd => {
                 if let Some(d) = &self.dispatch {

@@ -495,17 +495,17 @@ impl Incast {
             if *t > now {
                 break;
             }
-            let Reverse((_, _, _, f)) = self.down.pop().expect("peeked");
-            self.recv.handle_rx(now, &f, RxMeta::default());
+            let Reverse((_, _, _, mut f)) = self.down.pop().expect("peeked");
+            self.recv.handle_rx_mut(now, &mut f, RxMeta::default());
             self.recv_idle = false;
         }
         while let Some(Reverse((t, ..))) = self.back.peek() {
             if *t > now {
                 break;
             }
-            let Reverse((_, _, dst, f)) = self.back.pop().expect("peeked");
+            let Reverse((_, _, dst, mut f)) = self.back.pop().expect("peeked");
             let fl = &mut self.flows[dst as usize];
-            fl.engine.handle_rx(now, &f, RxMeta::default());
+            fl.engine.handle_rx_mut(now, &mut f, RxMeta::default());
             fl.idle = false;
         }
         // Timers.

@@ -74,7 +74,8 @@ pub use ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr, HEADER_LEN as IPV6_HEADER
 pub use opcode::{flags as op, hdr_len, OpInfo, Opcode};
 pub use psn::Psn;
 pub use roce::{
-    emit_frame, frame_len, parse_frame, parse_frame_checked, parse_rx, rxe_ud_udp_sport, rxe_udp_sport, RxFrame,
+    emit_frame, frame_len, parse_frame, parse_frame_checked, parse_rx, parse_rx_prepared, rxe_ud_udp_sport,
+    rxe_udp_sport, RxFrame,
 };
 pub use template::HeaderTemplate;
 pub use udp::{Packet as UdpPacket, Repr as UdpRepr, HEADER_LEN as UDP_HEADER_LEN};

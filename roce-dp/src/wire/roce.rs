@@ -161,8 +161,20 @@ pub fn parse_frame(frame: &[u8]) -> Result<RoceFrame<'_>, Error> {
 /// no [`ExtRepr`] with every header's slot).
 #[inline]
 pub fn parse_rx(frame: &[u8]) -> Result<RxFrame<'_>, Error> {
+    parse_rx_prepared(frame, None)
+}
+
+/// [`parse_rx`] of a frame that [`icrc::rx_prepare`] prepared (`prep`, if it did) for the in-place ICRC pass: the
+/// same checks and result; the ICRC by [`icrc::rx_check`] when `prep` covers the IP packet the parse found, else
+/// by [`icrc::verify`]. The parse reads none of the bytes the preparation wrote.
+#[inline(always)]
+pub fn parse_rx_prepared<'a>(frame: &'a [u8], prep: Option<&icrc::RxPrepared>) -> Result<RxFrame<'a>, Error> {
     let c = parse_core(frame)?;
-    if !icrc::verify(c.ip_pkt)? {
+    let ok = match prep {
+        Some(p) if p.covers(c.ip_pkt.len()) => icrc::rx_check(frame, p),
+        _ => icrc::verify(c.ip_pkt)?,
+    };
+    if !ok {
         return Err(Error::BadIcrc);
     }
     Ok(c.rx)

@@ -2,7 +2,7 @@
 //! remote that exists only as the frames a test writes. Public API only.
 //!
 //! - [`Peer::rx`] builds an inbound frame (remote -> local, `bth.dest_qp` = the local QPN) with
-//!   `wire::emit_frame` and hands it to `handle_rx` at the peer's current time.
+//!   `wire::emit_frame` and hands it to `handle_rx_mut` at the peer's current time.
 //! - [`Peer::tx`] drains `poll_transmit` into parsed frames and checks the addressing of every one.
 //! - [`Peer::advance`] / [`Peer::fire`] move time and run timers; nothing happens between calls.
 //! - Regions: `data` (64 KiB, every right) between two guard regions with no rights and a fixed pattern; tests
@@ -350,8 +350,17 @@ impl Peer {
         self.rx_raw(&f);
     }
 
-    /// Delivers raw bytes now.
+    /// Delivers raw bytes now, through `handle_rx_mut` (the entry point of callers that own the frame's buffer;
+    /// the read-only `handle_rx` takes the same frames in `rx_raw_shared`), and checks that the frame's bytes are
+    /// as they were when it returns.
     pub fn rx_raw(&mut self, frame: &[u8]) {
+        let mut f = frame.to_vec();
+        self.eng.handle_rx_mut(self.now, &mut f, RxMeta::default());
+        assert!(f == frame, "handle_rx_mut left the frame changed: {frame:02x?} -> {f:02x?}");
+    }
+
+    /// Delivers raw bytes now through the read-only `handle_rx`.
+    pub fn rx_raw_shared(&mut self, frame: &[u8]) {
         self.eng.handle_rx(self.now, frame, RxMeta::default());
     }
 
