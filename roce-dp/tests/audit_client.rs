@@ -824,6 +824,87 @@ fn a_completion_of_a_reused_qp_number_written_before_the_destroys_answer_is_poll
     let _ = std::fs::remove_file(path);
 }
 
+/// A scripted daemon for the destroy answer's review: one CQ ring of 8 and two QPs both numbered 0x100 (the second
+/// after a wrap). DestroyQp writes the destroyed QP's last completion (wr_id 1) and is answered by `destroyed` (given
+/// the ring's tail, the request's sequence number and the connection); the second QP's completion (wr_id 2) is
+/// written when the daemon answers the request after the second CreateQp (an AllocPd), long after the destroy.
+fn reused_number_daemon(
+    tag: &str,
+    mut destroyed: impl FnMut(u32, u32, &mut roce_dp::ctrl::proto::Conn) -> bool + Send + 'static,
+) -> (PathBuf, std::thread::JoinHandle<()>) {
+    use roce_dp::ctrl::abi;
+    use roce_dp::ctrl::proto::{Request, Response};
+    use roce_dp::ctrl::shm::{Backing as B, DaemonCqRegion, DaemonQpRegion, QpRegionCaps};
+    let caps = QpRegionCaps { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    let qps = [1, 2].map(|i| DaemonQpRegion::create(&format!("audit-client-{tag}-qp{i}"), caps, B::Pages).unwrap());
+    let mut cq = DaemonCqRegion::create(&format!("audit-client-{tag}-cq"), 8, B::Pages).unwrap();
+    let mut qp_fds: Vec<_> = qps.iter().map(|q| q.fd().try_clone_to_owned().unwrap()).collect();
+    let mut cq_fd = Some(cq.fd().try_clone_to_owned().unwrap());
+    let cqe = |wr_id: u64| abi::Cqe { wr_id, qpn: 0x100, opcode: abi::wc_opcode::RECV, ..abi::Cqe::default() };
+    let mut pds = 0;
+    fake_daemon::scripted_daemon(sock(tag), move |q, seq, c| {
+        let _keep = &qps;
+        let (r, fd) = match q {
+            Request::AllocPd => {
+                pds += 1;
+                if pds == 2 {
+                    cq.cq.push_publish(cqe(2)).unwrap();
+                }
+                (Response::Pd { pd: pds }, None)
+            }
+            Request::CreateCq { .. } => (Response::Cq { cq: 1 }, cq_fd.take()),
+            Request::CreateQp { .. } => (Response::Qp { qpn: 0x100 }, Some(qp_fds.remove(0))),
+            Request::DestroyQp { qpn: 0x100 } => {
+                cq.cq.push_publish(cqe(1)).unwrap();
+                return destroyed(cq.cq.next_index(), seq, c);
+            }
+            _ => (Response::Ok, None),
+        };
+        let fds: Vec<_> = fd.iter().map(|f| std::os::fd::AsFd::as_fd(f)).collect();
+        c.send_response(seq, &r, &fds).is_ok()
+    })
+}
+
+/// Plays [`reused_number_daemon`]'s session: QP 0x100 made and dropped, 0x100 made again, a second PD (whose
+/// answer comes after the new QP's completion), then what the CQ gives and the records it keeps after.
+fn poll_after_a_reused_number(path: &std::path::Path, call_timeout: Duration) -> (Vec<(u32, u64)>, usize) {
+    let dev = Device::open(path).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mut cq = dev.create_cq(8).unwrap();
+    let x = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    dev.set_call_timeout(call_timeout);
+    drop(x);
+    dev.set_call_timeout(Duration::from_secs(10));
+    let y = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    assert_eq!(y.qpn(), 0x100);
+    let pd2 = dev.alloc_pd().unwrap();
+    let mut got = Vec::new();
+    while let Some(c) = wait_cqe(&mut cq, Duration::from_millis(100)).unwrap() {
+        got.push((c.qpn, c.wr_id));
+    }
+    let pending = cq.destroyed_qps_pending();
+    drop((y, pd2, cq, pd, dev));
+    (got, pending)
+}
+
+/// Session 15's review of the destroy's answer (protocol v6): the tails it carries are the daemon's word. A tail
+/// beyond what the daemon has written into the ring (a broken daemon) had the library skip every completion of
+/// the QP number up to it: here 1000 entries ahead, so the completion of the QP given 0x100 next (written after
+/// the answer was read) was skipped, and so would be the next ~1000 of any QP of that number. The tail now counts
+/// for no more than the ring's tail when the answer is read. Old code: ([], 1) (the new QP's completion skipped,
+/// the record kept).
+#[test]
+fn a_destroys_answer_with_a_tail_beyond_the_ring_does_not_skip_a_later_qp_of_its_number() {
+    use roce_dp::ctrl::proto::Response;
+    let (path, t) = reused_number_daemon("tail-beyond", |tail, seq, c| {
+        let far = tail.wrapping_add(1000);
+        c.send_response(seq, &Response::QpDestroyed { send_tail: far, recv_tail: far }, &[]).is_ok()
+    });
+    assert_eq!(poll_after_a_reused_number(&path, Duration::from_secs(10)), (vec![(0x100, 2)], 0));
+    t.join().unwrap();
+    let _ = std::fs::remove_file(path);
+}
+
 /// Session 15's audit of a CQ polled in one thread while another destroys QPs. The library's types: `Cq` and `Qp`
 /// are `Send`, not `Sync` (one thread at a time polls a CQ or posts on a QP: `poll` takes `&mut`), `Device` is both;
 /// a `Qp` may be dropped on any thread while its CQs are polled on another (a CQ shared by threads sits behind the

@@ -907,7 +907,9 @@ impl StaleQps {
     }
 
     /// The daemon destroyed QP `qpn` when its worker had written up to ring index `until` (the destroy's answer):
-    /// its completions are those before it. Only the part of the ring not read yet can hold any: nothing is kept
+    /// its completions are those before it. The daemon published them before it answered, so an index beyond the
+    /// ring's tail now (a broken daemon's) counts as the tail: it would skip the completions of a later QP of the
+    /// number for up to 2^31 entries. Only the part of the ring not read yet can hold any: nothing is kept
     /// when that part ends before `until`, and the records the polls have read past (or an earlier one of the same
     /// number, which this one covers) are forgotten here too, so a CQ that is never polled (a receive CQ of QPs
     /// that only write, say) does not grow a record for each QP destroyed, and a CQ not polled for a while keeps at
@@ -915,6 +917,8 @@ impl StaleQps {
     fn destroyed(&self, qpn: u32, until: u32) {
         let Some(view) = &self.tail else { return };
         let mut qps = self.lock();
+        let tail = view.load();
+        let until = if before(tail, until) { tail } else { until };
         // Under the lock, so no poll of ours retires records meanwhile: the polls have handed back at most what
         // the daemon had written, and a poll running now only takes the head further.
         let read = view.released();
