@@ -905,6 +905,26 @@ fn a_destroys_answer_with_a_tail_beyond_the_ring_does_not_skip_a_later_qp_of_its
     let _ = std::fs::remove_file(path);
 }
 
+/// Session 15's review: a destroy whose answer never reads as its own (here the daemon answers it under another
+/// sequence number; a frame the library could not read would do the same) left the QP's records "skip every
+/// completion of this number" for the rest of the session, so a later QP given the number had every completion
+/// skipped, for ever. The daemon answers in order: an answer to a later request settles the destroy with the
+/// rings' tails as they are then. Old code: ([], 1) (the new QP's completion skipped, the record kept).
+#[test]
+fn a_destroys_answer_under_another_sequence_number_does_not_skip_a_later_qp_of_its_number_for_ever() {
+    use roce_dp::ctrl::proto::Response;
+    let mut first = true;
+    let (path, t) = reused_number_daemon("wrong-seq", move |tail, seq, c| {
+        let r = Response::QpDestroyed { send_tail: tail, recv_tail: tail };
+        let seq = if std::mem::take(&mut first) { seq.wrapping_sub(7) } else { seq };
+        c.send_response(seq, &r, &[]).is_ok()
+    });
+    // The drop waits for its answer 100 ms, then gives up.
+    assert_eq!(poll_after_a_reused_number(&path, Duration::from_millis(100)), (vec![(0x100, 2)], 0));
+    t.join().unwrap();
+    let _ = std::fs::remove_file(path);
+}
+
 /// Session 15's audit of a CQ polled in one thread while another destroys QPs. The library's types: `Cq` and `Qp`
 /// are `Send`, not `Sync` (one thread at a time polls a CQ or posts on a QP: `poll` takes `&mut`), `Device` is both;
 /// a `Qp` may be dropped on any thread while its CQs are polled on another (a CQ shared by threads sits behind the
