@@ -761,13 +761,15 @@ fn a_qp_dropped_while_the_daemon_stalls_has_none_of_its_completions_polled() {
     assert!(stalled.elapsed() < Duration::from_secs(2), "the daemon read the destroy before the polls ended");
     assert_eq!(got, (0..8).map(|i| (w.qpn(), i)).collect::<Vec<_>>(), "x's flushed receive was polled");
     // This call waits for the resolution to give up, and reads the late answers first: x's destroy narrows its
-    // record to what the worker wrote of x, which the polls have read past.
+    // record to what the worker wrote of x, which the polls have read past (or the next one skips).
     dev.set_call_timeout(Duration::from_secs(10));
     z.post_recv(9, &[mr.sge(0, 64)]).unwrap();
     z.modify(&to(QpState::Err)).unwrap();
-    assert_eq!(cq.destroyed_qps_pending(), 0);
+    // On a loaded machine the worker may write x's flushed receive after the polls above gave up (200 ms without
+    // a completion): it is then still in the ring, before the destroy's tail, and this poll skips it.
     let c = wait_cqe(&mut cq, Duration::from_secs(5)).unwrap().expect("z's flushed receive");
     assert_eq!((c.qpn, c.wr_id, c.status), (z.qpn(), 9, WcStatus::WrFlushErr));
+    assert_eq!(cq.destroyed_qps_pending(), 0);
     assert_eq!(wait_cqe(&mut cq, Duration::from_millis(50)).unwrap(), None);
 }
 
