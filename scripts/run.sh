@@ -32,19 +32,37 @@ esac
 flags=" -a --all -b --bidirectional -F --CPU-freq -N --noPeak --report_gbits --run_infinitely --out_json
  --data_validation -e --events --use_event -h --help -V --version "
 port="" timeout=120 given=("${args[@]}") args=() value=0
+host() {
+    echo "run.sh: $1 looks like a HOST, which is run.sh's own (the client connects to 127.0.0.1; both sides run here, over memif); against another machine run rdp_write_bw by hand (README: perftest-compatible tools)" >&2
+    exit 2
+}
 for ((i = 0; i < ${#given[@]}; i++)); do
     a="${given[i]}"
+    # After "--" every word is a HOST (clap's end of options).
+    if [[ $a == -- ]]; then
+        ((i + 1 < ${#given[@]})) && host "${given[i + 1]}"
+        continue
+    fi
     if [[ $a != -?* ]]; then
-        if ((value == 0)); then
-            echo "run.sh: $a looks like a HOST, which is run.sh's own (the client connects to 127.0.0.1; both sides run here, over memif); against another machine run rdp_write_bw by hand (README: perftest-compatible tools)" >&2
-            exit 2
-        fi
+        ((value == 0)) && host "$a"
         value=0 args+=("$a")
         continue
     fi
     # The next word is this option's value unless the option takes none or carries it (-s4096, --size=4096, -ab).
+    # In a cluster of short options (-bs 4096, as clap reads it) flags come first; the first option that takes a
+    # value takes the rest of the word, or the next word when it ends the cluster.
     value=1
-    [[ $flags == *" $a "* || $a == --*=* || $a =~ ^-[^-]. ]] && value=0
+    if [[ $flags == *" $a "* || $a == --*=* ]]; then
+        value=0
+    elif [[ $a =~ ^-[^-]. ]]; then
+        value=0
+        for ((k = 1; k < ${#a}; k++)); do
+            if [[ $flags != *" -${a:k:1} "* ]]; then
+                ((k + 1 == ${#a})) && value=1
+                break
+            fi
+        done
+    fi
     if [[ $a == -p || $a == --port || $a == --timeout ]] && ((i + 1 == ${#given[@]})); then
         echo "run.sh: $a needs a value (see target/release/rdp_write_bw --help)" >&2
         exit 2

@@ -978,11 +978,17 @@ impl HostView {
         }
     }
 
-    /// The 2 MiB pool's pages free and not reserved (what `MFD_HUGETLB | MFD_HUGE_2MB` regions can still take).
+    /// The 2 MiB pages `MFD_HUGETLB | MFD_HUGE_2MB` regions can still take: the pool's free pages not reserved,
+    /// and the surplus pages the kernel may still add to the pool when it runs out (`nr_overcommit_hugepages`
+    /// less `surplus_hugepages`: a mapping that finds the pool empty has the kernel allocate them, if memory
+    /// allows; Documentation/admin-guide/mm/hugetlbpage.rst).
     fn free_2mb_hugepages(&self) -> Option<u64> {
         let dir = self.sys.join("kernel/mm/hugepages/hugepages-2048kB");
         let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok()?.trim().parse::<u64>().ok();
-        Some(read("free_hugepages")?.saturating_sub(read("resv_hugepages").unwrap_or(0)))
+        let free = read("free_hugepages")?.saturating_sub(read("resv_hugepages").unwrap_or(0));
+        let surplus =
+            read("nr_overcommit_hugepages").unwrap_or(0).saturating_sub(read("surplus_hugepages").unwrap_or(0));
+        Some(free.saturating_add(surplus))
     }
 
     fn free_hugepages(&self) -> Option<u64> {
@@ -1376,6 +1382,13 @@ mod tests {
         std::fs::write(pool.join("free_hugepages"), "3\n").unwrap();
         assert!(huge.host_warnings("d.toml", &host).is_empty());
         std::fs::write(pool.join("resv_hugepages"), "3\n").unwrap();
+        assert_eq!(huge.host_warnings("d.toml", &host), warned);
+        // Session 15's review: a pool allowed to grow (nr_overcommit_hugepages) gives mappings surplus pages when
+        // it is empty, so it is not empty for them; once the surplus reaches that limit, it is.
+        std::fs::write(pool.join("nr_overcommit_hugepages"), "4\n").unwrap();
+        std::fs::write(pool.join("surplus_hugepages"), "1\n").unwrap();
+        assert!(huge.host_warnings("d.toml", &host).is_empty(), "3 surplus pages can still come");
+        std::fs::write(pool.join("surplus_hugepages"), "4\n").unwrap();
         assert_eq!(huge.host_warnings("d.toml", &host), warned);
         std::fs::remove_dir_all(&pool).unwrap();
         assert!(huge.host_warnings("d.toml", &host).is_empty(), "a pool that cannot be read is not judged");

@@ -369,11 +369,13 @@ impl Inner {
         let mut conn = self.conn.lock().expect("conn");
         let deadline = Instant::now() + waited;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        self.register(seq, destroying);
         if let Err(e) = conn.send_request(seq, q, fds) {
-            // The daemon may have said why before it closed the socket.
-            if let Some(why) = conn.try_recv_response().ok().flatten().and_then(|f| notice(&f.msg)) {
-                return Err(self.gone(why));
+            // The daemon may have said why before it closed the socket (an answer read here still settles).
+            if let Some(f) = conn.try_recv_response().ok().flatten() {
+                self.settle(f.seq, &f.msg);
+                if let Some(why) = notice(&f.msg) {
+                    return Err(self.gone(why));
+                }
             }
             // The socket's send timeout (the call timeout) ran out: a request this small only waits when the
             // daemon has stopped reading.
@@ -384,6 +386,9 @@ impl Inner {
             }
             return Err(self.proto(e));
         }
+        // Registered once the request went (under the connection's lock, so before any read of its answer): a
+        // request that did not go has none to wait for.
+        self.register(seq, destroying);
         loop {
             let Some(f) = conn.recv_response_until(Some(deadline)).map_err(|e| self.proto(e))? else {
                 self.stalled.store(true, Ordering::Relaxed);
@@ -457,8 +462,9 @@ impl Inner {
             // records and is otherwise discarded; what it does not destroy it reclaims when the session ends).
             let conn = self.conn.lock().expect("conn");
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-            self.register(seq, destroying);
-            let _ = conn.send_request(seq, &q, &[]);
+            if conn.send_request(seq, &q, &[]).is_ok() {
+                self.register(seq, destroying);
+            }
             return;
         }
         match self.call_as(&q, &[], destroying) {
@@ -468,7 +474,7 @@ impl Inner {
         }
     }
 
-    /// Registers a QP destroy about to be sent as request `seq` (called under `conn`'s lock).
+    /// Registers a QP destroy sent as request `seq` (called under `conn`'s lock, before any read of its answer).
     fn register(&self, seq: u32, destroying: Option<(u32, Vec<Arc<StaleQps>>)>) {
         if let Some((qpn, cqs)) = destroying {
             self.pending_destroys().push(PendingDestroy { seq, qpn, cqs });
@@ -481,15 +487,31 @@ impl Inner {
 
     /// A frame read from the daemon (called under `conn`'s lock): the answer to a registered QP destroy settles
     /// its CQs' records with the tails it carries. Any other answer to it (a refusal: the QP was not destroyed,
-    /// and goes when the session ends) leaves its completions skipped.
+    /// and goes when the session ends) leaves its completions skipped. The daemon answers a session's requests in
+    /// order, so an answer to a later request says that an earlier destroy's answer was lost (a daemon that
+    /// answered it under another sequence number, or a frame that could not be read): the QP's completions are
+    /// then those before the rings' tails now, as the daemon wrote none of it after it handled the destroy, and
+    /// its records do not skip a later QP of the same number for the rest of the session.
     fn settle(&self, seq: u32, msg: &Response) {
-        let d = {
+        if notice(msg).is_some() {
+            return;
+        }
+        let done: Vec<PendingDestroy> = {
             let mut p = self.pending_destroys();
-            let Some(k) = p.iter().position(|d| d.seq == seq) else { return };
-            p.swap_remove(k)
+            if p.is_empty() {
+                return;
+            }
+            let (done, waiting) = std::mem::take(&mut *p).into_iter().partition(|d| !after(seq, d.seq));
+            *p = waiting;
+            done
         };
-        if let Response::QpDestroyed { send_tail, recv_tail } = *msg {
-            for (s, tail) in d.cqs.iter().zip([send_tail, recv_tail]) {
+        for d in done {
+            let tails = match *msg {
+                Response::QpDestroyed { send_tail, recv_tail } if d.seq == seq => [Some(send_tail), Some(recv_tail)],
+                _ if d.seq == seq => continue,
+                _ => [None, None],
+            };
+            for (s, tail) in d.cqs.iter().zip(tails) {
                 s.destroyed(d.qpn, tail);
             }
         }
@@ -906,15 +928,19 @@ impl StaleQps {
         self.any.store(true, Ordering::Relaxed);
     }
 
-    /// The daemon destroyed QP `qpn` when its worker had written up to ring index `until` (the destroy's answer):
-    /// its completions are those before it. Only the part of the ring not read yet can hold any: nothing is kept
-    /// when that part ends before `until`, and the records the polls have read past (or an earlier one of the same
-    /// number, which this one covers) are forgotten here too, so a CQ that is never polled (a receive CQ of QPs
-    /// that only write, say) does not grow a record for each QP destroyed, and a CQ not polled for a while keeps at
-    /// most one per QP number.
-    fn destroyed(&self, qpn: u32, until: u32) {
+    /// The daemon destroyed QP `qpn` when its worker had written up to ring index `until` (the destroy's answer;
+    /// `None`: its answer was lost, and the ring's tail now is used): its completions are those before it. The
+    /// daemon published them before it answered, so an index beyond the ring's tail now (a broken daemon's) counts
+    /// as the tail: it would skip the completions of a later QP of the number for up to 2^31 entries. Only the
+    /// part of the ring not read yet can hold any: nothing is kept when that part ends before `until`, and the
+    /// records the polls have read past (or an earlier one of the same number, which this one covers) are
+    /// forgotten here too, so a CQ that is never polled (a receive CQ of QPs that only write, say) does not grow a
+    /// record for each QP destroyed, and a CQ not polled for a while keeps at most one per QP number.
+    fn destroyed(&self, qpn: u32, until: Option<u32>) {
         let Some(view) = &self.tail else { return };
         let mut qps = self.lock();
+        let tail = view.load();
+        let until = until.filter(|&u| !before(tail, u)).unwrap_or(tail);
         // Under the lock, so no poll of ours retires records meanwhile: the polls have handed back at most what
         // the daemon had written, and a poll running now only takes the head further.
         let read = view.released();
@@ -931,6 +957,12 @@ impl StaleQps {
 #[inline]
 fn pending(read: u32, until: Option<u32>) -> bool {
     until.is_none_or(|u| before(read, u))
+}
+
+/// Whether request sequence number `seq` comes after `than` (free-running, like ring indices).
+#[inline]
+fn after(seq: u32, than: u32) -> bool {
+    before(than, seq)
 }
 
 /// Whether free-running ring index `i` comes before `until` (their signed distance is positive).
