@@ -377,6 +377,12 @@ mod dpdk_tools {
             "roce-dpd: socket /run/rdp-cli-test-no-dir/d.sock: the directory /run/rdp-cli-test-no-dir does not exist \
              (create it, or give a socket path in one that does)",
         );
+        // A trailing '/': Path reads /run/d.sock/ as d.sock in /run, bind as a directory that is not there.
+        one_line(
+            &run(dpd, &["--config", &p, "--socket", "/run/rdp-cli-test-d.sock/"]),
+            "roce-dpd: socket /run/rdp-cli-test-d.sock/: names a directory, not a file (give the socket's file name \
+             after the last '/')",
+        );
         let long = format!("/run/{}.sock", "x".repeat(103));
         one_line(
             &run(dpd, &["--config", &p, "--socket", &long]),
