@@ -383,6 +383,11 @@ mod dpdk_tools {
             "roce-dpd: socket /run/rdp-cli-test-d.sock/: names a directory, not a file (give the socket's file name \
              after the last '/')",
         );
+        // A directory where the socket would be: refused by the server after EAL and the port were up.
+        one_line(
+            &run(dpd, &["--config", &p, "--socket", "/run"]),
+            "roce-dpd: socket /run: exists and is not a socket: refusing to replace it (give another path)",
+        );
         let long = format!("/run/{}.sock", "x".repeat(103));
         one_line(
             &run(dpd, &["--config", &p, "--socket", &long]),

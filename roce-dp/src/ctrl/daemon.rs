@@ -1635,7 +1635,7 @@ const MAX_SOCKET_PATH: usize = 107;
 
 /// What makes `path` unusable as the daemon's socket before anything is tried, as one line naming the path and what
 /// to do: a directory that does not exist (bind's bare "No such file or directory" named neither), a path longer
-/// than a Unix socket address holds (107 bytes). `roce-dpd` asks before DPDK starts; [`Server::start_workers`] too.
+/// than a Unix socket address holds (107 bytes), one naming a directory, something there that is not a socket. `roce-dpd` asks before DPDK starts; [`Server::start_workers`] too.
 pub fn socket_path_problem(path: &Path) -> Option<String> {
     let shown = path.display();
     let len = path.as_os_str().len();
@@ -1651,6 +1651,10 @@ pub fn socket_path_problem(path: &Path) -> Option<String> {
         return Some(format!(
             "socket {shown}: names a directory, not a file (give the socket's file name after the last '/')"
         ));
+    }
+    // Something other than a socket (a stale one is replaced): a directory, a file, a symbolic link.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())) {
+        return Some(format!("socket {shown}: exists and is not a socket: refusing to replace it (give another path)"));
     }
     let dir = match path.parent() {
         Some(d) if d.as_os_str().is_empty() => Path::new("."),
@@ -1747,17 +1751,16 @@ impl Server {
         let path = cfg.path.clone();
         let path = path.as_path();
         let shown = path.display();
-        if std::fs::symlink_metadata(path).is_ok() {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
             if UnixStream::connect(path).is_ok() {
                 return Err(ServeError(format!(
                     "socket {shown} is in use by a running daemon (stop it, or set [daemon] socket to another path)"
                 )));
             }
-            let meta = std::fs::symlink_metadata(path).map_err(|e| ServeError(format!("{shown}: {e}")))?;
-            if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
-                return Err(ServeError(format!("{shown} exists and is not a socket: refusing to replace it")));
+            // A stale socket goes; anything else there is refused below.
+            if std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+                std::fs::remove_file(path).map_err(|e| ServeError(format!("remove stale socket {shown}: {e}")))?;
             }
-            std::fs::remove_file(path).map_err(|e| ServeError(format!("remove stale socket {shown}: {e}")))?;
         }
         if let Some(why) = socket_path_problem(path) {
             return Err(ServeError(why));
@@ -2203,6 +2206,21 @@ mod tests {
             super::socket_path_problem(&under_file),
             Some(format!("socket {}: {} is not a directory", under_file.display(), file.display()))
         );
+        // What is there already: a socket (stale: replaced) passes; a file, a directory, a symbolic link do not.
+        let stale = dir.join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        assert_eq!(super::socket_path_problem(&stale), None);
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&stale, &link).unwrap();
+        for p in [&file, &dir, &link] {
+            assert_eq!(
+                super::socket_path_problem(p),
+                Some(format!(
+                    "socket {}: exists and is not a socket: refusing to replace it (give another path)",
+                    p.display()
+                ))
+            );
+        }
         assert_eq!(super::socket_path_problem(Path::new("s.sock")), None);
         let odd = dir.join(std::ffi::OsStr::from_bytes(b"s\xff.sock"));
         assert_eq!(super::socket_path_problem(&odd), None);
