@@ -71,6 +71,8 @@ for ((i = 0; i < ${#given[@]}; i++)); do
         -p | --port) port="${given[i + 1]:-}" i=$((i + 1)) value=0 ;;
         --timeout) timeout="${given[i + 1]:-}" i=$((i + 1)) value=0 ;;
         --port=*) port="${a#--port=}" ;;
+        # -p=PORT as clap reads it (the '=' is not part of the value), -pPORT as perftest writes it.
+        -p=*) port="${a#-p=}" ;;
         -p?*) port="${a#-p}" ;;
         --timeout=*) timeout="${a#--timeout=}" ;;
         --port-conf | --port-conf=* | --daemon | --daemon=* | --socket | --socket=* | --file-prefix | --file-prefix=* \

@@ -515,6 +515,18 @@ pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
+/// Whether the TOML `text` has a `port` table, however written (`[port]`, `[ port ]`, `port.driver = ...`,
+/// `port = { ... }`). A text that is no TOML at all: whether a line opens one.
+fn has_port_table(text: &str) -> bool {
+    match text.parse::<toml::Table>() {
+        Ok(t) => t.contains_key("port"),
+        Err(_) => text.lines().any(|l| {
+            let l: String = l.chars().filter(|c| !c.is_whitespace()).collect();
+            l.starts_with("[port]") || l.starts_with("port.") || l.starts_with("port=")
+        }),
+    }
+}
+
 /// Whether `m` can be a station's own address: not group (multicast, broadcast) and not all zero.
 fn unicast(m: MacAddr) -> bool {
     m.0[0] & 1 == 0 && m.0 != [0; 6]
@@ -545,8 +557,7 @@ impl Profile {
         let p: Profile = toml::from_str(text).map_err(|e| {
             // A file with no [port] table is another kind of file (conf/dcqcn.toml, say): say so, not only which
             // of its keys a profile does not know.
-            let port_table = text.lines().any(|l| l.trim_start().starts_with("[port]"));
-            let hint = if port_table {
+            let hint = if has_port_table(text) {
                 ""
             } else {
                 " (this file has no [port] table: not a port profile, see conf/README.md)"
@@ -1218,6 +1229,15 @@ mod tests {
         assert!(e.starts_with("t.toml: line "), "{e}");
         assert!(e.ends_with("(this file has no [port] table: not a port profile, see conf/README.md)"), "{e}");
         assert!(!err(&format!("{BASE}bogus = 1\n")).contains("not a port profile"));
+        // A port table written any way TOML allows is one: a profile with an error elsewhere is not told otherwise.
+        for port in
+            ["[ port ]\ndriver = \"net_ring\"\n", "port.driver = \"net_ring\"\n", "port = { driver = \"net_ring\" }\n"]
+        {
+            let e = err(&format!("{port}[net]\nipv4 = \"10.0.0.1\"\nmtu = \"1024\"\n"));
+            assert!(e.contains("mtu") && !e.contains("not a port profile"), "{port:?}: {e}");
+        }
+        // Not TOML at all (a JSON file), with no port table: still told.
+        assert!(err("{\"dcqcn\": 1}\n").ends_with("not a port profile, see conf/README.md)"));
     }
 
     #[test]

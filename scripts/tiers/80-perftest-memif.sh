@@ -269,6 +269,12 @@ tier8_perftest_memif() {
         test "$rc" -eq 2 -a $((SECONDS - t0)) -le 5
     check "scripts/run.sh -s 4096 HOST: one line naming it" \
         test "$(wc -l <"$err")" -eq 1 -a -n "$(grep "^run.sh: 10.0.0.2 looks like a HOST, which is run.sh's own" "$err")"
+    # -p=PORT and --timeout=S, as rdp_write_bw takes them (run.sh passed "-p =PORT" on, which both sides refused).
+    rc=0 run_out="$LOG_DIR/tier8-run-sh-equals.out"
+    timeout 120 "$ROOT/scripts/run.sh" -s 64 -n 500 -p=$((30000 + ($$ % 20000) + 97)) --timeout=30 >"$run_out" 2>&1 ||
+        rc=$?
+    check "scripts/run.sh -s 64 -n 500 -p=PORT --timeout=30: exit 0 (got $rc)" test "$rc" -eq 0
+    check "scripts/run.sh -p=PORT: perftest's table" pf_table "$run_out" 64 500
 
     # A client, then a server, killed mid-run: the other side exits non-zero within its timeout.
     pf_vanish client

@@ -389,6 +389,17 @@ mod dpdk_tools {
             "roce-dpd: socket /run/rdp-cli-test-no-dir/d.sock: the directory /run/rdp-cli-test-no-dir does not exist \
              (create it, or give a socket path in one that does)",
         );
+        // A trailing '/': Path reads /run/d.sock/ as d.sock in /run, bind as a directory that is not there.
+        one_line(
+            &run(dpd, &["--config", &p, "--socket", "/run/rdp-cli-test-d.sock/"]),
+            "roce-dpd: socket /run/rdp-cli-test-d.sock/: names a directory, not a file (give the socket's file name \
+             after the last '/')",
+        );
+        // A directory where the socket would be: refused by the server after EAL and the port were up.
+        one_line(
+            &run(dpd, &["--config", &p, "--socket", "/run"]),
+            "roce-dpd: socket /run: exists and is not a socket: refusing to replace it (give another path)",
+        );
         let long = format!("/run/{}.sock", "x".repeat(103));
         one_line(
             &run(dpd, &["--config", &p, "--socket", &long]),

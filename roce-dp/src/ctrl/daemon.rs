@@ -1642,7 +1642,7 @@ const MAX_SOCKET_PATH: usize = 107;
 
 /// What makes `path` unusable as the daemon's socket before anything is tried, as one line naming the path and what
 /// to do: a directory that does not exist (bind's bare "No such file or directory" named neither), a path longer
-/// than a Unix socket address holds (107 bytes). `roce-dpd` asks before DPDK starts; [`Server::start_workers`] too.
+/// than a Unix socket address holds (107 bytes), one naming a directory, something there that is not a socket. `roce-dpd` asks before DPDK starts; [`Server::start_workers`] too.
 pub fn socket_path_problem(path: &Path) -> Option<String> {
     let shown = path.display();
     let len = path.as_os_str().len();
@@ -1650,6 +1650,18 @@ pub fn socket_path_problem(path: &Path) -> Option<String> {
         return Some(format!(
             "socket {shown}: {len} bytes, longer than a Unix socket path can be ({MAX_SOCKET_PATH}): give a shorter one"
         ));
+    }
+    // `Path` drops a trailing `/` or `/.` (`/run/d.sock/` has the parent `/run`), bind does not: it says "No such
+    // file or directory", as for a missing directory.
+    let last = path.as_os_str().as_encoded_bytes().rsplit(|&b| b == b'/').next().unwrap_or_default();
+    if matches!(last, b"" | b"." | b"..") {
+        return Some(format!(
+            "socket {shown}: names a directory, not a file (give the socket's file name after the last '/')"
+        ));
+    }
+    // Something other than a socket (a stale one is replaced): a directory, a file, a symbolic link.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| !std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())) {
+        return Some(format!("socket {shown}: exists and is not a socket: refusing to replace it (give another path)"));
     }
     let dir = match path.parent() {
         Some(d) if d.as_os_str().is_empty() => Path::new("."),
@@ -1746,17 +1758,16 @@ impl Server {
         let path = cfg.path.clone();
         let path = path.as_path();
         let shown = path.display();
-        if std::fs::symlink_metadata(path).is_ok() {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
             if UnixStream::connect(path).is_ok() {
                 return Err(ServeError(format!(
                     "socket {shown} is in use by a running daemon (stop it, or set [daemon] socket to another path)"
                 )));
             }
-            let meta = std::fs::symlink_metadata(path).map_err(|e| ServeError(format!("{shown}: {e}")))?;
-            if !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
-                return Err(ServeError(format!("{shown} exists and is not a socket: refusing to replace it")));
+            // A stale socket goes; anything else there is refused below.
+            if std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()) {
+                std::fs::remove_file(path).map_err(|e| ServeError(format!("remove stale socket {shown}: {e}")))?;
             }
-            std::fs::remove_file(path).map_err(|e| ServeError(format!("remove stale socket {shown}: {e}")))?;
         }
         if let Some(why) = socket_path_problem(path) {
             return Err(ServeError(why));
@@ -2166,6 +2177,64 @@ fn shift_back<'a>(ats: impl Iterator<Item = &'a mut u64>, gone: &[u64]) {
 mod tests {
     /// A refusal moves back by exactly the removed completions before its place: one removed at its place or after
     /// it (it came after the refusal) does not move it; several refusals share one walk.
+    /// The socket path check agrees with what bind does: 107 bytes bind and 108 do not (the check says so before
+    /// anything starts); a path ending in '/', '/.' or '/..' (which `Path` reads as naming the last directory's
+    /// entry, and bind refuses with "No such file or directory") and one under a file are refused in one line; a
+    /// relative path is checked against the working directory; a non-UTF-8 name is fine.
+    #[test]
+    fn socket_path_problems_are_what_bind_refuses() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = std::env::temp_dir().join(format!("rdp-sock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.as_os_str().len();
+        for len in [107usize, 108] {
+            let p = dir.join("s".repeat(len - d - 1));
+            assert_eq!(p.as_os_str().len(), len);
+            let why = super::socket_path_problem(&p);
+            let bound = std::os::unix::net::UnixListener::bind(&p);
+            assert_eq!(why.is_none(), bound.is_ok(), "{len} bytes: {why:?} / {bound:?}");
+            assert_eq!(bound.is_ok(), len == 107);
+            let _ = std::fs::remove_file(&p);
+        }
+        let file = dir.join("f");
+        std::fs::write(&file, b"").unwrap();
+        for p in [
+            format!("{}/s.sock/", dir.display()),
+            format!("{}/s.sock/.", dir.display()),
+            format!("{}/..", dir.display()),
+        ] {
+            let p = Path::new(&p);
+            let why = super::socket_path_problem(p).unwrap_or_else(|| panic!("{} not refused", p.display()));
+            assert!(why.contains("names a directory, not a file") && !why.contains('\n'), "{why}");
+            assert!(std::os::unix::net::UnixListener::bind(p).is_err(), "{} binds", p.display());
+        }
+        let under_file = file.join("s.sock");
+        assert_eq!(
+            super::socket_path_problem(&under_file),
+            Some(format!("socket {}: {} is not a directory", under_file.display(), file.display()))
+        );
+        // What is there already: a socket (stale: replaced) passes; a file, a directory, a symbolic link do not.
+        let stale = dir.join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        assert_eq!(super::socket_path_problem(&stale), None);
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&stale, &link).unwrap();
+        for p in [&file, &dir, &link] {
+            assert_eq!(
+                super::socket_path_problem(p),
+                Some(format!(
+                    "socket {}: exists and is not a socket: refusing to replace it (give another path)",
+                    p.display()
+                ))
+            );
+        }
+        assert_eq!(super::socket_path_problem(Path::new("s.sock")), None);
+        let odd = dir.join(std::ffi::OsStr::from_bytes(b"s\xff.sock"));
+        assert_eq!(super::socket_path_problem(&odd), None);
+        assert!(std::os::unix::net::UnixListener::bind(&odd).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn shift_back_counts_only_the_removed_completions_ahead() {
         let mut ats = [3u64, 3, 5, 9];

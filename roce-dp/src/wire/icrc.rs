@@ -686,7 +686,7 @@ pub fn fill(pkt: &mut [u8]) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -726,7 +726,7 @@ mod tests {
 
     /// The straightforward ICRC (scapy's formulation): CRC-32 over 8 x 0xFF, the packet with the variant fields
     /// set to all ones (written out by hand here), the rest.
-    fn reference(pkt: &[u8]) -> u32 {
+    pub(crate) fn reference(pkt: &[u8]) -> u32 {
         let mut m = pkt.to_vec();
         let ip = if m[0] >> 4 == 4 {
             for i in [1, 8, 10, 11] {
