@@ -1314,6 +1314,7 @@ impl Qp {
     /// Posts a send work request (no system call). The payload is read from the SGEs' registered regions when the
     /// daemon's worker takes the WR, so the buffer must stay as it is until the WR completes; `wr.inline` is
     /// ignored here (for data copied at post time use [`post_send_inline`](Self::post_send_inline)).
+    #[inline]
     pub fn post_send(&mut self, wr: &SendWr, sgl: &[Sge]) -> Result<(), Error> {
         self.region.sq.post(wr, sgl).map_err(|e| self.post_err(e))
     }
@@ -1323,16 +1324,19 @@ impl Qp {
     /// [`post_send_inline`](Self::post_send_inline), or when the QP is dropped. A batch of WRs then costs one index
     /// store (one transfer of the ring's tail to the worker) instead of one per WR, as a chain of WRs given to one
     /// `ibv_post_send`. Staged WRs take room in the ring: a ring full of them stays full until they are published.
+    #[inline]
     pub fn stage_send(&mut self, wr: &SendWr, sgl: &[Sge]) -> Result<(), Error> {
         self.region.sq.stage(wr, sgl).map_err(|e| self.post_err(e))
     }
 
     /// Publishes the staged send WRs ([`stage_send`](Self::stage_send)); nothing if none is staged.
+    #[inline]
     pub fn publish_sends(&mut self) {
         self.region.sq.publish();
     }
 
     /// Send WRs staged and not yet published.
+    #[inline]
     pub fn staged_sends(&self) -> u32 {
         self.region.sq.staged()
     }

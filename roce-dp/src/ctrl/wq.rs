@@ -68,6 +68,13 @@ fn check_tables(
     Ok(())
 }
 
+/// The error for the WQE at ring index `index` that the reader refuses (out of the per-WR path).
+#[cold]
+#[inline(never)]
+fn refused(index: u32, wqe: &Wqe, error: WqeError) -> WqError {
+    WqError::Wqe { index, wr_id: wqe.wr_id, error }
+}
+
 /// SGE `k` (k >= 1) of ring slot `index` from the side table (zero if there is none; the constructors make sure
 /// there is one whenever `max_sge > 1`, and decoding asks only for k < num_sge <= max_sge <= per_slot + 1).
 fn ext_sge(table: Option<&SlotTable<Sge>>, index: u32, k: usize) -> Sge {
@@ -107,20 +114,34 @@ impl SendQueueReader {
     /// Validates the next request into `req` (in place: no copy of its 512-byte SGE list); `Ok(false)` if the
     /// queue is empty. Inline payload is copied into `inline_out[..req.inline_len]` (give it `max_inline` bytes).
     /// The slot goes back to the client at the next [`sync`](Self::sync) or [`release`](Self::release).
+    ///
+    /// Inlined, with the validation, into the worker's ring loop (the per-WR path: one copy of the WQE out of the
+    /// ring, its checks, the stores of `req`); the inline payload's copy and the error's construction stay out of
+    /// line.
+    #[inline(always)]
     pub fn poll_into(&mut self, req: &mut SendRequest, inline_out: &mut [u8]) -> Result<bool, WqError> {
         let Some((index, wqe)) = self.ring.pop_indexed()? else {
             return Ok(false);
         };
-        let bad = |error| WqError::Wqe { index, wr_id: wqe.wr_id, error };
-        wqe.decode_into(self.limits, req, |k| ext_sge(self.sges.as_ref(), index, k)).map_err(bad)?;
+        if let Err(error) = wqe.decode_into(self.limits, req, |k| ext_sge(self.sges.as_ref(), index, k)) {
+            return Err(refused(index, &wqe, error));
+        }
         if req.inline_len > 0 {
-            let len = req.inline_len;
-            let max = u32::try_from(inline_out.len()).unwrap_or(u32::MAX);
-            let dst = inline_out.get_mut(..len as usize).ok_or(bad(WqeError::InlineTooLong { len, max }))?;
-            // Cannot fail: len <= max_inline <= per_slot (checked by decode and at construction).
-            let _ = self.inline.as_ref().and_then(|t| t.read(index, dst));
+            self.read_inline(index, &wqe, req.inline_len, inline_out)?;
         }
         Ok(true)
+    }
+
+    /// The inline payload of slot `index` (`len` bytes, validated against `max_inline`) into `out`.
+    #[inline(never)]
+    fn read_inline(&self, index: u32, wqe: &Wqe, len: u32, out: &mut [u8]) -> Result<(), WqError> {
+        let max = u32::try_from(out.len()).unwrap_or(u32::MAX);
+        let Some(dst) = out.get_mut(..len as usize) else {
+            return Err(refused(index, wqe, WqeError::InlineTooLong { len, max }));
+        };
+        // Cannot fail: len <= max_inline <= per_slot (checked by decode and at construction).
+        let _ = self.inline.as_ref().and_then(|t| t.read(index, dst));
+        Ok(())
     }
 
     /// Whether [`poll_into`](Self::poll_into) has something to say: a WQE waits, or the ring is corrupt (the
@@ -220,6 +241,7 @@ impl SendQueueWriter {
     }
 
     /// Posts `wr` with `sgl` and publishes it (one Release store): the daemon may pick it up at once.
+    #[inline]
     pub fn post(&mut self, wr: &SendWr, sgl: &[verbs::Sge]) -> Result<(), WqError> {
         self.stage(wr, sgl)?;
         self.ring.publish();
@@ -231,18 +253,27 @@ impl SendQueueWriter {
     /// store of the tail, and one transfer of its cache line to the polling worker, instead of one per WR (as
     /// `ibv_post_send` with a chain of WRs rings one doorbell). Staged WQEs count against the ring's room: a ring
     /// full of them stays full until they are published.
+    ///
+    /// Inlined into the application's loop (the per-WR path of a batch): the checks, one slot write.
+    #[inline]
     pub fn stage(&mut self, wr: &SendWr, sgl: &[verbs::Sge]) -> Result<(), WqError> {
         let max = self.limits.max_sge;
         if sgl.len() > usize::from(max) {
-            let num_sge = u8::try_from(sgl.len()).unwrap_or(u8::MAX);
-            return Err(self.refuse(wr, WqeError::TooManySge { num_sge, max }));
+            return Err(self.too_many_sge(wr, sgl.len()));
         }
-        let mut wr = *wr;
-        wr.inline = false;
-        self.ring.reserve()?; // before touching the slot's side table
-        write_ext(self.sges.as_mut(), self.ring.next_index(), sgl);
-        self.ring.push(Wqe::encode(&wr, sgl, 0))?;
+        if sgl.len() > 1 {
+            self.ring.reserve()?; // before touching the slot's side table
+            write_ext(self.sges.as_mut(), self.ring.next_index(), sgl);
+        }
+        self.ring.push(Wqe::encode_as(wr, false, sgl, 0))?;
         Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn too_many_sge(&self, wr: &SendWr, n: usize) -> WqError {
+        let num_sge = u8::try_from(n).unwrap_or(u8::MAX);
+        self.refuse(wr, WqeError::TooManySge { num_sge, max: self.limits.max_sge })
     }
 
     /// Publishes every staged WQE (one Release store; nothing if none is staged).
@@ -267,14 +298,12 @@ impl SendQueueWriter {
         if len > max {
             return Err(self.refuse(wr, WqeError::InlineTooLong { len, max }));
         }
-        let mut wr = *wr;
-        wr.inline = true;
         self.ring.reserve()?; // before touching the slot's inline area
         let index = self.ring.next_index();
         if let Some(t) = self.inline.as_mut() {
             let _ = t.write(index, data);
         }
-        self.ring.push_publish(Wqe::encode(&wr, &[], len))?;
+        self.ring.push_publish(Wqe::encode_as(wr, true, &[], len))?;
         Ok(())
     }
 }
