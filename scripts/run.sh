@@ -57,6 +57,20 @@ for ((i = 0; i < ${#given[@]}; i++)); do
     elif [[ $a =~ ^-[^-]. ]]; then
         value=0
         for ((k = 1; k < ${#a}; k++)); do
+            # -p in a cluster (-bp 3000, -bp3000, -bp=3000): the port is run.sh's to give, the flags before it pass on.
+            if [[ ${a:k:1} == p ]]; then
+                ((k > 1)) && args+=("${a:0:k}")
+                port="${a:k+1}" port="${port#=}"
+                if [[ -z $port ]]; then
+                    if ((i + 1 == ${#given[@]})); then
+                        echo "run.sh: $a needs a value (see target/release/rdp_write_bw --help)" >&2
+                        exit 2
+                    fi
+                    port="${given[i + 1]}" i=$((i + 1))
+                fi
+                value=0
+                continue 2
+            fi
             if [[ $flags != *" -${a:k:1} "* ]]; then
                 ((k + 1 == ${#a})) && value=1
                 break

@@ -275,6 +275,13 @@ tier8_perftest_memif() {
         rc=$?
     check "scripts/run.sh -s 64 -n 500 -p=PORT --timeout=30: exit 0 (got $rc)" test "$rc" -eq 0
     check "scripts/run.sh -p=PORT: perftest's table" pf_table "$run_out" 64 500
+    # -p at the end of a cluster of flags (-Fp PORT): run.sh passed it on beside its own -p ("cannot be used
+    # multiple times" on both sides).
+    rc=0 run_out="$LOG_DIR/tier8-run-sh-cluster.out"
+    timeout 120 "$ROOT/scripts/run.sh" -s 64 -n 500 -Fp $((30000 + ($$ % 20000) + 98)) --timeout=30 >"$run_out" 2>&1 ||
+        rc=$?
+    check "scripts/run.sh -s 64 -n 500 -Fp PORT --timeout=30: exit 0 (got $rc)" test "$rc" -eq 0
+    check "scripts/run.sh -Fp PORT: perftest's table" pf_table "$run_out" 64 500
 
     # A client, then a server, killed mid-run: the other side exits non-zero within its timeout.
     pf_vanish client

@@ -485,6 +485,14 @@ fn run_sh_reads_short_option_clusters_and_the_end_of_options_as_clap_does() {
     {
         one_line(&run_sh_unprivileged(args), host);
     }
+    // -p ending a cluster takes the next word (run.sh's port, not passed on); with none, it says so.
+    one_line(
+        &run_sh_unprivileged(&["-s", "64", "-Fp"]),
+        "run.sh: -Fp needs a value (see target/release/rdp_write_bw --help)",
+    );
+    for args in [&["-Fp", "3000"][..], &["-Fp3000"], &["-Fp=3000", "-s", "64"]] {
+        one_line(&run_sh_unprivileged(args), "run.sh: run as root (DPDK needs /var/run/dpdk)");
+    }
 }
 
 /// run.sh tells an option's value from a HOST by its list of rdp_write_bw's options that take no value: it must be
