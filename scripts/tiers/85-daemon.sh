@@ -35,6 +35,20 @@ one_line() {
     [[ $(wc -l <"$1") -eq 1 ]] && grep -Eq "$2" "$1"
 }
 
+# dpd_log_fds_cloexec PID: every fd of PID on an unlinked /tmp file (tmpfile(): DPDK's captured log) has O_CLOEXEC
+# (fdinfo flags, octal 02000000), and there is at least one.
+dpd_log_fds_cloexec() {
+    local n=0 fd l fl
+    for fd in /proc/"$1"/fd/*; do
+        l=$(readlink "$fd") || continue
+        [[ $l == /tmp/*' (deleted)' ]] || continue
+        fl=$(awk '/^flags:/ {print $2}' "/proc/$1/fdinfo/${fd##*/}") || return 1
+        ((8#$fl & 8#2000000)) || return 1
+        n=$((n + 1))
+    done
+    ((n >= 1))
+}
+
 tier85_daemon() {
     tier_begin "tier 9 roce-dpd + client processes (net_ring loopback)"
     if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
@@ -47,6 +61,7 @@ tier85_daemon() {
     fi
     pass "roce-dpd serves $sock"
     check "socket is owner-only (0600)" test "$(stat -c %a "$sock")" = 600
+    check "roce-dpd's captured DPDK log (an unlinked /tmp file) is close-on-exec in every fd" dpd_log_fds_cloexec "$DPD_PID"
 
     # Two pairs of clients at once, all four sessions in the one daemon, while a third pair's active client is
     # killed with SIGKILL mid-transfer: its session is reclaimed within a second and the others carry on.

@@ -275,11 +275,13 @@ impl LogRedirect {
         unsafe { libc::setvbuf(file.as_ptr(), std::ptr::null_mut(), libc::_IOLBF, 0) };
         // SAFETY: file stays open until close_log; bindgen's FILE and libc's FILE are the same C type.
         unsafe { dpdk_sys::rte_openlog_stream(file.as_ptr().cast()) };
-        // SAFETY: fileno of a valid stream; dup/dup2 on fds this process owns.
+        // SAFETY: fileno of a valid stream; fcntl/dup2 on fds this process owns. The log's own fds are
+        // close-on-exec (a child such as rdp-nic's `ip` must not inherit DPDK's log); fds 1 and 2 stay as they are.
         let saved = unsafe {
             let fd = libc::fileno(file.as_ptr());
-            LOG_FD.store(libc::dup(fd), Ordering::SeqCst);
-            let saved = [libc::dup(1), libc::dup(2)];
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            LOG_FD.store(libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3), Ordering::SeqCst);
+            let saved = [libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3), libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 3)];
             libc::fflush(std::ptr::null_mut());
             libc::dup2(fd, 1);
             libc::dup2(fd, 2);
