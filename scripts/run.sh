@@ -19,9 +19,13 @@ source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 
 args=(-s 4096 -n 20000 -q 2 -m 4096 --data_validation)
-case "${1:-}" in
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
-esac
+# -h/--help anywhere before "--" (as rdp_write_bw's clap takes it) is run.sh's own help.
+for a in "$@"; do
+    case "$a" in
+        -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+        --) break ;;
+    esac
+done
 [[ $# -gt 0 ]] && args=("$@")
 # The options run.sh gives each side itself: -p and --timeout the user's replace run.sh's; the port's are run.sh's
 # (each side's memif profile, socket and EAL prefix), and rdp_write_bw said "cannot be used multiple times" of a flag

@@ -493,6 +493,13 @@ fn run_sh_reads_short_option_clusters_and_the_end_of_options_as_clap_does() {
     for args in [&["-Fp", "3000"][..], &["-Fp3000"], &["-Fp=3000", "-s", "64"]] {
         one_line(&run_sh_unprivileged(args), "run.sh: run as root (DPDK needs /var/run/dpdk)");
     }
+    // --help after other options is run.sh's help too (it was only read as the first argument: the rest went on
+    // to the root check, or as root to a run).
+    for args in [&["--help"][..], &["-s", "64", "--help"], &["-n", "100", "-h"]] {
+        let o = run_sh_unprivileged(args);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && out.starts_with("# The README's main-job command"), "{args:?}: {o:?}");
+    }
 }
 
 /// run.sh tells an option's value from a HOST by its list of rdp_write_bw's options that take no value: it must be
