@@ -40,6 +40,10 @@ host() {
     echo "run.sh: $1 looks like a HOST, which is run.sh's own (the client connects to 127.0.0.1; both sides run here, over memif); against another machine run rdp_write_bw by hand (README: perftest-compatible tools)" >&2
     exit 2
 }
+needs_value() {
+    echo "run.sh: $1 needs a value (see target/release/rdp_write_bw --help)" >&2
+    exit 2
+}
 for ((i = 0; i < ${#given[@]}; i++)); do
     a="${given[i]}"
     # After "--" every word is a HOST (clap's end of options).
@@ -61,15 +65,13 @@ for ((i = 0; i < ${#given[@]}; i++)); do
     elif [[ $a =~ ^-[^-]. ]]; then
         value=0
         for ((k = 1; k < ${#a}; k++)); do
-            # -p in a cluster (-bp 3000, -bp3000, -bp=3000): the port is run.sh's to give, the flags before it pass on.
+            # -p with its value in the word (-p3000, -p=3000 as clap reads it) or ending a cluster of flags (-bp 3000,
+            # -bp3000, -bp=3000): the port is run.sh's to give, the flags before it pass on.
             if [[ ${a:k:1} == p ]]; then
                 ((k > 1)) && args+=("${a:0:k}")
                 port="${a:k+1}" port="${port#=}"
                 if [[ -z $port ]]; then
-                    if ((i + 1 == ${#given[@]})); then
-                        echo "run.sh: $a needs a value (see target/release/rdp_write_bw --help)" >&2
-                        exit 2
-                    fi
+                    ((i + 1 == ${#given[@]})) && needs_value "$a"
                     port="${given[i + 1]}" i=$((i + 1))
                 fi
                 value=0
@@ -82,16 +84,12 @@ for ((i = 0; i < ${#given[@]}; i++)); do
         done
     fi
     if [[ $a == -p || $a == --port || $a == --timeout ]] && ((i + 1 == ${#given[@]})); then
-        echo "run.sh: $a needs a value (see target/release/rdp_write_bw --help)" >&2
-        exit 2
+        needs_value "$a"
     fi
     case "$a" in
         -p | --port) port="${given[i + 1]:-}" i=$((i + 1)) value=0 ;;
         --timeout) timeout="${given[i + 1]:-}" i=$((i + 1)) value=0 ;;
         --port=*) port="${a#--port=}" ;;
-        # -p=PORT as clap reads it (the '=' is not part of the value), -pPORT as perftest writes it.
-        -p=*) port="${a#-p=}" ;;
-        -p?*) port="${a#-p}" ;;
         --timeout=*) timeout="${a#--timeout=}" ;;
         --port-conf | --port-conf=* | --daemon | --daemon=* | --socket | --socket=* | --file-prefix | --file-prefix=* \
             | --lcore | --lcore=*)
