@@ -16,9 +16,9 @@
 //! the local copy is the truth, so the peer scribbling on it changes nothing on this side.
 //!
 //! # The peer is hostile
-//! The far index is checked on every load: a tail claiming more than `capacity` entries, or a head or tail that
-//! moves backwards, is [`RingError::Corrupt`] (sticky: the half refuses all further work, and the caller turns it
-//! into a QP error). No index from shared memory ever reaches a pointer computation unmasked. Entries are copied
+//! The far index is checked on every load: a tail claiming more than `capacity` entries past the head the consumer
+//! last handed back (entries read but not handed back count), or a head or tail that moves backwards, is
+//! [`RingError::Corrupt`] (sticky: the half refuses all further work, and the caller turns it into a QP error). No index from shared memory ever reaches a pointer computation unmasked. Entries are copied
 //! out of the ring with a volatile read into a local `T` *before* anyone looks at them, so a peer rewriting the
 //! slot concurrently cannot change a value after it was validated (TOCTOU). Entry types implement [`Pod`]: every
 //! bit pattern is a valid value, so garbage in the ring is a value to validate, never undefined behaviour.
@@ -693,17 +693,22 @@ impl<T: Pod> Consumer<T> {
         self.raw.capacity()
     }
 
-    /// Reloads the producer's tail and checks it: at most `capacity` entries ahead of our head, never backwards.
+    /// Reloads the producer's tail and checks it: at most `capacity` entries ahead of the head this half last
+    /// handed back (the producer writes no slot before it is handed back, so entries read since then count
+    /// against the capacity: a tail ahead of our own head by up to `capacity` let a producer that writes as the
+    /// consumer reads keep one poll reading for ever), never behind our head, never backwards.
     fn refresh(&mut self) -> Result<(), RingError> {
         if let Some(e) = self.corrupt {
             return Err(e);
         }
         let tail = self.raw.tail().load(Ordering::Acquire);
         self.reloads += 1;
+        // published <= head <= cached tail, all within `capacity` (checked here each time the tail is taken).
+        let written = tail.wrapping_sub(self.published);
         let avail = tail.wrapping_sub(self.head);
-        let what = if avail > self.capacity() {
+        let what = if written > self.capacity() {
             Some("producer tail claims more entries than the ring holds")
-        } else if avail < self.cached_tail.wrapping_sub(self.head) {
+        } else if avail > written || avail < self.cached_tail.wrapping_sub(self.head) {
             Some("producer tail moved backwards")
         } else {
             None
@@ -1085,6 +1090,46 @@ mod tests {
         assert!(c.has_entries(), "a corrupt ring answers true");
         assert!(matches!(c.pop(), Err(RingError::Corrupt { peer: 11, local: 2, .. })));
         assert!(c.has_entries(), "and keeps answering true (sticky)");
+    }
+
+    /// The producer may write only the slots the consumer handed back: entries the consumer has read but not yet
+    /// released still count. A tail up to `capacity` past the consumer's *own* head but past the released head
+    /// plus `capacity` is a producer overwriting slots it was not given (and, refreshed as each batch is read,
+    /// kept one poll of the client library's reading for ever): corrupt. The released head plus `capacity` is
+    /// still fine, and so is any tail once the slots are released.
+    #[test]
+    fn tail_past_the_released_slots_is_corrupt() {
+        // A full ring of 8 whose entries the consumer has read, the first `released` of them handed back.
+        let read_all = |released: u64| {
+            let (mut p, mut c) = heap_ring::<u64>(8);
+            for i in 0..8 {
+                p.push(i).unwrap();
+            }
+            p.publish();
+            for i in 0..8 {
+                if i == released {
+                    c.release();
+                }
+                assert_eq!(c.pop(), Ok(Some(i)));
+            }
+            (p, c)
+        };
+        // None handed back: the producer has no free slot. A tail of 8 + 8 is "8 more" from the consumer's own
+        // head, but 16 entries from the released one.
+        let (mut p, mut c) = read_all(8);
+        p.publish_raw_tail(16);
+        let e = c.pop().unwrap_err();
+        let what = "producer tail claims more entries than the ring holds";
+        assert!(matches!(e, RingError::Corrupt { what: w, peer: 16, local: 8 } if w == what), "{e:?}");
+        // Four handed back: a tail of 12 is fine, 13 is not.
+        let (mut p, mut c) = read_all(4);
+        p.publish_raw_tail(12);
+        for i in 0..4 {
+            assert_eq!(c.pop(), Ok(Some(i)), "slots 0..4 again, as the producer left them");
+        }
+        assert_eq!(c.pop(), Ok(None));
+        p.publish_raw_tail(13);
+        assert!(matches!(c.pop(), Err(RingError::Corrupt { peer: 13, local: 12, .. })));
     }
 
     #[test]

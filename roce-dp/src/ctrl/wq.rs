@@ -512,6 +512,20 @@ mod tests {
         assert_eq!(r.sync(), Ok(CAP));
     }
 
+    /// A successful SEND completion of QP `qpn`.
+    fn success(wr_id: u64, qpn: u32) -> verbs::Cqe {
+        verbs::Cqe {
+            wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            qpn,
+            byte_len: 0,
+            imm: None,
+            invalidated_rkey: None,
+            solicited: false,
+        }
+    }
+
     #[test]
     fn full_queue_and_cq_round_trip() {
         let (mut w, mut r) = send_pair();
@@ -526,16 +540,7 @@ mod tests {
 
         let (mut p, c) = heap_ring::<Cqe>(8);
         let mut cq = CqReader::new(c);
-        let done = verbs::Cqe {
-            wr_id: 3,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Send,
-            qpn: 5,
-            byte_len: 0,
-            imm: None,
-            invalidated_rkey: None,
-            solicited: false,
-        };
+        let done = success(3, 5);
         p.push_publish(Cqe::from(&done)).unwrap();
         p.push_publish(Cqe { status: 200, ..Cqe::default() }).unwrap();
         let mut out = [done; 4];
@@ -552,6 +557,34 @@ mod tests {
         assert_eq!(cq.poll(&mut out), Err(WqError::Cqe(CqeError::Opcode(99))));
         assert_eq!(cq.poll(&mut out), Ok(1));
         assert_eq!(out[0], done);
+    }
+
+    /// A daemon that writes completions as fast as a poll skips them (those of a destroyed QP, which the client
+    /// library consumes without returning) cannot keep the poll from returning: the ring hands it no more than the
+    /// slots the poll has not released yet, so after a ring's worth the poll ends, here with the ring corrupt
+    /// (the daemon wrote slots it was not given). The daemon's tail moves forward by one for each completion
+    /// skipped, over completions of the same QP it wrote before.
+    #[test]
+    fn a_poll_skipping_a_daemons_endless_completions_returns() {
+        let (mut p, c) = heap_ring::<Cqe>(8);
+        let mut cq = CqReader::new(c);
+        let stale = success(1, 9);
+        for _ in 0..8 {
+            p.push(Cqe::from(&stale)).unwrap();
+        }
+        p.publish();
+        let mut tail = 8u32;
+        let mut skipped = 0u32;
+        let mut out = [stale; 4];
+        let r = cq.poll_skipping(&mut out, |_, c| {
+            skipped += 1;
+            assert!(skipped <= 10 * 8, "the poll is still skipping after {skipped} completions of a ring of 8");
+            tail += 1;
+            p.publish_raw_tail(tail);
+            c.qpn == 9
+        });
+        assert!(matches!(r, Err(WqError::Ring(RingError::Corrupt { .. }))), "{r:?}");
+        assert!(skipped <= 8, "{skipped} skipped: more than the ring holds");
     }
 
     #[test]
