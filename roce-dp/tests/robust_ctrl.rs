@@ -149,6 +149,96 @@ fn half_a_frame_times_out_the_call_and_never_blocks_the_poll() {
     let _ = std::fs::remove_file(path);
 }
 
+/// Bytes the peer of `s` has not read yet (`SIOCOUTQ` on the sending end).
+fn unread(s: &UnixStream) -> i32 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int through the pointer, which points at `n`.
+    assert_eq!(unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(s), libc::TIOCOUTQ, &mut n) }, 0);
+    n
+}
+
+/// A daemon whose socket holds a flood of answers to other requests (sequence numbers the library never sent),
+/// more than a call can read within its timeout (1 ms; the socket filled before the call): the call ends with
+/// `Error::Timeout` at its timeout, naming the request, with answers still unread, instead of reading them for as
+/// long as the daemon has more to send (it returned only once the socket was empty, whatever its deadline). The
+/// session carries on: the next call reads past the rest of the flood and gets its own answer.
+#[test]
+fn a_flood_of_answers_to_other_requests_times_out_the_call() {
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (unread_tx, unread_rx) = mpsc::channel::<i32>();
+    let mut first = true;
+    let (path, h) = scripted_daemon("flood", move |q, seq, c| {
+        match q {
+            Request::AllocPd if first => {
+                first = false;
+                c.send_response(seq, &Response::Pd { pd: 7 }, &[]).unwrap();
+                // Answers to other requests, serialised by a real Conn, until the socket takes no more (as root,
+                // a send buffer of 4 MiB: ~100 000 of them).
+                let (a, mut b) = UnixStream::pair().unwrap();
+                let w = Conn::new(a);
+                let mut blob = Vec::new();
+                for k in 0..2000u32 {
+                    w.send_response(seq.wrapping_add(1000 + k), &Response::Pd { pd: 3 }, &[]).unwrap();
+                    let mut frame = [0u8; 256];
+                    let n = std::io::Read::read(&mut b, &mut frame).unwrap();
+                    blob.extend_from_slice(&frame[..n]);
+                }
+                let mut s = c.socket();
+                let big: libc::c_int = 4 << 20;
+                let fd = std::os::fd::AsRawFd::as_raw_fd(s);
+                let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                // SAFETY: setsockopt reads one int from `big`; a refusal (not root) leaves the default size.
+                unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, (&raw const big).cast(), size) };
+                s.set_nonblocking(true).unwrap();
+                let mut at = 0;
+                'fill: for _ in 0..1000 {
+                    at = 0;
+                    while at < blob.len() {
+                        match s.write(&blob[at..]) {
+                            Ok(n) => at += n,
+                            Err(_) => break 'fill,
+                        }
+                    }
+                }
+                s.set_nonblocking(false).unwrap();
+                unread_tx.send(unread(s)).unwrap();
+                // The test's call has returned: how much of the flood it left unread.
+                if go_rx.recv().is_err() {
+                    return false;
+                }
+                unread_tx.send(unread(s)).unwrap();
+                // The rest of the last copy (whole answers: the next call reads past them).
+                if s.write_all(&blob[at..]).is_err() {
+                    return false;
+                }
+            }
+            Request::AllocPd => c.send_response(seq, &Response::Pd { pd: 8 }, &[]).unwrap(),
+            _ => c.send_response(seq, &Response::Ok, &[]).unwrap(),
+        }
+        true
+    });
+    let dev = Device::open_with_timeout(&path, Duration::from_secs(5)).unwrap();
+    let first = dev.alloc_pd().unwrap();
+    assert_eq!(first.handle(), 7);
+    let queued = unread_rx.recv_timeout(Duration::from_secs(10)).expect("the daemon filled its socket");
+    assert!(queued > 100_000, "{queued} bytes of answers queued");
+    dev.set_call_timeout(Duration::from_millis(1));
+    let d = dev.clone();
+    let e = within("alloc_pd behind a flood of other answers", Duration::from_secs(20), move || d.alloc_pd().err())
+        .expect("no answer of its own, no PD");
+    assert!(matches!(e, Error::Timeout { request: "AllocPd", .. }), "{e:?}");
+    go_tx.send(()).unwrap();
+    let left = unread_rx.recv_timeout(Duration::from_secs(10)).expect("the daemon measured its socket");
+    assert!(left > 0, "the call returned only once it had read every answer the daemon sent");
+    dev.set_call_timeout(Duration::from_secs(20));
+    let pd = dev.alloc_pd().expect("the session carries on after the flood");
+    assert_eq!(pd.handle(), 8, "its own answer, not one of the flood's");
+    drop((pd, first));
+    drop(dev);
+    h.join().unwrap();
+    let _ = std::fs::remove_file(path);
+}
+
 extern "C" fn on_sigusr2(_: libc::c_int) {}
 
 /// An application whose signal handlers are installed without SA_RESTART: a signal during a control call's wait

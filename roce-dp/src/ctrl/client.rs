@@ -400,7 +400,16 @@ impl Inner {
                 Response::Shutdown { .. } | Response::Closed { .. } => {
                     return Err(self.gone(notice(&f.msg).unwrap_or_default()))
                 }
-                _ if f.seq != seq => continue,
+                // Another request's answer (a late one): the wait for this one goes on until its deadline, which
+                // only a look at the socket checked (a daemon that always had more of them to send kept the call
+                // reading past it, for as long as it sent them).
+                _ if f.seq != seq => {
+                    if Instant::now() >= deadline {
+                        self.stalled.store(true, Ordering::Relaxed);
+                        return Err(timed_out());
+                    }
+                    continue;
+                }
                 Response::Error { code: ErrorCode::Abi, msg } => return Err(Error::AbiMismatch(msg)),
                 Response::Error { code: ErrorCode::ShuttingDown, msg } => return Err(self.gone(msg)),
                 Response::Error { code, msg } => return Err(Error::Refused { code, msg }),
