@@ -1,6 +1,12 @@
 /* Definitions for shim.h: each is a plain call to the static-inline DPDK function it wraps (docs in shim.h). */
 #include "shim.h"
 
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 uint16_t rte_eth_rx_burst_(uint16_t port_id, uint16_t queue_id, struct rte_mbuf **rx_pkts, uint16_t nb_pkts)
 {
 	return rte_eth_rx_burst(port_id, queue_id, rx_pkts, nb_pkts);
@@ -69,6 +75,63 @@ uint16_t rte_mbuf_refcnt_update_(struct rte_mbuf *m, int16_t value)
 void rte_mbuf_refcnt_set_(struct rte_mbuf *m, uint16_t new_value)
 {
 	rte_mbuf_refcnt_set(m, new_value);
+}
+
+int rdp_mbuf_data_exclusive(const struct rte_mbuf *m)
+{
+	return RTE_MBUF_DIRECT(m) && rte_mbuf_refcnt_read(m) == 1;
+}
+
+struct rte_mbuf *rte_pktmbuf_clone_(struct rte_mbuf *m, struct rte_mempool *mp)
+{
+	return rte_pktmbuf_clone(m, mp);
+}
+
+/* An external buffer of rdp_pktmbuf_attach_ro_copy: its shared info block and its pages. */
+struct rdp_ro_buf {
+	struct rte_mbuf_ext_shared_info shinfo;
+	void *pages;
+	size_t size;
+};
+
+/* Called by DPDK when the last mbuf attached to the buffer lets go of it. */
+static void rdp_ro_buf_free(void *addr, void *opaque)
+{
+	struct rdp_ro_buf *b = opaque;
+
+	(void)addr;
+	munmap(b->pages, b->size);
+	free(b);
+}
+
+int rdp_pktmbuf_attach_ro_copy(struct rte_mbuf *m, const void *bytes, uint16_t len)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	size_t size = ((size_t)len + page) / page * page;
+	struct rdp_ro_buf *b;
+	void *p;
+	int e;
+
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	memcpy(p, bytes, len);
+	b = calloc(1, sizeof(*b));
+	if (b == NULL || mprotect(p, size, PROT_READ) != 0) {
+		e = b == NULL ? ENOMEM : errno;
+		free(b);
+		munmap(p, size);
+		return -e;
+	}
+	b->pages = p;
+	b->size = size;
+	b->shinfo.free_cb = rdp_ro_buf_free;
+	b->shinfo.fcb_opaque = b;
+	rte_mbuf_ext_refcnt_set(&b->shinfo, 1);
+	rte_pktmbuf_attach_extbuf(m, p, RTE_BAD_IOVA, len, &b->shinfo);
+	m->data_len = len;
+	m->pkt_len = len;
+	return 0;
 }
 
 unsigned int rte_lcore_id_(void)

@@ -66,6 +66,20 @@ uint16_t rte_mbuf_refcnt_update_(struct rte_mbuf *m, int16_t value);
 /** Set the mbuf's reference count (only while no other thread can see the mbuf). */
 void rte_mbuf_refcnt_set_(struct rte_mbuf *m, uint16_t new_value);
 
+/** Whether the mbuf's data is its own to write: a direct mbuf (RTE_MBUF_DIRECT: its own buffer, not attached to
+ * another mbuf's or to an external one) with one reference (what virtio's can_push asks before writing headers). */
+int rdp_mbuf_data_exclusive(const struct rte_mbuf *m);
+
+/** Clone m (rte_pktmbuf_clone): a new mbuf from mp attached to m's data, m's reference count raised; NULL when mp
+ * is empty. */
+struct rte_mbuf *rte_pktmbuf_clone_(struct rte_mbuf *m, struct rte_mempool *mp);
+
+/** Test aid: make a read-only copy of the len bytes at bytes the data of the direct, empty, single-reference mbuf
+ * m, in an external buffer (as PMDs that receive into memory of their own deliver frames): pages of their own,
+ * mapped read-only (a write through the mbuf faults), unmapped with the last mbuf attached to them. 0, or -errno
+ * (mmap, mprotect, or -ENOMEM for the shared info block). */
+int rdp_pktmbuf_attach_ro_copy(struct rte_mbuf *m, const void *bytes, uint16_t len);
+
 /** The calling thread's EAL lcore id; LCORE_ID_ANY (UINT32_MAX) on a thread EAL does not know. */
 unsigned int rte_lcore_id_(void);
 

@@ -1,8 +1,8 @@
 # Tier 2: one process, no hugepages: two net_ring ports cross-connected (rte_eth_from_rings); 64 B, 1 KiB and 4 KiB
 # frames both ways, every byte checked; again with two queue pairs per port. The data-path worker fed hand-made
-# frames (rdp-porttest worker: runts, multi-segment frames, hostile destination QPs, full rings, an empty mempool,
-# a stop with frames in flight; counters and the mempool checked after each). Plus bad input: a wrong EAL argument
-# and a vdev that does not exist.
+# frames (rdp-porttest worker: runts, frames in data the mbuf does not own alone, multi-segment frames, hostile
+# destination QPs, full rings, an empty mempool, a stop with frames in flight; counters and the mempool checked after
+# each). Plus bad input: a wrong EAL argument and a vdev that does not exist.
 TIERS+=(tier2_ring)
 
 tier2_ring() {

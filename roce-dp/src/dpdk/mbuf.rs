@@ -98,10 +98,51 @@ impl Mbuf {
         unsafe { std::slice::from_raw_parts(self.data_ptr(), self.len()) }
     }
 
-    /// The first segment's data, writable.
-    pub fn data_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as data(), and &mut self makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.data_ptr(), self.len()) }
+    /// The first segment's data, writable, if it is this mbuf's own ([`Mbuf::data_exclusive`]); `None` for a clone's
+    /// shared data or an external buffer (whose bytes another holder reads, or which may not be writable at all).
+    pub fn data_mut(&mut self) -> Option<&mut [u8]> {
+        if !self.data_exclusive() {
+            return None;
+        }
+        // SAFETY: as data(); the data is this mbuf's alone (direct, one reference: its own buffer from its pool,
+        // which is writable) and &mut self makes the access exclusive.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.data_ptr(), self.len()) })
+    }
+
+    /// Whether the data is this mbuf's own to write: a direct mbuf (not attached to another mbuf's buffer, as a
+    /// clone is, nor to an external buffer, as some PMDs deliver frames) with one reference. A clone's reference
+    /// count is 1 while the mbuf whose data it shares has 2, so the count alone does not say it.
+    pub fn data_exclusive(&self) -> bool {
+        // SAFETY: self owns a valid mbuf.
+        unsafe { dpdk_sys::rdp_mbuf_data_exclusive(self.0.as_ptr()) != 0 }
+    }
+
+    /// A clone from `pool` (`rte_pktmbuf_clone`): a second mbuf attached to this one's data (this one's reference
+    /// count goes up); `ENOBUFS` when the pool is empty.
+    pub fn clone_in(&mut self, pool: &Mempool) -> Result<Mbuf> {
+        // SAFETY: self owns a valid mbuf and the pool is alive; the clone takes a reference to self's buffer, which
+        // DPDK's reference counts keep until both are freed.
+        let m = unsafe { dpdk_sys::rte_pktmbuf_clone_(self.0.as_ptr(), pool.as_ptr()) };
+        NonNull::new(m).map(Mbuf).ok_or(DpdkError::new("rte_pktmbuf_clone", libc::ENOBUFS))
+    }
+
+    /// Makes a read-only copy of `bytes` this empty mbuf's data, in an external buffer (as PMDs that receive into
+    /// memory of their own deliver frames): pages of its own, mapped read-only, so that a write through the mbuf
+    /// faults, unmapped with the last mbuf attached to them. For tests of code that must not write received data
+    /// it does not own. `EINVAL` unless this mbuf is empty, direct and single-referenced and `bytes` fits an mbuf;
+    /// the errno of the mapping otherwise.
+    pub fn attach_read_only_copy(&mut self, bytes: &[u8]) -> Result<()> {
+        let fits = u16::try_from(bytes.len()).ok().filter(|_| self.data_exclusive() && self.nb_segs() == 1);
+        let Some(len) = fits.filter(|_| self.pkt_len() == 0) else {
+            return Err(DpdkError::new("rte_pktmbuf_attach_extbuf", libc::EINVAL));
+        };
+        // SAFETY: self owns a valid direct mbuf with one reference and no data (checked); `bytes` is readable for
+        // `len` bytes during the call (it is copied); the copy's pages belong to the buffer, which DPDK frees with
+        // the last mbuf attached to it.
+        match unsafe { dpdk_sys::rdp_pktmbuf_attach_ro_copy(self.0.as_ptr(), bytes.as_ptr().cast(), len) } {
+            0 => Ok(()),
+            e => Err(DpdkError::new("rte_pktmbuf_attach_extbuf", -e)),
+        }
     }
 
     /// Grow the data by `n` bytes at the end; the new bytes (stale contents: whatever the buffer last held), or

@@ -3,7 +3,8 @@
 //! Each [`Worker::poll`] does a bounded amount of work:
 //! 1. **rx**: one burst (from the port's rx queue, or from the worker's SPSC ring when a software [`Dispatch`]er
 //!    steers frames to it); each RoCE frame goes to `Engine::handle_rx_mut` straight from the mbuf's data (no copy;
-//!    a multi-segment mbuf is first made contiguous in one reusable scratch buffer, counted), frames for QPs of
+//!    a multi-segment mbuf is first made contiguous in one reusable scratch buffer, counted; data the mbuf does not
+//!    own alone, a clone's or an external buffer's, goes read-only to `Engine::handle_rx`), frames for QPs of
 //!    another worker go to that worker's ring, ARP and IPv6 ND go to the port's [`Neighbours`], everything else is
 //!    counted and dropped; handled frames are freed in one bulk put at the end of the turn, after its tx bursts
 //!    (the ACK or the next request leaves first);
@@ -550,11 +551,12 @@ impl<'p> Worker<'p> {
                 }
                 self.stats.rx_roce += 1;
                 // The frame is this worker's after the rx burst: the engine checks its ICRC in place (it puts the
-                // bytes back before it returns). Not in an mbuf that DPDK code cloned (another holder may read it).
+                // bytes back before it returns). Not in data the mbuf shares (a clone, or the mbuf a clone was made
+                // of: another holder may read it) or an external buffer (a PMD's memory, perhaps not writable).
                 if multi {
                     self.engine.handle_rx_mut(now, &mut self.scratch[..], meta);
-                } else if m.refcnt() == 1 {
-                    self.engine.handle_rx_mut(now, m.data_mut(), meta);
+                } else if let Some(d) = m.data_mut() {
+                    self.engine.handle_rx_mut(now, d, meta);
                 } else {
                     self.engine.handle_rx(now, m.data(), meta);
                 }

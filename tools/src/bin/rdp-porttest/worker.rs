@@ -6,7 +6,8 @@
 //! mempool holds as many mbufs after it as before (mbufs in use minus those the worker holds by design:
 //! [`Worker::held_mbufs`]); at the end, with the worker, port and rings gone, none is in use.
 //!
-//! The cases: every cut of a RoCE frame and other runts; a RoCE frame longer than the path MTU; multi-segment
+//! The cases: every cut of a RoCE frame and other runts; a RoCE frame longer than the path MTU; frames whose data
+//! the mbuf does not own alone (a read-only external buffer, clones: checked without a write); multi-segment
 //! (chained) frames as memif or rx scatter deliver them, split at every header boundary (handed to the engine
 //! whole: its ICRC checks, so the engine drops it only as "no such QP"; an ARP request in two mbufs answered; a
 //! chained frame for worker 1 forwarded with all its segments); hostile BTH destination QPs (0, 1, 0xff, 0xffffff,
@@ -258,6 +259,34 @@ fn cases(h: &mut Harness<'_>) {
         h.check(
             d == [("rx_frames", 1), ("rx_drop_unknown_qp", 1)],
             format!("a {}-byte frame (payload 1800 at MTU 1024): engine {d:?}", f.len()),
+        );
+    });
+
+    // Frames in data the mbuf does not own alone: a read-only copy in an external buffer (as a PMD receiving into
+    // memory of its own delivers frames; a write there faults), a clone of that, and a clone of a frame in the
+    // pool's own buffer whose original the harness holds. Each is small enough for the engine's in-place ICRC
+    // check, which writes into the frame: the worker hands them over read-only, so each is checked whole (good
+    // ICRC) and dropped as "no such QP", and the original's bytes are as they were.
+    h.leak_checked("frames in data the worker may not write", |h| {
+        let f = roce_frame(QPN_BASE, 64);
+        let e0 = *h.w.engine.stats();
+        let mut ext = pool.alloc().expect("mbuf for a test frame");
+        ext.attach_read_only_copy(&f).expect("a read-only external buffer");
+        let ext_clone = ext.clone_in(&pool).expect("a clone");
+        let mut orig = mbuf(&pool, &f, &[]);
+        let clone = orig.clone_in(&pool).expect("a clone");
+        let owned = [&ext, &ext_clone, &orig, &clone].map(|m| m.data_exclusive());
+        h.feed(vec![ext, ext_clone, clone]);
+        let d = engine_delta(&e0, h.w.engine.stats());
+        let intact = orig.data() == f.as_slice();
+        drop(orig);
+        h.check(
+            owned == [false; 4] && d == [("rx_frames", 3), ("rx_drop_unknown_qp", 3)] && intact,
+            format!(
+                "a {}-byte frame in a read-only external buffer, its clone, a clone of one in the pool's buffer: \
+                 exclusive {owned:?}, engine {d:?}, the original intact: {intact}",
+                f.len()
+            ),
         );
     });
 
