@@ -637,6 +637,15 @@ impl<T: Pod> Producer<T> {
         self.raw.tail().store(tail, Ordering::Release);
     }
 
+    /// Writes `value` into the slot of free-running index `index`, free or not: for tests that play a producer
+    /// rewriting entries while the consumer reads them.
+    #[cfg(test)]
+    pub(crate) fn store_raw(&mut self, index: u32, value: T) {
+        // SAFETY: the slot pointer is in bounds (masked) and aligned; a consumer reading it concurrently copies out
+        // whatever bytes it finds (a Pod value), which is what the tests want to provoke.
+        unsafe { store(self.raw.slot(index), value) };
+    }
+
     /// Pushes and publishes at once (the one-WQE post).
     #[inline]
     pub fn push_publish(&mut self, value: T) -> Result<(), RingError> {

@@ -691,6 +691,90 @@ mod tests {
         assert!(total.0 > 500 && total.1 > 500 && total.2 > 20 && total.2 <= 100, "{total:?}");
     }
 
+    /// What every request the reader accepts satisfies, whatever the client wrote (and when).
+    fn assert_valid(req: &SendRequest) {
+        let sges = req.sges.as_slice();
+        assert!(sges.len() <= usize::from(LIMITS.max_sge) && sges.len() <= MAX_WQE_SGE, "{req:?}");
+        assert!(req.sges.total_len() <= crate::qp::MAX_MSG_LEN, "{req:?}");
+        assert!(req.inline_len <= LIMITS.max_inline, "{req:?}");
+        assert!(!req.wr.inline || sges.is_empty(), "{req:?}");
+        assert!(req.wr.inline || req.inline_len == 0, "{req:?}");
+        if req.wr.opcode.is_atomic() {
+            assert!(sges.len() == 1 && sges[0].len == 8, "{req:?}");
+        }
+    }
+
+    /// Session 16 review (TOCTOU): a client thread rewrites every slot and side-table entry of its send queue with
+    /// hostile values, without pause, and keeps the tail a whole ring ahead of the head handed back, while the
+    /// reader decodes: each WQE word and each SGE is read once into a copy that is then checked and used, so every
+    /// request accepted, however torn, satisfies the limits ([`assert_valid`]), nothing but single WQEs is refused,
+    /// and the ring is never taken for corrupt.
+    #[test]
+    fn a_client_rewriting_its_queue_while_it_is_read_gets_only_valid_requests_accepted() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (mut p, c) = heap_ring::<Wqe>(CAP);
+        let (mut sw, sr) = heap_table::<Sge>(CAP, 3);
+        let (mut iw, ir) = heap_table::<u8>(CAP, 128);
+        let mut r = SendQueueReader::new(c, Some(sr), Some(ir), LIMITS).unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let writer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut rng = SimRng::new(16);
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for i in 0..CAP {
+                        // Half of them valid with 4 SGEs, whose 3 in the side table change under the reader.
+                        let w = if rng.below(2) == 0 {
+                            hostile_wqe(&mut rng)
+                        } else {
+                            Wqe::encode(&SendWr::new(u64::from(i), WrOpcode::Send), &sgl(4, i), 0)
+                        };
+                        p.store_raw(i, w);
+                        let ext: [Sge; 3] = core::array::from_fn(|_| Sge {
+                            addr: rng.next_u64(),
+                            len: rng.next_u64() as u32 >> rng.below(32),
+                            lkey: rng.next_u64() as u32,
+                        });
+                        sw.write(i, &ext).unwrap();
+                        let _ = iw.set(i, rng.below(128) as usize, rng.next_u64() as u8);
+                    }
+                    // Every slot handed back is filled again: the tail stays a ring ahead of the released head.
+                    p.sync().expect("the reader keeps its index right");
+                    while p.push(hostile_wqe(&mut rng)).is_ok() {}
+                    p.publish();
+                    rounds += 1;
+                }
+                rounds
+            })
+        };
+        let (mut ok, mut refused) = (0u32, 0u32);
+        let mut inline = [0u8; 128];
+        let t0 = std::time::Instant::now();
+        // Miri runs the same interleavings far slower: fewer requests there.
+        let (want_ok, want_refused) = if cfg!(miri) { (200, 40) } else { (100_000, 20_000) };
+        while (ok < want_ok || refused < want_refused) && t0.elapsed() < std::time::Duration::from_secs(20) {
+            match r.poll(&mut inline) {
+                Ok(Some(req)) => {
+                    assert_valid(&req);
+                    ok += 1;
+                }
+                Ok(None) => {}
+                Err(WqError::Wqe { .. }) => refused += 1,
+                Err(e) => panic!("the reader saw {e:?} from a client that kept its indices right"),
+            }
+            if (ok + refused).is_multiple_of(7) {
+                r.release();
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let rounds = writer.join().unwrap();
+        assert!(
+            ok >= want_ok && refused >= want_refused && rounds > 10,
+            "accepted {ok}, refused {refused}, rounds {rounds}"
+        );
+    }
+
     /// One run: returns (valid requests, WQE errors, 1 if the ring was found corrupt).
     fn hostile_run(seed: u64, attack_indices: bool) -> (u32, u32, u32) {
         let mut rng = SimRng::new(seed);
@@ -744,11 +828,7 @@ mod tests {
                             Ok(None) => break,
                             Ok(Some(req)) => {
                                 assert!(!dead, "a reader that saw corrupt indices must stay stopped");
-                                assert!(req.sges.as_slice().len() <= usize::from(LIMITS.max_sge));
-                                assert!(req.sges.as_slice().len() <= MAX_WQE_SGE);
-                                assert!(req.sges.total_len() <= crate::qp::MAX_MSG_LEN);
-                                assert!(req.inline_len <= LIMITS.max_inline);
-                                assert!(!req.wr.inline || req.sges.as_slice().is_empty());
+                                assert_valid(&req);
                                 ok += 1;
                             }
                             Err(WqError::Wqe { error, .. }) => {
