@@ -601,6 +601,10 @@ impl Engine {
     }
 
     /// Posts a send work request with its scatter/gather list.
+    // Inlinable into callers in other crates (rdp-nic, the engine bench): a caller that builds the WR just before
+    // the call then has its fields stored straight into the WQE slot, not written to the stack and copied from there
+    // (WRITE 64 B: 1633 -> 1575 instructions a message, session 16).
+    #[inline]
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr, sgl: &[Sge]) -> Result<(), VerbsError> {
         // One SGE (the common case) without the vectorised sum's set-up.
         let length: u64 = match sgl {
