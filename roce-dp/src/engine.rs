@@ -770,15 +770,16 @@ impl Engine {
             self.stats.rx_drop_vlan += 1;
             return;
         }
-        // Borrowed in place: moving the parsed headers out of the Result would copy them once more per frame.
+        // Moved out of the Result, not borrowed in it: stored for the out-of-line callees after the ICRC's check.
         let parsed = wire::parse_rx_prepared(frame, prep);
-        let f = match &parsed {
+        let f = match parsed {
             Ok(f) => f,
             Err(e) => {
-                self.count_parse_error(*e);
+                self.count_parse_error(e);
                 return;
             }
         };
+        let f = &f;
         let ip = f.ip();
         let bth = f.bth();
         let for_us = match ip.addrs {
