@@ -203,7 +203,10 @@ pub(crate) struct TxPlan {
 pub(crate) struct Ctx<'a> {
     pub(crate) now: Instant,
     pub(crate) mrs: &'a mut MrTable,
-    pub(crate) cqs: &'a mut [Option<Cq>],
+    /// The engine's CQ table by the `Vec` itself (one pointer), not as a slice (pointer and length): the context is
+    /// built per frame and stored for the out-of-line callees (WRITE 64 B: 1550.6 -> 1543.5 instructions a
+    /// message, session 16).
+    pub(crate) cqs: &'a mut Vec<Option<Cq>>,
     pub(crate) cfg: &'a EngineConfig,
 }
 
