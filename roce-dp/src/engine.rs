@@ -203,7 +203,10 @@ pub(crate) struct TxPlan {
 pub(crate) struct Ctx<'a> {
     pub(crate) now: Instant,
     pub(crate) mrs: &'a mut MrTable,
-    pub(crate) cqs: &'a mut [Option<Cq>],
+    /// The engine's CQ table by the `Vec` itself (one pointer), not as a slice (pointer and length): the context is
+    /// built per frame and stored for the out-of-line callees (WRITE 64 B: 1550.6 -> 1543.5 instructions a
+    /// message, session 16).
+    pub(crate) cqs: &'a mut Vec<Option<Cq>>,
     pub(crate) cfg: &'a EngineConfig,
 }
 
@@ -601,6 +604,10 @@ impl Engine {
     }
 
     /// Posts a send work request with its scatter/gather list.
+    // Inlinable into callers in other crates (rdp-nic, the engine bench): a caller that builds the WR just before
+    // the call then has its fields stored straight into the WQE slot, not written to the stack and copied from there
+    // (WRITE 64 B: 1633 -> 1575 instructions a message, session 16).
+    #[inline]
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr, sgl: &[Sge]) -> Result<(), VerbsError> {
         // One SGE (the common case) without the vectorised sum's set-up.
         let length: u64 = match sgl {
@@ -733,7 +740,20 @@ impl Engine {
     /// Ethernet source address are overwritten for the pass, which no check of the frame reads, and put back before
     /// this returns). The frame's bytes are as received when it returns, whatever the frame holds.
     pub fn handle_rx_mut(&mut self, now: Instant, frame: &mut [u8], meta: RxMeta) {
-        let prep = if frame.len() <= RX_IN_PLACE_MAX { wire::icrc::rx_prepare(frame) } else { None };
+        // The length test alone here, both calls last: the preparation's register saves and stack frame are in
+        // `rx_in_place`, which a longer frame does not pay (they came before the length test when this function
+        // held the preparation: WRITE 384 B 2139 -> 2122 instructions a message, session 16).
+        if frame.len() <= RX_IN_PLACE_MAX {
+            self.rx_in_place(now, frame, meta)
+        } else {
+            self.rx(now, frame, None, meta)
+        }
+    }
+
+    /// [`handle_rx_mut`](Self::handle_rx_mut) of a frame short enough for the in-place ICRC pass.
+    #[inline(never)]
+    fn rx_in_place(&mut self, now: Instant, frame: &mut [u8], meta: RxMeta) {
+        let prep = wire::icrc::rx_prepare(frame);
         self.rx(now, frame, prep.as_ref(), meta);
         if let Some(p) = prep {
             wire::icrc::rx_restore(frame, p);
@@ -753,15 +773,16 @@ impl Engine {
             self.stats.rx_drop_vlan += 1;
             return;
         }
-        // Borrowed in place: moving the parsed headers out of the Result would copy them once more per frame.
+        // Moved out of the Result, not borrowed in it: stored for the out-of-line callees after the ICRC's check.
         let parsed = wire::parse_rx_prepared(frame, prep);
-        let f = match &parsed {
+        let f = match parsed {
             Ok(f) => f,
             Err(e) => {
-                self.count_parse_error(*e);
+                self.count_parse_error(e);
                 return;
             }
         };
+        let f = &f;
         let ip = f.ip();
         let bth = f.bth();
         let for_us = match ip.addrs {

@@ -176,8 +176,9 @@ impl HeaderTemplate {
         // these stores done: the correction XORed into the IP header's first four bytes, and for a packet 8 bytes
         // short of whole 16-byte blocks the masked LRH in the 8 bytes before it (`icrc::compute_prepared`). Both
         // are put back after the pass.
-        let ack = self.ack_icrc.filter(|_| opcode == Opcode::RC_ACKNOWLEDGE);
-        let prepared = ack.is_none() && !bth.ecn_marked();
+        // Only the flag here: the table stays in the template until an ACK's pass reads it.
+        let ack = opcode == Opcode::RC_ACKNOWLEDGE && self.ack_icrc.is_some();
+        let prepared = !ack && !bth.ecn_marked();
         // (n - eth_len - ICRC) % 16 == 8, with n - eth_len the covered bytes plus the ICRC.
         let with_lrh = prepared && (n - eth_len) % 16 == (16 - icrc::LRH_LEN + hdr_len::ICRC) % 16;
         let first4: u32;
@@ -223,7 +224,7 @@ impl HeaderTemplate {
             v
         } else {
             let ip = &buf[eth_len..at];
-            match ack.and_then(|a| a.compute(ip)) {
+            match self.ack_icrc.as_ref().filter(|_| ack).and_then(|a| a.compute(ip)) {
                 Some(v) => v,
                 // FECN/BECN (BTH byte 4) are not in the template's correction.
                 None if bth.ecn_marked() => icrc::compute(ip)?,
