@@ -1051,3 +1051,86 @@ fn after_a_wrap_of_the_qp_numbers_the_new_qps_completions_are_polled_and_the_old
     assert_eq!(wait_cqe(&mut cq, Duration::from_millis(20)).unwrap(), None);
     assert_eq!(cq.destroyed_qps_pending(), 0);
 }
+
+/// Session 16 review of the worker's send path (the WQEs go from the ring into the engine's send queue): a client
+/// may have more WRs outstanding than the engine's send queue holds (a ring's worth waits in the ring behind a
+/// full engine queue). With the QP in SQD the engine's queue fills (64 WRITEs) and 64 more wait in the ring: none
+/// is refused or lost, no completion comes while in SQD, and after SQD -> RTS all 128 complete in post order.
+#[test]
+fn a_ring_behind_a_full_engine_send_queue_waits_and_then_completes_in_order() {
+    let d = daemon("sq-behind-full");
+    let mut p = LoopPair::open(d.path(), 1 << 16, 64, 1024).unwrap();
+    p.a.modify(&to(QpState::Sqd)).unwrap();
+    let half = (p.mr.len() / 2) as u64;
+    let (addr, rkey) = (p.mr.addr(), p.mr.rkey());
+    let write = |i: u64| SendWr::new(i, WrOpcode::RdmaWrite).remote(addr + half + i * 64, rkey);
+    for i in 0..128u64 {
+        p.mr.as_mut_slice()[i as usize * 64..][..64].fill(i as u8);
+    }
+    for i in 0..64u64 {
+        p.a.stage_send(&write(i), &[p.mr.sge(i as usize * 64, 64)]).unwrap();
+    }
+    p.a.publish_sends();
+    let t0 = Instant::now();
+    while p.a.query().unwrap().sq_outstanding != 64 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the engine never took the first 64");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The ring's slots come back as the daemon reads them: 64 more, which the engine has no room for.
+    for i in 64..128u64 {
+        let t0 = Instant::now();
+        while let Err(e) = p.a.post_send(&write(i), &[p.mr.sge(i as usize * 64, 64)]) {
+            assert!(t0.elapsed() < Duration::from_secs(5), "WR {i}: {e}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(p.a.query().unwrap().sq_outstanding, 64, "the engine holds no more than its queue");
+    assert_eq!(wait_cqe(&mut p.cq, Duration::from_millis(50)).unwrap().map(|c| (c.wr_id, c.status)), None);
+    assert_eq!(state(&p.a), QpState::Sqd);
+    p.a.modify(&to(QpState::Rts)).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 128 {
+        let c = wait_cqe(&mut p.cq, Duration::from_secs(5)).unwrap().unwrap_or_else(|| panic!("after {got:?}"));
+        got.push((c.wr_id, c.status));
+    }
+    let want: Vec<_> = (0..128).map(|i| (i, WcStatus::Success)).collect();
+    assert_eq!(got, want);
+    for i in 0..128usize {
+        assert!(p.mr.as_slice()[half as usize + i * 64..][..64].iter().all(|&b| b == i as u8), "WRITE {i}");
+    }
+}
+
+/// Session 16 review of the worker's send path: send WRs posted to a QP that is not ready to send (INIT, RTR)
+/// are refused by the engine, the first one with LOC_QP_OP_ERR (its own wr_id, the QP to ERR) and the rest
+/// flushed, none executed.
+#[test]
+fn sends_posted_before_rts_are_refused_and_flushed() {
+    let d = daemon("sq-before-rts");
+    let p = LoopPair::open(d.path(), 1 << 16, 64, 1024).unwrap();
+    let half = p.mr.len() / 2;
+    let mut p = p;
+    p.mr.as_mut_slice()[..64].fill(0x77);
+    for (tag, rtr) in [("INIT", false), ("RTR", true)] {
+        let mut cq = p.dev.create_cq(16).unwrap();
+        let mut qp = p.dev.create_qp(&p.pd, &cq, &cq, QpInit::default()).unwrap();
+        qp.to_init(AccessFlags::ALL).unwrap();
+        if rtr {
+            let r = Remote { qpn: p.b.qpn(), psn: 5000, gid: p.dev.gid(), mac: None };
+            qp.to_rtr(&r, 1024).unwrap();
+        }
+        for i in 0..3u64 {
+            let wr = SendWr::new(10 + i, WrOpcode::RdmaWrite).remote(p.mr.addr() + half as u64, p.mr.rkey());
+            qp.stage_send(&wr, &[p.mr.sge(0, 64)]).unwrap();
+        }
+        qp.publish_sends();
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let c = wait_cqe(&mut cq, Duration::from_secs(5)).unwrap().unwrap_or_else(|| panic!("{tag}: {got:?}"));
+            got.push((c.wr_id, c.status));
+        }
+        assert_eq!(got, [(10, WcStatus::LocQpOpErr), (11, WcStatus::WrFlushErr), (12, WcStatus::WrFlushErr)], "{tag}");
+        assert_eq!(state(&qp), QpState::Err, "{tag}");
+        assert!(p.mr.as_slice()[half..][..64].iter().all(|&b| b == 0), "{tag}: a WRITE was executed");
+    }
+}

@@ -1141,6 +1141,61 @@ mod tests {
         assert!(matches!(c.pop(), Err(RingError::Corrupt { peer: 13, local: 12, .. })));
     }
 
+    /// Session 16 review of the released-head check: a well-behaved producer on another thread, free-running
+    /// indices crossing the u32 wrap, and a consumer that reads in runs and hands its slots back only now and then
+    /// (many entries read but not yet released, the producer waiting on them): never taken for corrupt, every entry
+    /// in order.
+    #[test]
+    fn a_producer_writing_only_released_slots_is_never_corrupt_across_the_wrap() {
+        const N: u64 = if cfg!(miri) { 2_000 } else { 200_000 };
+        let mem = HeapMem::new(ring_bytes(8, 8).unwrap());
+        mem.ctrl().head.store(u32::MAX - 50, Ordering::Relaxed);
+        mem.ctrl().tail.store(u32::MAX - 50, Ordering::Relaxed);
+        let (mut p, mut c) = pair(8, &mem);
+        std::thread::scope(|sc| {
+            sc.spawn(move || {
+                let mut next = 0u64;
+                while next < N {
+                    match p.push(next) {
+                        Ok(()) => next += 1,
+                        Err(RingError::Full) => {
+                            p.publish();
+                            std::thread::yield_now();
+                        }
+                        Err(e) => panic!("producer: {e:?}"),
+                    }
+                    if next.is_multiple_of(3) {
+                        p.publish();
+                    }
+                }
+                p.publish();
+            });
+            let mut want = 0u64;
+            let mut since_release = 0u32;
+            while want < N {
+                match c.pop() {
+                    Ok(Some(v)) => {
+                        assert_eq!(v, want);
+                        want += 1;
+                        since_release += 1;
+                        // Hand slots back in varying runs (up to the whole ring).
+                        if since_release > (want % 8) as u32 {
+                            c.release();
+                            since_release = 0;
+                        }
+                    }
+                    Ok(None) => {
+                        c.release();
+                        since_release = 0;
+                        std::thread::yield_now();
+                    }
+                    Err(e) => panic!("consumer at {want}: {e:?}"),
+                }
+            }
+        });
+        assert!(c.head < u32::MAX - 50, "the indices wrapped");
+    }
+
     #[test]
     fn tail_moving_backwards_is_corrupt() {
         let mem = HeapMem::new(ring_bytes(8, 8).unwrap());
