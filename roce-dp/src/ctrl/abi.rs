@@ -482,22 +482,34 @@ fn gather(
     num_sge: u8,
     max_sge: u8,
     sge0: Sge,
+    ext: impl FnMut(usize) -> Sge,
+) -> Result<u64, WqeError> {
+    let r = gather_to(&mut list.sges, num_sge, max_sge, sge0, ext);
+    list.len = if r.is_ok() { num_sge } else { 0 };
+    r
+}
+
+/// [`gather`] into any SGE array: at most `max_sge` and `to.len()` SGEs.
+#[inline(always)]
+fn gather_to(
+    to: &mut [verbs::Sge],
+    num_sge: u8,
+    max_sge: u8,
+    sge0: Sge,
     mut ext: impl FnMut(usize) -> Sge,
 ) -> Result<u64, WqeError> {
-    let max = max_sge.min(MAX_WQE_SGE as u8);
-    if num_sge > max {
-        list.len = 0;
-        return Err(WqeError::TooManySge { num_sge, max });
-    }
+    let max = max_sge.min(u8::try_from(to.len()).unwrap_or(u8::MAX));
     let n = usize::from(num_sge);
-    list.len = num_sge;
-    if n == 0 {
+    let Some(list) = to.get_mut(..n).filter(|_| num_sge <= max) else {
+        return Err(WqeError::TooManySge { num_sge, max });
+    };
+    let Some((first, rest)) = list.split_first_mut() else {
         return Ok(0);
-    }
-    list.sges[0] = sge0.into();
+    };
+    *first = sge0.into();
     let mut total = u64::from(sge0.len);
-    for (k, d) in list.sges[..n].iter_mut().enumerate().skip(1) {
-        let s = ext(k);
+    for (k, d) in rest.iter_mut().enumerate() {
+        let s = ext(k + 1);
         total += u64::from(s.len);
         *d = s.into();
     }
@@ -521,6 +533,16 @@ impl Default for SendRequest {
     }
 }
 
+/// What [`Wqe::decode_to`] wrote: `num_sge` SGEs, or (`wr.inline`) `inline_len` bytes of inline payload waiting in
+/// the slot's inline area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    /// SGEs written (0 when inline).
+    pub num_sge: u8,
+    /// Bytes of inline payload (0 unless inline).
+    pub inline_len: u32,
+}
+
 impl Wqe {
     /// Validates this (local copy of a) WQE into `out` (left partly written on error). `ext(k)` is called for
     /// k in 1..num_sge, only after `num_sge` was checked against `limits`, to copy SGE k out of the slot's side
@@ -533,6 +555,24 @@ impl Wqe {
         out: &mut SendRequest,
         ext: impl FnMut(usize) -> Sge,
     ) -> Result<(), WqeError> {
+        out.sges.len = 0;
+        let d = self.decode_to(limits, &mut out.wr, &mut out.sges.sges, ext)?;
+        out.sges.len = d.num_sge;
+        out.inline_len = d.inline_len;
+        Ok(())
+    }
+
+    /// [`decode_into`](Self::decode_into) into a WR and an SGE array anywhere (the engine's send-queue slot, see
+    /// `Engine::post_sends_with`): at most `sges.len()` SGEs (more is [`WqeError::TooManySge`], as more than
+    /// `limits.max_sge` is). Both are left partly written on error.
+    #[inline(always)]
+    pub fn decode_to(
+        &self,
+        limits: WqeLimits,
+        wr: &mut SendWr,
+        sges: &mut [verbs::Sge],
+        ext: impl FnMut(usize) -> Sge,
+    ) -> Result<Decoded, WqeError> {
         let opcode = wr_opcode_from(self.opcode).ok_or(WqeError::UnknownOpcode(self.opcode))?;
         if self.flags & !send_flags::ALL != 0 {
             return Err(WqeError::UnknownFlags(self.flags));
@@ -541,7 +581,7 @@ impl Wqe {
             return Err(WqeError::Reserved { field: "reserved", value: u64::from(self.reserved) });
         }
         let inline = self.flags & send_flags::INLINE != 0;
-        let total = if inline {
+        let (d, total) = if inline {
             if opcode.is_rd_atomic() {
                 return Err(WqeError::InlineNotAllowed(self.opcode));
             }
@@ -551,26 +591,24 @@ impl Wqe {
             if self.inline_len > limits.max_inline {
                 return Err(WqeError::InlineTooLong { len: self.inline_len, max: limits.max_inline });
             }
-            out.sges.len = 0;
-            out.inline_len = self.inline_len;
-            0
+            (Decoded { num_sge: 0, inline_len: self.inline_len }, 0)
         } else {
             if self.inline_len != 0 {
                 return Err(WqeError::Reserved { field: "inline_len", value: u64::from(self.inline_len) });
             }
-            out.inline_len = 0;
-            gather(&mut out.sges, self.num_sge, limits.max_sge, self.sge0, ext)?
+            let total = gather_to(sges, self.num_sge, limits.max_sge, self.sge0, ext)?;
+            (Decoded { num_sge: self.num_sge, inline_len: 0 }, total)
         };
         if total > crate::qp::MAX_MSG_LEN {
             return Err(WqeError::MessageTooLong(total));
         }
-        if opcode.is_atomic() && (out.sges.len != 1 || total != 8) {
+        if opcode.is_atomic() && (d.num_sge != 1 || total != 8) {
             return Err(WqeError::AtomicLength(total));
         }
         // Copy only what the opcode uses, so stray bytes never travel further.
         let remote = !matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv);
         let imm = matches!(opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
-        out.wr = SendWr {
+        *wr = SendWr {
             wr_id: self.wr_id,
             opcode,
             signaled: self.flags & send_flags::SIGNALED != 0,
@@ -584,7 +622,7 @@ impl Wqe {
             compare_add: if opcode.is_atomic() { self.compare_add } else { 0 },
             swap: if opcode == WrOpcode::AtomicCmpSwp { self.swap } else { 0 },
         };
-        Ok(())
+        Ok(d)
     }
 
     /// [`decode_into`](Self::decode_into) returning the request by value.

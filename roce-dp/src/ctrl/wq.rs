@@ -11,6 +11,7 @@ use core::fmt;
 
 use super::abi::{Cqe, CqeError, RecvWqe, SendRequest, Sge, SgeList, Wqe, WqeError, WqeLimits};
 use super::ring::{Consumer, Producer, RingError, SlotTable};
+use crate::engine::SendSlot;
 use crate::verbs::{self, SendWr};
 
 /// Why a work-queue operation failed.
@@ -130,6 +131,28 @@ impl SendQueueReader {
             self.read_inline(index, &wqe, req.inline_len, inline_out)?;
         }
         Ok(true)
+    }
+
+    /// Validates the next request straight into the engine's send-queue slot `slot` (the source of
+    /// `Engine::post_sends_with`): the WR, its SGEs, and its inline payload copied out of the ring's inline area
+    /// into the slot's. `Ok(Some(n))`: `n` SGEs, or with `wr.inline` `n` bytes of inline payload; `Ok(None)` if
+    /// the queue is empty. The same checks as [`poll_into`](Self::poll_into) (at most `slot.sges.len()` SGEs and
+    /// `slot.inline.len()` inline bytes besides the QP's limits), and as there the slot goes back to the client at
+    /// the next [`release`](Self::release).
+    #[inline(always)]
+    pub fn poll_to(&mut self, slot: SendSlot<'_>) -> Result<Option<u32>, WqError> {
+        let Some((index, wqe)) = self.ring.pop_indexed()? else {
+            return Ok(None);
+        };
+        let d = match wqe.decode_to(self.limits, slot.wr, slot.sges, |k| ext_sge(self.sges.as_ref(), index, k)) {
+            Ok(d) => d,
+            Err(error) => return Err(refused(index, &wqe, error)),
+        };
+        if d.inline_len > 0 {
+            self.read_inline(index, &wqe, d.inline_len, slot.inline)?;
+            return Ok(Some(d.inline_len));
+        }
+        Ok(Some(u32::from(d.num_sge)))
     }
 
     /// The inline payload of slot `index` (`len` bytes, validated against `max_inline`) into `out`.
