@@ -1,6 +1,7 @@
 //! Work queues and completion queues over the rings: the client side writes WQEs (extra SGEs and inline payload
-//! into the slot's side tables first), the daemon side reads each one back, validates it and hands out a
-//! [`SendRequest`] or a receive SGE list ready for `Engine::post_send` / `post_recv`; completions go the other way.
+//! into the slot's side tables first), the daemon side reads each one back, validates it and writes it into the
+//! engine's send-queue slot (`Engine::post_sends_with`), or hands out a [`SendRequest`] or a receive SGE list ready
+//! for `Engine::post_send` / `post_recv`; completions go the other way.
 //!
 //! The readers never trust the writer: ring indices are checked by the ring ([`RingError::Corrupt`]), each WQE is
 //! copied out and then validated ([`WqeError`]), side-table reads are bounded by the already validated `num_sge`
