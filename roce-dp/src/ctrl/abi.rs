@@ -255,8 +255,31 @@ pub mod wc_flags {
     pub const WITH_INV: u8 = 8;
 }
 
-fn wr_opcode_from(code: u8) -> Option<WrOpcode> {
-    Some(match code {
+/// What a WQE of one opcode carries into its `SendWr`: the opcode, whether it is a READ or an atomic, and a mask
+/// (all ones or zero) per optional field, so that decoding keeps only the fields the opcode uses without a branch
+/// or a select per field ([`Wqe::decode_to`], per WR on the worker).
+#[derive(Clone, Copy)]
+struct OpFields {
+    op: WrOpcode,
+    rd_atomic: bool,
+    atomic: bool,
+    remote: u64,
+    rkey: u32,
+    imm: u32,
+    inv: u32,
+    compare_add: u64,
+    swap: u64,
+}
+
+const fn op_fields(code: u8) -> Option<OpFields> {
+    const fn m64(on: bool) -> u64 {
+        if on {
+            u64::MAX
+        } else {
+            0
+        }
+    }
+    let op = match code {
         wr_opcode::RDMA_WRITE => WrOpcode::RdmaWrite,
         wr_opcode::RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,
         wr_opcode::SEND => WrOpcode::Send,
@@ -266,8 +289,32 @@ fn wr_opcode_from(code: u8) -> Option<WrOpcode> {
         wr_opcode::ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAdd,
         wr_opcode::SEND_WITH_INV => WrOpcode::SendWithInv,
         _ => return None,
+    };
+    let remote = !matches!(op, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv);
+    let imm = matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+    Some(OpFields {
+        op,
+        rd_atomic: op.is_rd_atomic(),
+        atomic: op.is_atomic(),
+        remote: m64(remote),
+        rkey: m64(remote) as u32,
+        imm: m64(imm) as u32,
+        inv: m64(matches!(op, WrOpcode::SendWithInv)) as u32,
+        compare_add: m64(op.is_atomic()),
+        swap: m64(matches!(op, WrOpcode::AtomicCmpSwp)),
     })
 }
+
+/// [`op_fields`] of every opcode code up to the largest (the rest are unknown).
+const OP_FIELDS: [Option<OpFields>; 10] = {
+    let mut t = [None; 10];
+    let mut c = 0;
+    while c < 10 {
+        t[c] = op_fields(c as u8);
+        c += 1;
+    }
+    t
+};
 
 /// The [`wr_opcode`] number of a verbs opcode.
 pub const fn wr_opcode_code(op: WrOpcode) -> u8 {
@@ -573,7 +620,8 @@ impl Wqe {
         sges: &mut [verbs::Sge],
         ext: impl FnMut(usize) -> Sge,
     ) -> Result<Decoded, WqeError> {
-        let opcode = wr_opcode_from(self.opcode).ok_or(WqeError::UnknownOpcode(self.opcode))?;
+        let f = OP_FIELDS.get(usize::from(self.opcode)).copied().flatten();
+        let f = f.ok_or(WqeError::UnknownOpcode(self.opcode))?;
         if self.flags & !send_flags::ALL != 0 {
             return Err(WqeError::UnknownFlags(self.flags));
         }
@@ -582,7 +630,7 @@ impl Wqe {
         }
         let inline = self.flags & send_flags::INLINE != 0;
         let (d, total) = if inline {
-            if opcode.is_rd_atomic() {
+            if f.rd_atomic {
                 return Err(WqeError::InlineNotAllowed(self.opcode));
             }
             if self.num_sge != 0 {
@@ -602,25 +650,23 @@ impl Wqe {
         if total > crate::qp::MAX_MSG_LEN {
             return Err(WqeError::MessageTooLong(total));
         }
-        if opcode.is_atomic() && (d.num_sge != 1 || total != 8) {
+        if f.atomic && (d.num_sge != 1 || total != 8) {
             return Err(WqeError::AtomicLength(total));
         }
-        // Copy only what the opcode uses, so stray bytes never travel further.
-        let remote = !matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv);
-        let imm = matches!(opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+        // Copy only what the opcode uses, so stray bytes never travel further (the opcode's masks).
         *wr = SendWr {
             wr_id: self.wr_id,
-            opcode,
+            opcode: f.op,
             signaled: self.flags & send_flags::SIGNALED != 0,
             fence: self.flags & send_flags::FENCE != 0,
             solicited: self.flags & send_flags::SOLICITED != 0,
             inline,
-            imm: if imm { self.imm_inv } else { 0 },
-            invalidate_rkey: if opcode == WrOpcode::SendWithInv { self.imm_inv } else { 0 },
-            remote_addr: if remote { self.remote_addr } else { 0 },
-            rkey: if remote { self.rkey } else { 0 },
-            compare_add: if opcode.is_atomic() { self.compare_add } else { 0 },
-            swap: if opcode == WrOpcode::AtomicCmpSwp { self.swap } else { 0 },
+            imm: self.imm_inv & f.imm,
+            invalidate_rkey: self.imm_inv & f.inv,
+            remote_addr: self.remote_addr & f.remote,
+            rkey: self.rkey & f.rkey,
+            compare_add: self.compare_add & f.compare_add,
+            swap: self.swap & f.swap,
         };
         Ok(d)
     }
@@ -1129,18 +1175,61 @@ mod tests {
     }
 
     #[test]
+    fn decoding_keeps_only_the_fields_each_opcode_uses() {
+        for code in 0..=u8::MAX {
+            let wqe = Wqe {
+                wr_id: 9,
+                opcode: code,
+                flags: send_flags::SIGNALED,
+                num_sge: 1,
+                reserved: 0,
+                imm_inv: 0x1111_2222,
+                remote_addr: 0x3333_4444_5555_6666,
+                rkey: 0x7777_8888,
+                inline_len: 0,
+                compare_add: 0x9999_aaaa_bbbb_cccc,
+                swap: 0xdddd_eeee_ffff_0001,
+                sge0: verbs::Sge { addr: 8, len: 8, lkey: 1 }.into(),
+            };
+            let Some(op) = ALL_OPS.iter().copied().find(|&op| wr_opcode_code(op) == code) else {
+                assert_eq!(wqe.decode(LIMITS, |_| Sge::default()), Err(WqeError::UnknownOpcode(code)));
+                continue;
+            };
+            let got = wqe.decode(LIMITS, |_| Sge::default()).unwrap().wr;
+            let remote = !matches!(op, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv);
+            let imm = matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+            let want = SendWr {
+                wr_id: 9,
+                opcode: op,
+                signaled: true,
+                fence: false,
+                solicited: false,
+                inline: false,
+                imm: if imm { 0x1111_2222 } else { 0 },
+                invalidate_rkey: if op == WrOpcode::SendWithInv { 0x1111_2222 } else { 0 },
+                remote_addr: if remote { 0x3333_4444_5555_6666 } else { 0 },
+                rkey: if remote { 0x7777_8888 } else { 0 },
+                compare_add: if op.is_atomic() { 0x9999_aaaa_bbbb_cccc } else { 0 },
+                swap: if op == WrOpcode::AtomicCmpSwp { 0xdddd_eeee_ffff_0001 } else { 0 },
+            };
+            assert_eq!(got, want, "{op:?}");
+        }
+    }
+
+    const ALL_OPS: [WrOpcode; 8] = [
+        WrOpcode::Send,
+        WrOpcode::SendWithImm,
+        WrOpcode::SendWithInv,
+        WrOpcode::RdmaWrite,
+        WrOpcode::RdmaWriteWithImm,
+        WrOpcode::RdmaRead,
+        WrOpcode::AtomicCmpSwp,
+        WrOpcode::AtomicFetchAdd,
+    ];
+
+    #[test]
     fn encode_decode_round_trip_every_opcode() {
-        let ops = [
-            WrOpcode::Send,
-            WrOpcode::SendWithImm,
-            WrOpcode::SendWithInv,
-            WrOpcode::RdmaWrite,
-            WrOpcode::RdmaWriteWithImm,
-            WrOpcode::RdmaRead,
-            WrOpcode::AtomicCmpSwp,
-            WrOpcode::AtomicFetchAdd,
-        ];
-        for op in ops {
+        for op in ALL_OPS {
             let mut wr = SendWr::new(0xdead_beef_0000 + wr_opcode_code(op) as u64, op).remote(0x7000, 0x42);
             wr.fence = true;
             wr.solicited = op == WrOpcode::Send;
