@@ -929,16 +929,18 @@ pub enum RecvWait {
 
 /// Waits at most `timeout` (`None`: no limit) for a message on a channel's client end made blocking by
 /// [`channel_blocking`] and takes it: one `recv` with the socket's receive timeout instead of a `poll` and a
-/// `recv` per wake-up. `timeo_us` caches the receive timeout set on the socket (microseconds + 1, 0: none set
-/// yet), so that a caller that always waits as long sets it once. A timeout of less than a microsecond waits one.
+/// `recv` per wake-up. The timeout is rounded up to whole milliseconds (as `poll`'s was), so that a caller waiting
+/// the rest of a fixed period (a little less each time) asks for the same one; `timeo_us` caches the one set on
+/// the socket (microseconds + 1, 0: none set yet), which is set again only when it changes.
 pub fn channel_recv_wait(
     fd: BorrowedFd<'_>,
     timeout: Option<std::time::Duration>,
     timeo_us: &std::sync::atomic::AtomicU64,
 ) -> Result<RecvWait, ShmError> {
     use std::sync::atomic::Ordering;
-    // SO_RCVTIMEO's zero means no limit; a limit rounds up to whole microseconds, at least one.
-    let us = timeout.map_or(0, |t| u64::try_from(t.as_micros()).unwrap_or(u64::MAX).max(1));
+    // SO_RCVTIMEO's zero means no limit; a limit rounds up to whole milliseconds, at least one.
+    let ms = |t: std::time::Duration| u64::try_from(t.as_micros().div_ceil(1000)).unwrap_or(u64::MAX / 1000);
+    let us = timeout.map_or(0, |t| ms(t).clamp(1, u64::MAX / 1000) * 1000);
     if timeo_us.load(Ordering::Relaxed) != us.saturating_add(1) {
         let tv = libc::timeval {
             tv_sec: libc::time_t::try_from(us / 1_000_000).unwrap_or(libc::time_t::MAX),
