@@ -241,6 +241,30 @@ pub struct QpInfo {
     pub rq_posted: u32,
 }
 
+/// The next free slot of a send queue, for the source that [`Engine::post_sends_with`] calls to write a WR into it.
+pub struct SendSlot<'a> {
+    /// The slot's work request (stale until written: the source writes every field).
+    pub wr: &'a mut SendWr,
+    /// The slot's SGEs: room for the QP's `max_send_sge`.
+    pub sges: &'a mut [Sge],
+    /// The slot's inline area: the QP's `max_inline` bytes.
+    pub inline: &'a mut [u8],
+}
+
+/// Why [`Engine::post_sends_with`] stopped before its count; the WR concerned was not posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PostSendsStop<E> {
+    /// The source failed.
+    Source(E),
+    /// The engine refused the WR the source wrote, as `post_send` would have.
+    Refused {
+        /// Its `wr_id`.
+        wr_id: u64,
+        /// Why.
+        error: VerbsError,
+    },
+}
+
 /// The RC engine.
 pub struct Engine {
     cfg: EngineConfig,
@@ -661,6 +685,92 @@ impl Engine {
             self.flush_posted(i);
         }
         Ok(())
+    }
+
+    /// Posts up to `max` send work requests to QP `qpn`, each written by `fill` straight into the send queue's
+    /// next free slot (no `SendWr` built elsewhere and copied in; one QP lookup, state check and requester wake-up
+    /// for the batch): the daemon's worker decodes its clients' WQEs into the slots this way. `fill` gets the
+    /// slot's WR (its previous contents are stale: write every field), room for the QP's `max_send_sge` SGEs and
+    /// for its `max_inline` bytes, and returns `Ok(Some(n))` once it wrote a WR: `n` SGEs, or with `wr.inline`
+    /// `n` bytes of inline payload; `Ok(None)` when it has no more. Each WR gets [`post_send`](Self::post_send)'s
+    /// checks (the QP's state, SGE count, message length, inline limits), made on the slot after `fill` wrote it;
+    /// a WR that fails them is not posted and ends the batch ([`PostSendsStop::Refused`] with its `wr_id`), as
+    /// does an error of `fill` ([`PostSendsStop::Source`]). The batch also ends when the send queue is full, with
+    /// no error (the source keeps the rest). Returns how many were posted, and why it stopped early if it did.
+    /// `Err` only when there is no QP `qpn` (`fill` is not called).
+    pub fn post_sends_with<E>(
+        &mut self,
+        qpn: u32,
+        max: u32,
+        mut fill: impl FnMut(SendSlot<'_>) -> Result<Option<u32>, E>,
+    ) -> Result<(u32, Option<PostSendsStop<E>>), VerbsError> {
+        let (i, qp) = qp_slot(&mut self.qps, self.cfg.qpn_base, qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let bad_state = matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr).then_some(qp.state);
+        let max_sge = qp.caps.max_send_sge;
+        let (per_sge, per_inline) = (max_sge.max(1) as usize, qp.caps.max_inline as usize);
+        let (mut posted, mut stop) = (0, None);
+        while posted < max && !qp.sq.is_full() {
+            let idx = qp.sq.tail;
+            let s = qp.sq.slot(idx);
+            let (sb, ib) = (s * per_sge, s * per_inline);
+            let (Some(wqe), Some(sges), Some(inline)) = (
+                qp.sq.slots.get_mut(s),
+                qp.sq_sges.get_mut(sb..sb + per_sge),
+                qp.sq_inline.get_mut(ib..ib + per_inline),
+            ) else {
+                break; // cannot happen: the tables hold every slot's share (Qp::new)
+            };
+            let n = match fill(SendSlot { wr: &mut wqe.wr, sges: &mut sges[..], inline: &mut inline[..] }) {
+                Ok(Some(n)) => n,
+                Ok(None) => break,
+                Err(e) => {
+                    stop = Some(PostSendsStop::Source(e));
+                    break;
+                }
+            };
+            // post_send's checks (check_post_send), on what `fill` wrote.
+            let wr = &wqe.wr;
+            let checked = if let Some(state) = bad_state {
+                Err(VerbsError::BadState(state))
+            } else if wr.inline {
+                if wr.opcode.is_rd_atomic() || n as usize > per_inline {
+                    Err(VerbsError::BadInline(u64::from(n)))
+                } else {
+                    Ok((0, u64::from(n)))
+                }
+            } else {
+                match sges.get(..n as usize) {
+                    _ if n > max_sge => Err(VerbsError::TooManySge(n as usize)),
+                    // One SGE (the common case) without the vectorised sum's set-up.
+                    Some([one]) => Ok((1, u64::from(one.len))),
+                    Some(list) => Ok((n, list.iter().map(|s| u64::from(s.len)).sum())),
+                    None => Err(VerbsError::TooManySge(n as usize)),
+                }
+            };
+            let (num_sge, length) = match checked {
+                Ok((_, length)) if length > MAX_MSG_LEN || (wr.opcode.is_atomic() && length != 8) => {
+                    stop = Some(PostSendsStop::Refused { wr_id: wr.wr_id, error: VerbsError::BadLength(length) });
+                    break;
+                }
+                Ok(v) => v,
+                Err(error) => {
+                    stop = Some(PostSendsStop::Refused { wr_id: wr.wr_id, error });
+                    break;
+                }
+            };
+            wqe.num_sge = num_sge;
+            wqe.length = length;
+            wqe.state = WqeState::Posted;
+            wqe.first_psn = Psn::new(0);
+            wqe.last_psn = Psn::new(0);
+            wqe.counted = false;
+            qp.sq.tail = idx.wrapping_add(1);
+            posted += 1;
+        }
+        if posted > 0 && !wake_requester(qp, &mut self.ready, i) {
+            self.flush_posted(i);
+        }
+        Ok((posted, stop))
     }
 
     /// The checks of a send post: the QP's state, SGE count, message length, inline limits and room in the send

@@ -27,7 +27,7 @@ pub mod verbs;
 pub mod wire;
 
 pub use cc::{CcAlgorithm, CcConfig, CcState, DcqcnConfig};
-pub use engine::{AckPolicy, Engine, EngineConfig, QpInfo, RxMeta};
+pub use engine::{AckPolicy, Engine, EngineConfig, PostSendsStop, QpInfo, RxMeta, SendSlot};
 pub use mr::{AccessFlags, MrKeys, Pd};
 pub use qp::{LocalIp, PeerAddr, QpAttr, QpCaps, QpState, VerbsError};
 pub use stats::{EngineStats, QpCounters};

@@ -255,8 +255,31 @@ pub mod wc_flags {
     pub const WITH_INV: u8 = 8;
 }
 
-fn wr_opcode_from(code: u8) -> Option<WrOpcode> {
-    Some(match code {
+/// What a WQE of one opcode carries into its `SendWr`: the opcode, whether it is a READ or an atomic, and a mask
+/// (all ones or zero) per optional field, so that decoding keeps only the fields the opcode uses without a branch
+/// or a select per field ([`Wqe::decode_to`], per WR on the worker).
+#[derive(Clone, Copy)]
+struct OpFields {
+    op: WrOpcode,
+    rd_atomic: bool,
+    atomic: bool,
+    remote: u64,
+    rkey: u32,
+    imm: u32,
+    inv: u32,
+    compare_add: u64,
+    swap: u64,
+}
+
+const fn op_fields(code: u8) -> Option<OpFields> {
+    const fn m64(on: bool) -> u64 {
+        if on {
+            u64::MAX
+        } else {
+            0
+        }
+    }
+    let op = match code {
         wr_opcode::RDMA_WRITE => WrOpcode::RdmaWrite,
         wr_opcode::RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm,
         wr_opcode::SEND => WrOpcode::Send,
@@ -266,8 +289,32 @@ fn wr_opcode_from(code: u8) -> Option<WrOpcode> {
         wr_opcode::ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAdd,
         wr_opcode::SEND_WITH_INV => WrOpcode::SendWithInv,
         _ => return None,
+    };
+    let remote = !matches!(op, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv);
+    let imm = matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+    Some(OpFields {
+        op,
+        rd_atomic: op.is_rd_atomic(),
+        atomic: op.is_atomic(),
+        remote: m64(remote),
+        rkey: m64(remote) as u32,
+        imm: m64(imm) as u32,
+        inv: m64(matches!(op, WrOpcode::SendWithInv)) as u32,
+        compare_add: m64(op.is_atomic()),
+        swap: m64(matches!(op, WrOpcode::AtomicCmpSwp)),
     })
 }
+
+/// [`op_fields`] of every opcode code up to the largest (the rest are unknown).
+const OP_FIELDS: [Option<OpFields>; 10] = {
+    let mut t = [None; 10];
+    let mut c = 0;
+    while c < 10 {
+        t[c] = op_fields(c as u8);
+        c += 1;
+    }
+    t
+};
 
 /// The [`wr_opcode`] number of a verbs opcode.
 pub const fn wr_opcode_code(op: WrOpcode) -> u8 {
@@ -482,22 +529,34 @@ fn gather(
     num_sge: u8,
     max_sge: u8,
     sge0: Sge,
+    ext: impl FnMut(usize) -> Sge,
+) -> Result<u64, WqeError> {
+    let r = gather_to(&mut list.sges, num_sge, max_sge, sge0, ext);
+    list.len = if r.is_ok() { num_sge } else { 0 };
+    r
+}
+
+/// [`gather`] into any SGE array: at most `max_sge` and `to.len()` SGEs.
+#[inline(always)]
+fn gather_to(
+    to: &mut [verbs::Sge],
+    num_sge: u8,
+    max_sge: u8,
+    sge0: Sge,
     mut ext: impl FnMut(usize) -> Sge,
 ) -> Result<u64, WqeError> {
-    let max = max_sge.min(MAX_WQE_SGE as u8);
-    if num_sge > max {
-        list.len = 0;
-        return Err(WqeError::TooManySge { num_sge, max });
-    }
+    let max = max_sge.min(u8::try_from(to.len()).unwrap_or(u8::MAX));
     let n = usize::from(num_sge);
-    list.len = num_sge;
-    if n == 0 {
+    let Some(list) = to.get_mut(..n).filter(|_| num_sge <= max) else {
+        return Err(WqeError::TooManySge { num_sge, max });
+    };
+    let Some((first, rest)) = list.split_first_mut() else {
         return Ok(0);
-    }
-    list.sges[0] = sge0.into();
+    };
+    *first = sge0.into();
     let mut total = u64::from(sge0.len);
-    for (k, d) in list.sges[..n].iter_mut().enumerate().skip(1) {
-        let s = ext(k);
+    for (k, d) in rest.iter_mut().enumerate() {
+        let s = ext(k + 1);
         total += u64::from(s.len);
         *d = s.into();
     }
@@ -521,6 +580,16 @@ impl Default for SendRequest {
     }
 }
 
+/// What [`Wqe::decode_to`] wrote: `num_sge` SGEs, or (`wr.inline`) `inline_len` bytes of inline payload waiting in
+/// the slot's inline area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decoded {
+    /// SGEs written (0 when inline).
+    pub num_sge: u8,
+    /// Bytes of inline payload (0 unless inline).
+    pub inline_len: u32,
+}
+
 impl Wqe {
     /// Validates this (local copy of a) WQE into `out` (left partly written on error). `ext(k)` is called for
     /// k in 1..num_sge, only after `num_sge` was checked against `limits`, to copy SGE k out of the slot's side
@@ -533,7 +602,26 @@ impl Wqe {
         out: &mut SendRequest,
         ext: impl FnMut(usize) -> Sge,
     ) -> Result<(), WqeError> {
-        let opcode = wr_opcode_from(self.opcode).ok_or(WqeError::UnknownOpcode(self.opcode))?;
+        out.sges.len = 0;
+        let d = self.decode_to(limits, &mut out.wr, &mut out.sges.sges, ext)?;
+        out.sges.len = d.num_sge;
+        out.inline_len = d.inline_len;
+        Ok(())
+    }
+
+    /// [`decode_into`](Self::decode_into) into a WR and an SGE array anywhere (the engine's send-queue slot, see
+    /// `Engine::post_sends_with`): at most `sges.len()` SGEs (more is [`WqeError::TooManySge`], as more than
+    /// `limits.max_sge` is). Both are left partly written on error.
+    #[inline(always)]
+    pub fn decode_to(
+        &self,
+        limits: WqeLimits,
+        wr: &mut SendWr,
+        sges: &mut [verbs::Sge],
+        ext: impl FnMut(usize) -> Sge,
+    ) -> Result<Decoded, WqeError> {
+        let f = OP_FIELDS.get(usize::from(self.opcode)).copied().flatten();
+        let f = f.ok_or(WqeError::UnknownOpcode(self.opcode))?;
         if self.flags & !send_flags::ALL != 0 {
             return Err(WqeError::UnknownFlags(self.flags));
         }
@@ -541,8 +629,8 @@ impl Wqe {
             return Err(WqeError::Reserved { field: "reserved", value: u64::from(self.reserved) });
         }
         let inline = self.flags & send_flags::INLINE != 0;
-        let total = if inline {
-            if opcode.is_rd_atomic() {
+        let (d, total) = if inline {
+            if f.rd_atomic {
                 return Err(WqeError::InlineNotAllowed(self.opcode));
             }
             if self.num_sge != 0 {
@@ -551,40 +639,36 @@ impl Wqe {
             if self.inline_len > limits.max_inline {
                 return Err(WqeError::InlineTooLong { len: self.inline_len, max: limits.max_inline });
             }
-            out.sges.len = 0;
-            out.inline_len = self.inline_len;
-            0
+            (Decoded { num_sge: 0, inline_len: self.inline_len }, 0)
         } else {
             if self.inline_len != 0 {
                 return Err(WqeError::Reserved { field: "inline_len", value: u64::from(self.inline_len) });
             }
-            out.inline_len = 0;
-            gather(&mut out.sges, self.num_sge, limits.max_sge, self.sge0, ext)?
+            let total = gather_to(sges, self.num_sge, limits.max_sge, self.sge0, ext)?;
+            (Decoded { num_sge: self.num_sge, inline_len: 0 }, total)
         };
         if total > crate::qp::MAX_MSG_LEN {
             return Err(WqeError::MessageTooLong(total));
         }
-        if opcode.is_atomic() && (out.sges.len != 1 || total != 8) {
+        if f.atomic && (d.num_sge != 1 || total != 8) {
             return Err(WqeError::AtomicLength(total));
         }
-        // Copy only what the opcode uses, so stray bytes never travel further.
-        let remote = !matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv);
-        let imm = matches!(opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
-        out.wr = SendWr {
+        // Copy only what the opcode uses, so stray bytes never travel further (the opcode's masks).
+        *wr = SendWr {
             wr_id: self.wr_id,
-            opcode,
+            opcode: f.op,
             signaled: self.flags & send_flags::SIGNALED != 0,
             fence: self.flags & send_flags::FENCE != 0,
             solicited: self.flags & send_flags::SOLICITED != 0,
             inline,
-            imm: if imm { self.imm_inv } else { 0 },
-            invalidate_rkey: if opcode == WrOpcode::SendWithInv { self.imm_inv } else { 0 },
-            remote_addr: if remote { self.remote_addr } else { 0 },
-            rkey: if remote { self.rkey } else { 0 },
-            compare_add: if opcode.is_atomic() { self.compare_add } else { 0 },
-            swap: if opcode == WrOpcode::AtomicCmpSwp { self.swap } else { 0 },
+            imm: self.imm_inv & f.imm,
+            invalidate_rkey: self.imm_inv & f.inv,
+            remote_addr: self.remote_addr & f.remote,
+            rkey: self.rkey & f.rkey,
+            compare_add: self.compare_add & f.compare_add,
+            swap: self.swap & f.swap,
         };
-        Ok(())
+        Ok(d)
     }
 
     /// [`decode_into`](Self::decode_into) returning the request by value.
@@ -1091,18 +1175,61 @@ mod tests {
     }
 
     #[test]
+    fn decoding_keeps_only_the_fields_each_opcode_uses() {
+        for code in 0..=u8::MAX {
+            let wqe = Wqe {
+                wr_id: 9,
+                opcode: code,
+                flags: send_flags::SIGNALED,
+                num_sge: 1,
+                reserved: 0,
+                imm_inv: 0x1111_2222,
+                remote_addr: 0x3333_4444_5555_6666,
+                rkey: 0x7777_8888,
+                inline_len: 0,
+                compare_add: 0x9999_aaaa_bbbb_cccc,
+                swap: 0xdddd_eeee_ffff_0001,
+                sge0: verbs::Sge { addr: 8, len: 8, lkey: 1 }.into(),
+            };
+            let Some(op) = ALL_OPS.iter().copied().find(|&op| wr_opcode_code(op) == code) else {
+                assert_eq!(wqe.decode(LIMITS, |_| Sge::default()), Err(WqeError::UnknownOpcode(code)));
+                continue;
+            };
+            let got = wqe.decode(LIMITS, |_| Sge::default()).unwrap().wr;
+            let remote = !matches!(op, WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv);
+            let imm = matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+            let want = SendWr {
+                wr_id: 9,
+                opcode: op,
+                signaled: true,
+                fence: false,
+                solicited: false,
+                inline: false,
+                imm: if imm { 0x1111_2222 } else { 0 },
+                invalidate_rkey: if op == WrOpcode::SendWithInv { 0x1111_2222 } else { 0 },
+                remote_addr: if remote { 0x3333_4444_5555_6666 } else { 0 },
+                rkey: if remote { 0x7777_8888 } else { 0 },
+                compare_add: if op.is_atomic() { 0x9999_aaaa_bbbb_cccc } else { 0 },
+                swap: if op == WrOpcode::AtomicCmpSwp { 0xdddd_eeee_ffff_0001 } else { 0 },
+            };
+            assert_eq!(got, want, "{op:?}");
+        }
+    }
+
+    const ALL_OPS: [WrOpcode; 8] = [
+        WrOpcode::Send,
+        WrOpcode::SendWithImm,
+        WrOpcode::SendWithInv,
+        WrOpcode::RdmaWrite,
+        WrOpcode::RdmaWriteWithImm,
+        WrOpcode::RdmaRead,
+        WrOpcode::AtomicCmpSwp,
+        WrOpcode::AtomicFetchAdd,
+    ];
+
+    #[test]
     fn encode_decode_round_trip_every_opcode() {
-        let ops = [
-            WrOpcode::Send,
-            WrOpcode::SendWithImm,
-            WrOpcode::SendWithInv,
-            WrOpcode::RdmaWrite,
-            WrOpcode::RdmaWriteWithImm,
-            WrOpcode::RdmaRead,
-            WrOpcode::AtomicCmpSwp,
-            WrOpcode::AtomicFetchAdd,
-        ];
-        for op in ops {
+        for op in ALL_OPS {
             let mut wr = SendWr::new(0xdead_beef_0000 + wr_opcode_code(op) as u64, op).remote(0x7000, 0x42);
             wr.fence = true;
             wr.solicited = op == WrOpcode::Send;

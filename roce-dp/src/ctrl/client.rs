@@ -102,7 +102,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -694,9 +694,12 @@ impl Device {
         };
         let guard = Guard(&self.inner, Some(Request::DestroyCompChannel { channel }));
         let fd = answer_fd(fds.pop(), lost, "CreateCompChannel answer without its socket")?;
+        // Blocking: a wait is one `recv` (see `get_cq_event`); the reads that must not wait say so.
+        shm::channel_blocking(fd.as_fd())?;
         guard.disarm();
         let state = Mutex::new(ChannelState { cqs: Vec::new(), ready: VecDeque::new() });
-        Ok(CompChannel { inner: Arc::new(ChannelInner { dev: self.inner.clone(), id: channel, fd, state }) })
+        let timeo_us = AtomicU64::new(0);
+        Ok(CompChannel { inner: Arc::new(ChannelInner { dev: self.inner.clone(), id: channel, fd, state, timeo_us }) })
     }
 
     /// Creates an RC QP in the RESET state whose completions go to `send_cq` and `recv_cq`.
@@ -1112,9 +1115,11 @@ pub struct CompChannel {
 struct ChannelInner {
     dev: Arc<Inner>,
     id: u32,
-    /// Our end of the channel's socket pair (non-blocking).
+    /// Our end of the channel's socket pair (blocking; the reads that must not wait pass `MSG_DONTWAIT`).
     fd: OwnedFd,
     state: Mutex<ChannelState>,
+    /// The receive timeout set on `fd` (see [`shm::channel_recv_wait`]).
+    timeo_us: AtomicU64,
 }
 
 struct ChannelState {
@@ -1160,12 +1165,14 @@ impl CompChannel {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let ch = &self.inner;
         let gone = |e: shm::ShmError| ch.dev.gone(e.to_string());
-        // Look at the CQs' `fired` words first and take messages off the socket only after a wait found it
-        // readable, one per wake-up: a wake-up costs the wait and one `recv`. No wake-up is lost: the daemon stores
-        // `fired` before it sends, so a message that arrives after a look leaves the socket readable and the wait
-        // returns at once; messages left behind by CQs found without waiting only make a later wait return early
-        // (its look finds nothing new and it waits again), and before `Ok(None)` every waiting message is taken,
-        // so an `epoll` user is not woken again for nothing.
+        // Look at the CQs' `fired` words first and take messages off the socket only by a wait, one per wake-up: a
+        // wake-up costs one blocking `recv` (with the socket's receive timeout; a `poll` and a `recv` until session
+        // 16). No wake-up is lost: the daemon stores `fired` before it sends, so a message that arrives after a look
+        // is there for the `recv`; messages left behind by CQs found without waiting only make a later wait return
+        // early (its look finds nothing new and it waits again), and before `Ok(None)` every waiting message is
+        // taken, so an `epoll` user is not woken again for nothing. If the `recv` comes back empty before the time
+        // is up (a signal, or an application that made the descriptor non-blocking again), the rest of the wait is
+        // a `poll` as before.
         let mut drained = false;
         loop {
             {
@@ -1192,10 +1199,17 @@ impl CompChannel {
                 }
                 drained = true;
                 shm::channel_drain(ch.fd.as_fd()).map_err(gone)?.1
-            } else if shm::channel_wait(ch.fd.as_fd(), left).map_err(gone)? {
-                shm::channel_take(ch.fd.as_fd(), 1).map_err(gone)?.1
             } else {
-                false
+                match shm::channel_recv_wait(ch.fd.as_fd(), left, &ch.timeo_us).map_err(gone)? {
+                    shm::RecvWait::Took => false,
+                    shm::RecvWait::Closed => true,
+                    shm::RecvWait::Empty if deadline.is_some_and(|d| Instant::now() >= d) => false,
+                    shm::RecvWait::Empty => {
+                        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                        shm::channel_wait(ch.fd.as_fd(), left).map_err(gone)?
+                            && shm::channel_take(ch.fd.as_fd(), 1).map_err(gone)?.1
+                    }
+                }
             };
             if closed {
                 ch.dev.check_alive()?;
@@ -1207,7 +1221,8 @@ impl CompChannel {
 
 impl AsFd for CompChannel {
     /// Readable when an event may be waiting (or the daemon closed the channel): for `epoll`/`poll`; then call
-    /// [`get_cq_event`](CompChannel::get_cq_event) with `Some(Duration::ZERO)`.
+    /// [`get_cq_event`](CompChannel::get_cq_event) with `Some(Duration::ZERO)`. The descriptor is blocking (a
+    /// wait is one `recv`); reading it yourself would take wake-ups from `get_cq_event`.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.inner.fd.as_fd()
     }

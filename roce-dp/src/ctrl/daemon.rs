@@ -56,7 +56,7 @@ use super::proto::{Conn, DeviceInfo, ErrorCode, ModifyQp, ProtoError, Request, R
 use super::shm::{Backing, DaemonCqRegion, DaemonQpRegion, QpRegionCaps, ShmBytes, ShmError, ShmRegion};
 use super::wq::WqError;
 pub use super::SessionLimits;
-use crate::engine::Engine;
+use crate::engine::{Engine, PostSendsStop};
 use crate::mr::{AccessFlags, Pd};
 use crate::neigh::{NeighIp, Neighbours};
 use crate::qp::{PeerAddr, QpAttr, QpCaps, QpState, VerbsError};
@@ -941,39 +941,30 @@ impl Appliance {
         let cq_full = |cq: CqId, cap: u32| e.cq_len(cq) >= cap as usize;
         let (scq_full, rcq_full) =
             (sq_new && cq_full(q.send_cq, q.send_cq_cap), rq_new && cq_full(q.recv_cq, q.recv_cq_cap));
-        // Send queue: only as many as the engine's queue has room for; the rest wait in the ring.
-        let mut room = if sq_new && !scq_full { q.sq_cap.saturating_sub(sq_len) } else { 0 };
-        while room > 0 {
-            // Inline payload is copied out of the slot into `inline` (at most the QP's max_inline bytes: the
-            // reader refuses a longer inline_len), then into the engine's own inline area.
-            match q.region.sq.poll_into(&mut self.req, &mut self.inline) {
-                Ok(false) => break,
-                Ok(true) => {
+        // Send queue: only as many as the engine's queue has room for; the rest wait in the ring. Each WQE is
+        // validated straight into the engine's next send-queue slot (inline payload copied out of the ring's inline
+        // area into the slot's, at most the QP's max_inline bytes: the reader refuses a longer inline_len); the
+        // engine checks each as post_send does, wakes the requester once per batch.
+        let room = if sq_new && !scq_full { q.sq_cap.saturating_sub(sq_len) } else { 0 };
+        if room > 0 {
+            let sq = &mut q.region.sq;
+            // (Err, no such QP, cannot happen: wq_lens found it.)
+            let (posted, stop) = e.post_sends_with(q.qpn, room, |slot| sq.poll_to(slot)).unwrap_or_default();
+            moved |= posted > 0;
+            self.stats.wqes_posted += u64::from(posted);
+            match stop {
+                None => {}
+                Some(PostSendsStop::Refused { wr_id, .. }) => {
                     moved = true;
-                    room -= 1;
-                    let r = if self.req.wr.inline {
-                        let data = self.inline.get(..self.req.inline_len as usize).unwrap_or_default();
-                        e.post_send_inline(q.qpn, &self.req.wr, data)
-                    } else {
-                        e.post_send(q.qpn, &self.req.wr, self.req.sges.as_slice())
-                    };
-                    match r {
-                        Ok(()) => self.stats.wqes_posted += 1,
-                        Err(_) => {
-                            q.refusal = Some(refused(self.req.wr.wr_id, q.qpn, WcOpcode::Send, VENDOR_ENGINE_REFUSED));
-                            break;
-                        }
-                    }
+                    q.refusal = Some(refused(wr_id, q.qpn, WcOpcode::Send, VENDOR_ENGINE_REFUSED));
                 }
-                Err(WqError::Wqe { wr_id, error, .. }) => {
+                Some(PostSendsStop::Source(WqError::Wqe { wr_id, error, .. })) => {
                     moved = true;
                     q.refusal = Some(abi::Cqe::refused(wr_id, q.qpn, WcOpcode::Send, &error));
-                    break;
                 }
-                Err(_) => {
+                Some(PostSendsStop::Source(_)) => {
                     q.broken = true;
                     failed = Some(refused(0, q.qpn, WcOpcode::Send, VENDOR_RING_CORRUPT));
-                    break;
                 }
             }
         }

@@ -10,8 +10,9 @@
 //! # Pieces and who uses them
 //! - Daemon: [`shm::DaemonQpRegion`] / [`shm::DaemonCqRegion`] create a sealed memfd per QP and CQ with its
 //!   [`abi::RegionHeader`], keep their own copy of the layout, and send the descriptors with
-//!   [`shm::send_with_fds`]. The owning worker drains each QP with [`wq::SendQueueReader::poll_into`] and
-//!   [`wq::RecvQueueReader::poll_into`] and hands the validated request to `Engine::post_send` / `post_recv`;
+//!   [`shm::send_with_fds`]. The owning worker drains each QP's send ring with [`wq::SendQueueReader::poll_to`],
+//!   which validates each WQE straight into the engine's next send-queue slot (`Engine::post_sends_with`, the
+//!   engine's own checks after it), and its receive ring with [`wq::RecvQueueReader::poll_into`] into `post_recv`;
 //!   completions go back with [`abi::Cqe::from`] into the CQ ring. A refused WQE ([`wq::WqError::Wqe`]) completes
 //!   with [`abi::Cqe::refused`] (LocQpOpErr, `vendor_err` naming the reason) and moves the QP to the error state;
 //!   corrupt indices ([`ring::RingError::Corrupt`], sticky) do the same for the whole queue.

@@ -904,6 +904,77 @@ pub fn channel_wait(fd: BorrowedFd<'_>, timeout: Option<std::time::Duration>) ->
     Ok(r > 0)
 }
 
+/// Makes a channel's client end blocking (the pair is made non-blocking; the client end's reads that must not block
+/// pass `MSG_DONTWAIT`), for [`channel_recv_wait`]: one `recv` both waits for and takes a wake-up.
+pub fn channel_blocking(fd: BorrowedFd<'_>) -> Result<(), ShmError> {
+    // SAFETY: plain fcntl calls on a descriptor we hold.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(os("fcntl(completion channel)"));
+    }
+    Ok(())
+}
+
+/// What [`channel_recv_wait`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvWait {
+    /// It took one message.
+    Took,
+    /// Nothing came in time (or a signal interrupted the wait, or the end is non-blocking after all).
+    Empty,
+    /// The daemon's end is closed.
+    Closed,
+}
+
+/// Waits at most `timeout` (`None`: no limit) for a message on a channel's client end made blocking by
+/// [`channel_blocking`] and takes it: one `recv` with the socket's receive timeout instead of a `poll` and a
+/// `recv` per wake-up. The timeout is rounded up to whole milliseconds (as `poll`'s was), so that a caller waiting
+/// the rest of a fixed period (a little less each time) asks for the same one; `timeo_us` caches the one set on
+/// the socket (microseconds + 1, 0: none set yet), which is set again only when it changes.
+pub fn channel_recv_wait(
+    fd: BorrowedFd<'_>,
+    timeout: Option<std::time::Duration>,
+    timeo_us: &std::sync::atomic::AtomicU64,
+) -> Result<RecvWait, ShmError> {
+    use std::sync::atomic::Ordering;
+    // SO_RCVTIMEO's zero means no limit; a limit rounds up to whole milliseconds, at least one.
+    let ms = |t: std::time::Duration| u64::try_from(t.as_micros().div_ceil(1000)).unwrap_or(u64::MAX / 1000);
+    let us = timeout.map_or(0, |t| ms(t).clamp(1, u64::MAX / 1000) * 1000);
+    if timeo_us.load(Ordering::Relaxed) != us.saturating_add(1) {
+        let tv = libc::timeval {
+            tv_sec: libc::time_t::try_from(us / 1_000_000).unwrap_or(libc::time_t::MAX),
+            tv_usec: (us % 1_000_000) as libc::suseconds_t,
+        };
+        // SAFETY: tv is a valid timeval of the size passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(os("setsockopt(SO_RCVTIMEO, completion channel)"));
+        }
+        timeo_us.store(us.saturating_add(1), Ordering::Relaxed);
+    }
+    let mut b = [0u8; 8];
+    // SAFETY: b is a valid buffer of b.len() bytes for the call.
+    let r = unsafe { libc::recv(fd.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), 0) };
+    Ok(match r {
+        0 => RecvWait::Closed,
+        r if r > 0 => RecvWait::Took,
+        _ => match errno() {
+            libc::EAGAIN | libc::EINTR => RecvWait::Empty,
+            libc::ECONNRESET | libc::EPIPE => RecvWait::Closed,
+            _ => return Err(os("recv(completion channel)")),
+        },
+    })
+}
+
 /// The most descriptors one message may carry.
 pub const MAX_FDS: usize = 8;
 

@@ -1,6 +1,7 @@
 //! Work queues and completion queues over the rings: the client side writes WQEs (extra SGEs and inline payload
-//! into the slot's side tables first), the daemon side reads each one back, validates it and hands out a
-//! [`SendRequest`] or a receive SGE list ready for `Engine::post_send` / `post_recv`; completions go the other way.
+//! into the slot's side tables first), the daemon side reads each one back, validates it and writes it into the
+//! engine's send-queue slot (`Engine::post_sends_with`), or hands out a [`SendRequest`] or a receive SGE list ready
+//! for `Engine::post_send` / `post_recv`; completions go the other way.
 //!
 //! The readers never trust the writer: ring indices are checked by the ring ([`RingError::Corrupt`]), each WQE is
 //! copied out and then validated ([`WqeError`]), side-table reads are bounded by the already validated `num_sge`
@@ -11,6 +12,7 @@ use core::fmt;
 
 use super::abi::{Cqe, CqeError, RecvWqe, SendRequest, Sge, SgeList, Wqe, WqeError, WqeLimits};
 use super::ring::{Consumer, Producer, RingError, SlotTable};
+use crate::engine::SendSlot;
 use crate::verbs::{self, SendWr};
 
 /// Why a work-queue operation failed.
@@ -130,6 +132,28 @@ impl SendQueueReader {
             self.read_inline(index, &wqe, req.inline_len, inline_out)?;
         }
         Ok(true)
+    }
+
+    /// Validates the next request straight into the engine's send-queue slot `slot` (the source of
+    /// `Engine::post_sends_with`): the WR, its SGEs, and its inline payload copied out of the ring's inline area
+    /// into the slot's. `Ok(Some(n))`: `n` SGEs, or with `wr.inline` `n` bytes of inline payload; `Ok(None)` if
+    /// the queue is empty. The same checks as [`poll_into`](Self::poll_into) (at most `slot.sges.len()` SGEs and
+    /// `slot.inline.len()` inline bytes besides the QP's limits), and as there the slot goes back to the client at
+    /// the next [`release`](Self::release).
+    #[inline(always)]
+    pub fn poll_to(&mut self, slot: SendSlot<'_>) -> Result<Option<u32>, WqError> {
+        let Some((index, wqe)) = self.ring.pop_indexed()? else {
+            return Ok(None);
+        };
+        let d = match wqe.decode_to(self.limits, slot.wr, slot.sges, |k| ext_sge(self.sges.as_ref(), index, k)) {
+            Ok(d) => d,
+            Err(error) => return Err(refused(index, &wqe, error)),
+        };
+        if d.inline_len > 0 {
+            self.read_inline(index, &wqe, d.inline_len, slot.inline)?;
+            return Ok(Some(d.inline_len));
+        }
+        Ok(Some(u32::from(d.num_sge)))
     }
 
     /// The inline payload of slot `index` (`len` bytes, validated against `max_inline`) into `out`.
