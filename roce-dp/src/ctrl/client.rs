@@ -698,8 +698,9 @@ impl Device {
         shm::channel_blocking(fd.as_fd())?;
         guard.disarm();
         let state = Mutex::new(ChannelState { cqs: Vec::new(), ready: VecDeque::new() });
-        let timeo_us = AtomicU64::new(0);
-        Ok(CompChannel { inner: Arc::new(ChannelInner { dev: self.inner.clone(), id: channel, fd, state, timeo_us }) })
+        let (timeo_us, waiters) = (AtomicU64::new(0), AtomicU32::new(0));
+        let inner = ChannelInner { dev: self.inner.clone(), id: channel, fd, state, timeo_us, waiters };
+        Ok(CompChannel { inner: Arc::new(inner) })
     }
 
     /// Creates an RC QP in the RESET state whose completions go to `send_cq` and `recv_cq`.
@@ -1120,6 +1121,10 @@ struct ChannelInner {
     state: Mutex<ChannelState>,
     /// The receive timeout set on `fd` (see [`shm::channel_recv_wait`]).
     timeo_us: AtomicU64,
+    /// Threads inside a wait. The receive timeout belongs to the socket, not to a thread: only a thread that waits
+    /// alone may set it and `recv` under it (another thread's setting, between this one's and its `recv`, could
+    /// turn a timed wait into one without a limit); the others wait by `poll` and take by a non-blocking `recv`.
+    waiters: AtomicU32,
 }
 
 struct ChannelState {
@@ -1172,7 +1177,7 @@ impl CompChannel {
         // early (its look finds nothing new and it waits again), and before `Ok(None)` every waiting message is
         // taken, so an `epoll` user is not woken again for nothing. If the `recv` comes back empty before the time
         // is up (a signal, or an application that made the descriptor non-blocking again), the rest of the wait is
-        // a `poll` as before.
+        // a `poll` as before; so is every wait of a thread that is not waiting alone (see `ChannelInner::waiters`).
         let mut drained = false;
         loop {
             {
@@ -1200,7 +1205,14 @@ impl CompChannel {
                 drained = true;
                 shm::channel_drain(ch.fd.as_fd()).map_err(gone)?.1
             } else {
-                match shm::channel_recv_wait(ch.fd.as_fd(), left, &ch.timeo_us).map_err(gone)? {
+                let alone = Waiting::enter(&ch.waiters);
+                let got = if alone.0 {
+                    shm::channel_recv_wait(ch.fd.as_fd(), left, &ch.timeo_us).map_err(gone)?
+                } else {
+                    shm::RecvWait::Empty
+                };
+                drop(alone);
+                match got {
                     shm::RecvWait::Took => false,
                     shm::RecvWait::Closed => true,
                     shm::RecvWait::Empty if deadline.is_some_and(|d| Instant::now() >= d) => false,
@@ -1216,6 +1228,21 @@ impl CompChannel {
                 return Err(ch.dev.gone("it closed the completion channel".into()));
             }
         }
+    }
+}
+
+/// A thread inside a channel wait; `.0`: it is the only one (see `ChannelInner::waiters`).
+struct Waiting<'a>(bool, &'a AtomicU32);
+
+impl<'a> Waiting<'a> {
+    fn enter(waiters: &'a AtomicU32) -> Self {
+        Waiting(waiters.fetch_add(1, Ordering::AcqRel) == 0, waiters)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.1.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
