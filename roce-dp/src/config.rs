@@ -951,17 +951,20 @@ pub struct HostView {
     pub sys: std::path::PathBuf,
     /// `/proc/self/net/dev`: the interfaces of this process's network namespace.
     pub net_dev: std::path::PathBuf,
-    /// Where commands are looked for (`$PATH`), for hints that name one: `lspci` is pciutils', not installed
-    /// everywhere.
+    /// Where commands are looked for (`$PATH`, or [`DEFAULT_PATH`] when it is unset), for hints that name one:
+    /// `lspci` is pciutils', not installed everywhere. Only its absolute directories count.
     pub path: std::ffi::OsString,
 }
+
+/// Where [`HostView`] looks for commands when `$PATH` is unset (it looked in the current directory only then).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Default for HostView {
     fn default() -> Self {
         Self {
             sys: "/sys".into(),
             net_dev: "/proc/self/net/dev".into(),
-            path: std::env::var_os("PATH").unwrap_or_default(),
+            path: std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
         }
     }
 }
@@ -1011,10 +1014,12 @@ impl HostView {
         Some(text.lines().skip(2).any(|l| l.split(':').next().is_some_and(|n| n.trim() == iface)))
     }
 
-    /// Whether `cmd` is an executable file in one of [`path`](Self::path)'s directories.
+    /// Whether `cmd` is an executable file in one of [`path`](Self::path)'s absolute directories (an empty or
+    /// relative entry would name the current directory: a file there says nothing of what is installed).
     fn has_command(&self, cmd: &str) -> bool {
         use std::os::unix::fs::PermissionsExt;
         std::env::split_paths(&self.path)
+            .filter(|d| d.is_absolute())
             .any(|d| std::fs::metadata(d.join(cmd)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
     }
 
