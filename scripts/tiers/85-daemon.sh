@@ -74,6 +74,17 @@ tier85_daemon() {
     pass "roce-dpd serves $sock"
     check "socket is owner-only (0600)" test "$(stat -c %a "$sock")" = 600
     check "roce-dpd's captured DPDK log (an unlinked /tmp file) is close-on-exec in every fd" dpd_log_fds_cloexec "$DPD_PID"
+    # A second daemon pinned to the first's lcore (it backs off when idle, so the busy first keeps the core): it says
+    # which process polls that core already; the first one's claim ends with it, so a later start is quiet.
+    local second="$LOG_DIR/tier9-same-lcore.log" sconf="$LOG_DIR/tier9-same-lcore.toml" first=$DPD_PID
+    sed 's/^idle = "busy"/idle = "sleep"/' "$ROOT/conf/daemon-ring.toml" >"$sconf"
+    if dpd_start "/run/roce-dpd-${RUN_ID}s.sock" "${prefix}s" "$second" "$sconf"; then
+        kill -TERM "$DPD_PID"
+        wait_pid "$DPD_PID" 10
+    fi
+    DPD_PID=$first
+    check "a second roce-dpd on the first's lcore 1 warns in one line naming the first's pid ($first)" \
+        grep -q "^roce-dpd: warning: lcore 1 is also polled by pid $first (roce-dpd): " "$second"
 
     # Two pairs of clients at once, all four sessions in the one daemon, while a third pair's active client is
     # killed with SIGKILL mid-transfer: its session is reclaimed within a second and the others carry on.

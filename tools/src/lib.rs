@@ -195,6 +195,18 @@ pub fn dpdk_step_since<T, E>(mark: DpdkMark, step: impl FnOnce() -> Result<T, E>
     })
 }
 
+/// Claims `lcores` for this process across processes ([`roce_dp::dpdk::claim_lcore`]: an advisory lock per lcore
+/// that the kernel drops when the process ends) and prints `TOOL: warning: lcore N is also polled by pid P (NAME):
+/// ...` for each one another process already holds: two pollers pinned to one core each run at about half speed.
+#[cfg(feature = "dpdk")]
+pub fn claim_lcores(tool: &str, lcores: impl IntoIterator<Item = u32>) {
+    for lcore in lcores {
+        if let Some(w) = roce_dp::dpdk::claim_lcore(lcore) {
+            eprintln!("{tool}: warning: {w}");
+        }
+    }
+}
+
 /// Parses the command line: `--help` / `--version` print and exit 0 (`Err(SUCCESS)`); bad arguments print one line
 /// `TOOL: what (see --help)` and exit 2.
 pub fn parse_cli<C: clap::Parser>(tool: &str) -> Result<C, std::process::ExitCode> {

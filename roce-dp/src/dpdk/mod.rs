@@ -18,6 +18,7 @@
 
 mod eal;
 mod error;
+mod lcore_claim;
 mod mbuf;
 mod mempool;
 mod port;
@@ -30,6 +31,7 @@ pub use eal::{
     MAX_FILE_PREFIX, RUNTIME_ROOT,
 };
 pub use error::{DpdkError, Result};
+pub use lcore_claim::{claim_dir, claim_lcore, claim_lcore_in};
 pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for, pool_size, Mempool};
 pub use port::{

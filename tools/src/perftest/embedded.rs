@@ -52,7 +52,7 @@ fn checked_profile(ours: &Ours) -> Result<Profile, Fail> {
     Ok(prof)
 }
 
-fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Result<Port_, Fail> {
+fn setup_port(test: TestKind, ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Result<Port_, Fail> {
     let prof = checked_profile(ours)?;
     let args = prof.eal_args("rdp-perf", ours.lcore.as_deref(), prefix);
     let argv = args.to_vec();
@@ -93,6 +93,8 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
             Err(e) => return Err(bad(format!("start {name}: {e}"))),
         }
     }
+    // Started: this thread polls the port on EAL's main lcore.
+    crate::claim_lcores(test.tool_name(), [eal.main_lcore()]);
     let mac = match prof.mac() {
         Some(m) => m,
         None => MacAddr(port.mac().map_err(|e| bad(e.to_string()))?),
@@ -111,9 +113,9 @@ pub(super) fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str, timeout
     let (mut s, stream) = if let Some(host) = &p.host {
         checked_profile(ours)?;
         let st = exchange::connect(host, p.port, timeout.min(Duration::from_secs(5)), timeout).map_err(err)?;
-        (setup_port(ours, prefix, true, timeout)?, st)
+        (setup_port(test, ours, prefix, true, timeout)?, st)
     } else {
-        let s = setup_port(ours, prefix, false, timeout)?;
+        let s = setup_port(test, ours, prefix, false, timeout)?;
         let listener = exchange::listen(p.port).map_err(err)?;
         for l in report::waiting_lines() {
             println!("{l}");

@@ -887,6 +887,7 @@ fn node<'p, S: NodeState>(
     let core = (i + wi) % 2;
     let ready = (|| -> Result<bool, SetupError> {
         register_thread(core).ctx(|| format!("node {i} worker {wi}: pin to core {core} and register with EAL"))?;
+        roce_dp_tools::claim_lcores("rdp-nic", u32::try_from(core).ok());
         let (peer_ip, ip) = if v6 {
             (NeighIp::V6(RING_IP6[1 - i]), IpAddrs::V6 { src: RING_IP6[i], dst: RING_IP6[1 - i] })
         } else {
@@ -1077,6 +1078,8 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, clie
     let conf = PortConfig { rx_desc, tx_desc, ..PortConfig::default() };
     let retry = (client && memif).then(|| Duration::from_secs(o.timeout.min(30)));
     configure_and_start(&mut port, &pool, &conf, retry)?;
+    // Started: this thread polls the port on EAL's main lcore.
+    roce_dp_tools::claim_lcores("rdp-nic", [eal.main_lcore()]);
     let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
     Ok(Setup { profile: prof, pool, port, mac, in_use_before: 0, memif })
 }

@@ -232,6 +232,8 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     // Started: what DPDK says while running (a link going down, a memif peer leaving) is shown from now on, and its
     // capture file stops growing (with -v, DPDK prints to the terminal already).
     eal.log_to_stderr("roce-dpd: DPDK: ");
+    // Worker 0 polls EAL's main lcore, the others theirs: say so if another process polls one of them too.
+    roce_dp_tools::claim_lcores("roce-dpd", std::iter::once(eal.main_lcore()).chain(lcores.iter().copied()));
     let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
     info.mac = mac.0;
     let idle = match prof.worker.idle.as_str() {
