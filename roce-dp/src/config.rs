@@ -77,8 +77,9 @@ pub enum DaemonBacking {
 pub struct DaemonSection {
     /// Path of the Unix socket applications connect to.
     pub socket: String,
-    /// Its permission bits (default 0o600: the daemon's user only; 0o660 lets its group in).
-    #[serde(default = "socket_mode")]
+    /// Its permission bits (default 0o600: the daemon's user only; 0o660 lets its group in): TOML's octal `0o600`,
+    /// or a string of octal digits (`"0600"`).
+    #[serde(default = "socket_mode", deserialize_with = "de_socket_mode")]
     pub socket_mode: u32,
     /// Backing of the shared regions.
     #[serde(default)]
@@ -144,6 +145,48 @@ const MAX_SESSION_MR_BYTES: u64 = 1 << 46;
 
 fn socket_mode() -> u32 {
     0o600
+}
+
+/// `[daemon] socket_mode`: an integer, or a string of octal digits as chmod takes them (`"0600"`, `"600"`, `"0o600"`).
+fn de_socket_mode<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    struct Mode;
+    impl serde::de::Visitor<'_> for Mode {
+        type Value = u32;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a mode such as 0o600 or \"0600\"")
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u32, E> {
+            u32::try_from(v).map_err(|_| E::custom(format!("{v} is not a mode (write 0o600 or \"0600\")")))
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u32, E> {
+            u32::try_from(v).map_err(|_| E::custom(format!("{v} is not a mode (write 0o600 or \"0600\")")))
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<u32, E> {
+            let digits = v.strip_prefix("0o").unwrap_or(v);
+            match u32::from_str_radix(digits, 8) {
+                Ok(m) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => Ok(m),
+                _ => Err(E::custom(format!("{v:?} is not an octal mode (write 0o600 or \"0600\")"))),
+            }
+        }
+    }
+    d.deserialize_any(Mode)
+}
+
+/// `[daemon] socket_mode` as written in `text`, when it is a plain decimal integer of three digits 0-7 (`600`,
+/// `440`): a mode written as chmod takes it, which TOML reads as decimal (600 = 0o1130, 440 = 0o670). Those digits.
+fn decimal_mode_digits(text: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct File {
+        daemon: Option<Daemon>,
+    }
+    #[derive(Deserialize)]
+    struct Daemon {
+        socket_mode: Option<toml::Spanned<toml::Value>>,
+    }
+    let f: File = toml::from_str(text).ok()?;
+    let raw = text.get(f.daemon?.socket_mode?.span())?.trim();
+    let digits: String = raw.strip_prefix('+').unwrap_or(raw).chars().filter(|&c| c != '_').collect();
+    (digits.len() == 3 && digits.bytes().all(|b| (b'0'..=b'7').contains(&b))).then_some(digits)
 }
 fn max_depth() -> u32 {
     4096
@@ -564,6 +607,14 @@ impl Profile {
             };
             ConfigError(format!("{name}: {}{hint}", toml_error(text, &e)))
         })?;
+        if let (Some(d), Some(digits)) = (&p.daemon, decimal_mode_digits(text)) {
+            // Refused whatever its value as decimal: 600 (0o1130) is no mode, but 440 (0o670) is one nobody meant.
+            return Err(ConfigError(format!(
+                "{name}: daemon.socket_mode: {digits} is decimal ({:#o}); TOML reads a mode in octal only with the 0o \
+                 prefix: write socket_mode = 0o{digits} (or the string \"0{digits}\")",
+                d.socket_mode
+            )));
+        }
         p.validate().map_err(|(key, why)| ConfigError(format!("{name}: {key}: {why}")))?;
         Ok(p)
     }
@@ -755,18 +806,6 @@ impl Profile {
             if !d.socket.starts_with('/') {
                 return Err(("daemon.socket", format!("{:?} is not an absolute path", d.socket)));
             }
-            let digits = d.socket_mode.to_string();
-            if d.socket_mode > 0o777 && digits.len() == 3 && digits.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-                // `socket_mode = 600`: a mode written as chmod takes it, which TOML reads as decimal 600 = 0o1130.
-                return Err((
-                    "daemon.socket_mode",
-                    format!(
-                        "{digits} is decimal ({:#o}); TOML reads a mode in octal only with the 0o prefix: write \
-                         socket_mode = 0o{digits}",
-                        d.socket_mode
-                    ),
-                ));
-            }
             if d.socket_mode > 0o777 || d.socket_mode & 0o600 != 0o600 {
                 return Err((
                     "daemon.socket_mode",
@@ -912,17 +951,20 @@ pub struct HostView {
     pub sys: std::path::PathBuf,
     /// `/proc/self/net/dev`: the interfaces of this process's network namespace.
     pub net_dev: std::path::PathBuf,
-    /// Where commands are looked for (`$PATH`), for hints that name one: `lspci` is pciutils', not installed
-    /// everywhere.
+    /// Where commands are looked for (`$PATH`, or [`DEFAULT_PATH`] when it is unset), for hints that name one:
+    /// `lspci` is pciutils', not installed everywhere. Only its absolute directories count.
     pub path: std::ffi::OsString,
 }
+
+/// Where [`HostView`] looks for commands when `$PATH` is unset (it looked in the current directory only then).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 impl Default for HostView {
     fn default() -> Self {
         Self {
             sys: "/sys".into(),
             net_dev: "/proc/self/net/dev".into(),
-            path: std::env::var_os("PATH").unwrap_or_default(),
+            path: std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
         }
     }
 }
@@ -972,10 +1014,12 @@ impl HostView {
         Some(text.lines().skip(2).any(|l| l.split(':').next().is_some_and(|n| n.trim() == iface)))
     }
 
-    /// Whether `cmd` is an executable file in one of [`path`](Self::path)'s directories.
+    /// Whether `cmd` is an executable file in one of [`path`](Self::path)'s absolute directories (an empty or
+    /// relative entry would name the current directory: a file there says nothing of what is installed).
     fn has_command(&self, cmd: &str) -> bool {
         use std::os::unix::fs::PermissionsExt;
         std::env::split_paths(&self.path)
+            .filter(|d| d.is_absolute())
             .any(|d| std::fs::metadata(d.join(cmd)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
     }
 
@@ -1191,13 +1235,36 @@ mod tests {
     #[test]
     fn a_socket_mode_written_without_0o_says_so() {
         let d = |mode: &str| format!("{BASE}[daemon]\nsocket = \"/run/x.sock\"\nsocket_mode = {mode}\n");
+        // 400-511 written so were taken as decimal without a word: 440 (meant 0o440) became 0o670, group rwx.
+        for (mode, octal) in
+            [("440", "0o670"), ("420", "0o644"), ("432", "0o660"), ("504", "0o770"), ("4_4_0", "0o670")]
+        {
+            let digits = mode.replace('_', "");
+            assert_eq!(
+                err(&d(mode)),
+                format!(
+                    "t.toml: daemon.socket_mode: {digits} is decimal ({octal}); TOML reads a mode in octal only with \
+                     the 0o prefix: write socket_mode = 0o{digits} (or the string \"0{digits}\")"
+                )
+            );
+        }
         // It said "0o1130 must be 0o600..=0o777 with owner rw" of a file that says 600.
         assert_eq!(
             err(&d("600")),
             "t.toml: daemon.socket_mode: 600 is decimal (0o1130); TOML reads a mode in octal only with the 0o \
-             prefix: write socket_mode = 0o600"
+             prefix: write socket_mode = 0o600 (or the string \"0600\")"
         );
-        assert!(err(&d("660")).ends_with("write socket_mode = 0o660"));
+        assert!(err(&d("660")).ends_with("write socket_mode = 0o660 (or the string \"0660\")"));
+        // The octal literal, and the string forms, of the same digits.
+        for mode in ["0o644", "\"0644\"", "\"644\"", "\"0o644\"", "0o0644"] {
+            assert_eq!(Profile::parse("t.toml", &d(mode)).unwrap().daemon.unwrap().socket_mode, 0o644, "{mode}");
+        }
+        assert_eq!(
+            err(&d("\"rw-r--r--\"")),
+            "t.toml: line 8: daemon.socket_mode: \"rw-r--r--\" is not an octal mode (write 0o600 or \"0600\")"
+        );
+        assert!(err(&d("\"0680\"")).ends_with("\"0680\" is not an octal mode (write 0o600 or \"0600\")"));
+        assert!(err(&d("-1")).ends_with("-1 is not a mode (write 0o600 or \"0600\")"));
         assert_eq!(Profile::parse("t.toml", &d("0o660")).unwrap().daemon.unwrap().socket_mode, 0o660);
         // 384 is 0o600 in decimal: a valid mode, whatever the notation.
         assert_eq!(Profile::parse("t.toml", &d("384")).unwrap().daemon.unwrap().socket_mode, 0o600);

@@ -49,6 +49,18 @@ dpd_log_fds_cloexec() {
     ((n >= 1))
 }
 
+# dpd_capture_size PID: the size in bytes of PID's captured DPDK log (the first fd on an unlinked /tmp file).
+dpd_capture_size() {
+    local fd l
+    for fd in /proc/"$1"/fd/*; do
+        l=$(readlink "$fd") || continue
+        [[ $l == /tmp/*' (deleted)' ]] || continue
+        stat -L -c %s "$fd"
+        return
+    done
+    return 1
+}
+
 tier85_daemon() {
     tier_begin "tier 9 roce-dpd + client processes (net_ring loopback)"
     if [[ $BUILD_OK -ne 1 ]]; then fail "build failed"; tier_end; return; fi
@@ -62,6 +74,17 @@ tier85_daemon() {
     pass "roce-dpd serves $sock"
     check "socket is owner-only (0600)" test "$(stat -c %a "$sock")" = 600
     check "roce-dpd's captured DPDK log (an unlinked /tmp file) is close-on-exec in every fd" dpd_log_fds_cloexec "$DPD_PID"
+    # A second daemon pinned to the first's lcore (it backs off when idle, so the busy first keeps the core): it says
+    # which process polls that core already; the first one's claim ends with it, so a later start is quiet.
+    local second="$LOG_DIR/tier9-same-lcore.log" sconf="$LOG_DIR/tier9-same-lcore.toml" first=$DPD_PID
+    sed 's/^idle = "busy"/idle = "sleep"/' "$ROOT/conf/daemon-ring.toml" >"$sconf"
+    if dpd_start "/run/roce-dpd-${RUN_ID}s.sock" "${prefix}s" "$second" "$sconf"; then
+        kill -TERM "$DPD_PID"
+        wait_pid "$DPD_PID" 10
+    fi
+    DPD_PID=$first
+    check "a second roce-dpd on the first's lcore 1 warns in one line naming the first's pid ($first)" \
+        grep -q "^roce-dpd: warning: lcore 1 is also polled by pid $first (roce-dpd): " "$second"
 
     # Two pairs of clients at once, all four sessions in the one daemon, while a third pair's active client is
     # killed with SIGKILL mid-transfer: its session is reclaimed within a second and the others carry on.
@@ -623,13 +646,18 @@ port_link() {
 # shows the server's port link down while it has no peer, up on both once the client daemon connects, and down
 # again when the client daemon stops (a zero would be left out of the text: the link is always shown).
 tier85_link() {
-    local ss="/run/roce-dpd-${RUN_ID}ls.sock" cs="/run/roce-dpd-${RUN_ID}lc.sock" spid cpid line i rc=0
+    local ss="/run/roce-dpd-${RUN_ID}ls.sock" cs="/run/roce-dpd-${RUN_ID}lc.sock" spid cpid line i rc=0 size0
     local slog="$LOG_DIR/tier9-link-server.log" clog="$LOG_DIR/tier9-link-client.log"
-    if ! dpd_start "$ss" "${1}ls" "$slog" "$ROOT/conf/daemon-memif-server.toml"; then
+    # The server's memif driver logs at info level (it says "Connected." when its peer comes), which shows on stderr
+    # once the daemon runs: before session 16 it went to the captured log, unseen and growing.
+    local sconf="$LOG_DIR/tier9-link-server.toml"
+    sed '/^\[eal\]/a extra = ["--log-level=pmd.net.memif:info"]' "$ROOT/conf/daemon-memif-server.toml" >"$sconf"
+    if ! dpd_start "$ss" "${1}ls" "$slog" "$sconf"; then
         fail "link: roce-dpd memif server starts: $(tail -n 2 "$slog")"
         return
     fi
     spid=$DPD_PID
+    size0=$(dpd_capture_size "$spid")
     line=$(port_link "$ss")
     check "link: a memif server without its peer shows 'link down' ($line)" grep -q '^port 0: .*link down' <<<"$line"
     # A second memif server daemon on the memif socket the first holds: the vdev's probe fails inside EAL, which
@@ -657,6 +685,10 @@ tier85_link() {
     line="$(port_link "$ss") / $(port_link "$cs")"
     check "link: once connected, both show 'link up' ($line)" \
         test "$(grep -o 'link up' <<<"$line" | wc -l)" -eq 2
+    check "link: the server shows DPDK's runtime message on stderr: 'roce-dpd: DPDK: memif_connect(): Connected.'" \
+        grep -q '^roce-dpd: DPDK: memif_connect(): Connected' "$slog"
+    check "link: ... and its captured DPDK log stopped growing once it served ($size0 bytes, now \
+$(dpd_capture_size "$spid"))" test -n "$size0" -a "$(dpd_capture_size "$spid")" = "$size0"
     kill -TERM "$cpid"
     wait_pid "$cpid" 10 || rc=$?
     check "link: the client daemon stops with exit 0 (got $rc)" test "$rc" -eq 0

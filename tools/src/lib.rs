@@ -102,21 +102,26 @@ pub fn remove_runtime_dir(prefix: &str) {
     }
 }
 
-/// DPDK's own explanation of a failure: the first line of its output that reports one, minus known noise: lines
-/// DPDK prints on a probe or start that succeeds (memif without multi-process support; net_tap on a kernel without
-/// the multiq qdisc, which then runs without rte_flow; net_tap's start with no secondary process), which would
-/// otherwise stand for every later step's failure.
-pub fn dpdk_explanation(log: &str) -> Option<String> {
+/// A line DPDK prints on a step that succeeds ([`dpdk_explanation`]).
+fn is_noise(line: &str) -> bool {
     const NOISE: &[&str] = &[
         "Failed to register mp action callback",
         "multiq qdisc",
         "Disabling rte flow support",
         "Failed to send start req to secondary",
     ];
+    NOISE.iter().any(|n| line.contains(n))
+}
+
+/// DPDK's own explanation of a failure: the first line of its output that reports one, minus known noise: lines
+/// DPDK prints on a probe or start that succeeds (memif without multi-process support; net_tap on a kernel without
+/// the multiq qdisc, which then runs without rte_flow; net_tap's start with no secondary process), which would
+/// otherwise stand for every later step's failure.
+pub fn dpdk_explanation(log: &str) -> Option<String> {
     const WORDS: &[&str] = &["fail", "error", "invalid", "unrecognized", "cannot", "not supported", "too large"];
     log.lines()
         .map(str::trim)
-        .filter(|l| !NOISE.iter().any(|n| l.contains(n)))
+        .filter(|l| !is_noise(l))
         .find(|l| {
             let l = l.to_ascii_lowercase();
             WORDS.iter().any(|w| l.contains(w))
@@ -124,11 +129,82 @@ pub fn dpdk_explanation(log: &str) -> Option<String> {
         .map(|l| l.strip_prefix("rdp-porttest: ").unwrap_or(l).to_owned())
 }
 
-/// `"; DPDK: LINE"`: the first failure DPDK logged so far ([`dpdk_explanation`] of its log, which the tools capture
-/// with [`roce_dp::dpdk::Eal::init_captured`]), to put after a setup step's error; empty when it logged none.
+/// DPDK's reason for the failure of one step, from what it logged during that step only: the first line reporting a
+/// failure ([`dpdk_explanation`]), else the step's one line if it logged exactly one besides known noise (e.g.
+/// ethdev's `Ethdev port_id=0 nb_tx_queues=2 > 1`, which has no failure word).
+pub fn step_explanation(step_log: &str) -> Option<String> {
+    dpdk_explanation(step_log).or_else(|| {
+        let mut lines = step_log.lines().map(str::trim).filter(|l| !l.is_empty() && !is_noise(l));
+        match (lines.next(), lines.next()) {
+            (Some(only), None) => Some(only.to_owned()),
+            _ => None,
+        }
+    })
+}
+
+/// A DPDK setup step's error with DPDK's reason for it ([`dpdk_step`]); shows as `ERROR; DPDK: REASON`, or as the
+/// error alone when DPDK logged no reason (or logs to the terminal).
+#[derive(Debug)]
+pub struct DpdkFailure<E> {
+    /// The step's own error.
+    pub error: E,
+    /// `"; DPDK: REASON"`, or empty.
+    pub says: String,
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for DpdkFailure<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.error, self.says)
+    }
+}
+
+/// Where a DPDK setup step began in DPDK's captured log ([`dpdk_step_since`]).
 #[cfg(feature = "dpdk")]
-pub fn dpdk_says() -> String {
-    dpdk_explanation(&roce_dp::dpdk::captured_log()).map(|why| format!("; DPDK: {why}")).unwrap_or_default()
+#[derive(Clone, Copy, Debug)]
+pub struct DpdkMark(u64);
+
+#[cfg(feature = "dpdk")]
+impl DpdkMark {
+    /// The log's start: EAL's own start, during which it probes the vdevs and allowed PCI devices. A port's lookup
+    /// by name fails because its probe did, so its reason is here (e.g. a memif socket another server holds).
+    pub const EAL_START: DpdkMark = DpdkMark(0);
+
+    /// The end of the log now.
+    pub fn now() -> DpdkMark {
+        DpdkMark(roce_dp::dpdk::captured_log_mark())
+    }
+}
+
+/// Runs one DPDK setup step (EAL init, configure, start); if it fails, its error comes with what DPDK logged during
+/// this step ([`step_explanation`] of the captured log after a mark taken just before it, see
+/// [`roce_dp::dpdk::Eal::init_captured`]), never with an earlier step's harmless line.
+#[cfg(feature = "dpdk")]
+pub fn dpdk_step<T, E>(step: impl FnOnce() -> Result<T, E>) -> Result<T, DpdkFailure<E>> {
+    dpdk_step_since(DpdkMark::now(), step)
+}
+
+/// [`dpdk_step`] for a step whose reason DPDK logged from `mark` on (e.g. [`DpdkMark::EAL_START`] for a port's
+/// lookup).
+#[cfg(feature = "dpdk")]
+pub fn dpdk_step_since<T, E>(mark: DpdkMark, step: impl FnOnce() -> Result<T, E>) -> Result<T, DpdkFailure<E>> {
+    step().map_err(|error| {
+        let says = step_explanation(&roce_dp::dpdk::captured_log_since(mark.0))
+            .map(|why| format!("; DPDK: {why}"))
+            .unwrap_or_default();
+        DpdkFailure { error, says }
+    })
+}
+
+/// Claims `lcores` for this process across processes ([`roce_dp::dpdk::claim_lcore`]: an advisory lock per lcore
+/// that the kernel drops when the process ends) and prints `TOOL: warning: lcore N is also polled by pid P (NAME):
+/// ...` for each one another process already holds: two pollers pinned to one core each run at about half speed.
+#[cfg(feature = "dpdk")]
+pub fn claim_lcores(tool: &str, lcores: impl IntoIterator<Item = u32>) {
+    for lcore in lcores {
+        if let Some(w) = roce_dp::dpdk::claim_lcore(lcore) {
+            eprintln!("{tool}: warning: {w}");
+        }
+    }
 }
 
 /// Parses the command line: `--help` / `--version` print and exit 0 (`Err(SUCCESS)`); bad arguments print one line
@@ -184,7 +260,7 @@ pub fn clap_error_line(e: &clap::Error, cmd: &clap::Command) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::dpdk_explanation;
+    use super::{dpdk_explanation, step_explanation};
 
     /// What DPDK 22.11 printed for `rdp-nic -v tap` on this project's VM (kernel 6.1 without sch_multiq): both tap
     /// ports probed and started, the run passed.
@@ -228,5 +304,20 @@ memif_socket_create(): Failed to setup socket /run/m.sock: Address already in us
             dpdk_explanation("rdp-porttest: unrecognized option '--bogus'\n").as_deref(),
             Some("unrecognized option '--bogus'")
         );
+    }
+
+    /// A step's log: its first failure line; else its one line (ethdev's refusal of a queue count has no failure
+    /// word); else nothing (several lines, none a failure, explain nothing).
+    #[test]
+    fn a_step_is_explained_by_its_failure_line_or_its_only_line() {
+        assert_eq!(step_explanation(""), None);
+        assert_eq!(
+            step_explanation("Ethdev port_id=0 nb_tx_queues=2 > 1\n").as_deref(),
+            Some("Ethdev port_id=0 nb_tx_queues=2 > 1")
+        );
+        let noisy = "tap_mp_req_on_rxtx(): Failed to send start req to secondary 95\nport 0 up\n";
+        assert_eq!(step_explanation(noisy).as_deref(), Some("port 0 up"));
+        assert_eq!(step_explanation("a\nb\n"), None);
+        assert_eq!(step_explanation("a\nb: Invalid argument\nc failed\n").as_deref(), Some("b: Invalid argument"));
     }
 }

@@ -411,6 +411,49 @@ mod dpdk_tools {
     }
 }
 
+/// With $PATH unset the PCI hint looked for lspci in the current directory only: an `lspci` file there made it
+/// name lspci, and an installed one was never found. Now it looks where a shell would ($PATH unset: roce-dp's
+/// DEFAULT_PATH) and never in the current directory.
+#[cfg(feature = "dpdk")]
+#[test]
+fn the_pci_hint_without_path_looks_in_the_system_directories() {
+    use std::os::unix::fs::PermissionsExt;
+    let dirs = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+    let installed = dirs.iter().any(|d| std::path::Path::new(d).join("lspci").is_file());
+    let (hint, cwd) =
+        (if installed { "lspci -D lists them" } else { "ls /sys/bus/pci/devices lists them" }, temp("cwd"));
+    std::fs::create_dir_all(&cwd).unwrap();
+    if !installed {
+        // A file named lspci where the tool runs is no pciutils.
+        std::fs::write(cwd.join("lspci"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(cwd.join("lspci"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let p = temp("pci.toml");
+    std::fs::write(
+        &p,
+        "[port]\ndriver = \"ice\"\npci = \"0000:fe:1f.7\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n[daemon]\n\
+         socket = \"/run/rdp-cli-test-pci.sock\"\n",
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_roce-dpd"))
+        .arg("--config")
+        .arg(&p)
+        .env_remove("PATH")
+        .current_dir(&cwd)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&cwd);
+    let _ = std::fs::remove_file(&p);
+    one_line(
+        &o,
+        &format!(
+            "roce-dpd: {}: port.pci: no PCI device 0000:fe:1f.7 on this machine ({hint}; set port.pci to the NIC \
+             port's address)",
+            p.display()
+        ),
+    );
+}
+
 /// `scripts/run.sh`'s own path (it runs the README's main job; its argument errors come before root, setup and the
 /// build, so no root is needed here).
 fn run_sh() -> PathBuf {

@@ -1,10 +1,10 @@
 //! The EAL: initialised once per process, cleaned up when the last handle drops.
 
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use super::error::{DpdkError, Result};
 
@@ -14,6 +14,9 @@ static INITIALISED: AtomicBool = AtomicBool::new(false);
 /// A read-only duplicate of the DPDK log file's descriptor (-1 when DPDK logs to the terminal), kept open for the
 /// process lifetime so that [`captured_log`] works even after a failed init or after cleanup.
 static LOG_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Where this process's part of the DPDK log file begins (its length when opened: [`Eal::init_with_log`] appends).
+static LOG_BASE: AtomicU64 = AtomicU64::new(0);
 
 /// EAL command-line arguments, built from named options (so tools and tests agree on them).
 ///
@@ -132,6 +135,8 @@ pub struct Eal(Arc<EalInner>);
 struct EalInner {
     /// The DPDK log stream when logging goes to a file (closed after cleanup).
     log: Option<NonNull<libc::FILE>>,
+    /// Whether `log` is the anonymous capture file ([`Eal::init_captured`]), which [`Eal::log_to_stderr`] may leave.
+    captured: bool,
     /// EAL's runtime directory (`/var/run/dpdk/<prefix>`), removed after cleanup if EAL left it empty.
     runtime_dir: Option<PathBuf>,
 }
@@ -179,6 +184,7 @@ impl Eal {
         // the process as EAL requires; argc counts the non-NULL entries. INITIALISED guarantees a single call.
         let ret = unsafe { dpdk_sys::rte_eal_init(argc, argv.as_ptr().cast_mut()) };
         let err = (ret < 0).then(|| DpdkError::from_rte_errno("rte_eal_init"));
+        let captured = log.as_ref().is_some_and(|l| l.anonymous);
         let log = log.map(LogRedirect::finish);
         if let Some(e) = err {
             if let Some(f) = log {
@@ -191,7 +197,7 @@ impl Eal {
         let runtime_dir = (!dir.is_null())
             // SAFETY: checked non-null; EAL returns a NUL-terminated path that lives as long as EAL.
             .then(|| PathBuf::from(unsafe { CStr::from_ptr(dir) }.to_string_lossy().into_owned()));
-        Ok(Eal(Arc::new(EalInner { log, runtime_dir })))
+        Ok(Eal(Arc::new(EalInner { log, captured, runtime_dir })))
     }
 
     /// The number of lcores EAL enabled (`-l`).
@@ -210,6 +216,83 @@ impl Eal {
     pub fn runtime_dir(&self) -> Option<&Path> {
         self.0.runtime_dir.as_deref()
     }
+
+    /// Once started, after [`Eal::init_captured`]: what DPDK logs from now on goes to stderr, each line after
+    /// `prefix` (e.g. `"roce-dpd: DPDK: "`), so that messages it prints while running (a link going down, a memif
+    /// peer leaving) are seen; the capture file stops growing (what it holds stays readable by [`captured_log`]).
+    /// The prefix of the first call stays. Does nothing when DPDK logs to the terminal or to a file the user named.
+    pub fn log_to_stderr(&self, prefix: &str) {
+        if !self.0.captured {
+            return;
+        }
+        let stream = *STDERR_STREAM.get_or_init(|| {
+            let _ = STDERR_PREFIX.set(prefix.as_bytes().to_vec());
+            let io = CookieIo { read: None, write: Some(write_prefixed), seek: None, close: None };
+            // SAFETY: a write-only stream whose write function needs no cookie; it lives for the process lifetime.
+            let f = unsafe { fopencookie(std::ptr::null_mut(), c"w".as_ptr(), io) };
+            if !f.is_null() {
+                // SAFETY: f is a valid stream; line buffering hands DPDK's lines to write_prefixed whole.
+                unsafe { libc::setvbuf(f, std::ptr::null_mut(), libc::_IOLBF, 0) };
+            }
+            f as usize
+        });
+        if stream != 0 {
+            // SAFETY: the stream is never closed. The capture file stays open until the last handle drops (a thread
+            // that fetched it just before this switch may still write one message to it).
+            unsafe { dpdk_sys::rte_openlog_stream(stream as *mut libc::FILE as *mut _) };
+        }
+    }
+
+    /// Back to the capture file after [`Eal::log_to_stderr`] (e.g. before shutting the ports down, whose closing
+    /// messages are routine). Does nothing when DPDK logs to the terminal or to a file the user named.
+    pub fn log_to_capture(&self) {
+        if let (true, Some(f)) = (self.0.captured, self.0.log) {
+            // SAFETY: the capture stream stays open until this handle's EalInner drops.
+            unsafe { dpdk_sys::rte_openlog_stream(f.as_ptr().cast()) };
+        }
+    }
+}
+
+/// The stream [`Eal::log_to_stderr`] makes (as an address; 0 if `fopencookie` failed), once per process.
+static STDERR_STREAM: OnceLock<usize> = OnceLock::new();
+/// What [`write_prefixed`] puts before each line.
+static STDERR_PREFIX: OnceLock<Vec<u8>> = OnceLock::new();
+/// Whether the next byte of DPDK's log starts a line (stdio calls [`write_prefixed`] under the stream's lock).
+static AT_LINE_START: AtomicBool = AtomicBool::new(true);
+
+/// glibc's `cookie_io_functions_t` (not in the libc crate): the stream's read, write, seek and close functions.
+#[repr(C)]
+struct CookieIo {
+    read: Option<unsafe extern "C" fn(*mut c_void, *mut c_char, usize) -> isize>,
+    write: Option<unsafe extern "C" fn(*mut c_void, *const c_char, usize) -> isize>,
+    seek: Option<unsafe extern "C" fn(*mut c_void, *mut i64, i32) -> i32>,
+    close: Option<unsafe extern "C" fn(*mut c_void) -> i32>,
+}
+
+extern "C" {
+    /// glibc: a stream whose I/O calls the functions in `io`.
+    fn fopencookie(cookie: *mut c_void, mode: *const c_char, io: CookieIo) -> *mut libc::FILE;
+}
+
+/// The write function of [`Eal::log_to_stderr`]'s stream: `size` bytes of DPDK's log to stderr, each line after the
+/// prefix. Always reports every byte written (a short count would make stdio retry or fail the stream).
+unsafe extern "C" fn write_prefixed(_cookie: *mut c_void, buf: *const c_char, size: usize) -> isize {
+    if buf.is_null() || size == 0 {
+        return 0;
+    }
+    // SAFETY: stdio passes `size` readable bytes at `buf`.
+    let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), size) };
+    let prefix = STDERR_PREFIX.get().map_or(&[][..], Vec::as_slice);
+    let mut out = Vec::with_capacity(size + prefix.len());
+    for piece in data.split_inclusive(|&b| b == b'\n') {
+        if AT_LINE_START.load(Ordering::Relaxed) {
+            out.extend_from_slice(prefix);
+        }
+        out.extend_from_slice(piece);
+        AT_LINE_START.store(piece.ends_with(b"\n"), Ordering::Relaxed);
+    }
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), &out);
+    isize::try_from(size).unwrap_or(isize::MAX)
 }
 
 impl Drop for EalInner {
@@ -254,6 +337,8 @@ fn close_log(f: NonNull<libc::FILE>) {
 struct LogRedirect {
     file: NonNull<libc::FILE>,
     saved: [i32; 2],
+    /// An anonymous temporary file (not a file the user named).
+    anonymous: bool,
 }
 
 impl LogRedirect {
@@ -280,14 +365,16 @@ impl LogRedirect {
         let saved = unsafe {
             let fd = libc::fileno(file.as_ptr());
             libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-            LOG_FD.store(libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3), Ordering::SeqCst);
+            let copy = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3);
+            LOG_BASE.store(file_len(copy), Ordering::SeqCst);
+            LOG_FD.store(copy, Ordering::SeqCst);
             let saved = [libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3), libc::fcntl(2, libc::F_DUPFD_CLOEXEC, 3)];
             libc::fflush(std::ptr::null_mut());
             libc::dup2(fd, 1);
             libc::dup2(fd, 2);
             saved
         };
-        Ok(Self { file, saved })
+        Ok(Self { file, saved, anonymous: path.is_none() })
     }
 
     /// Flush what DPDK printed and restore fds 1 and 2; the file stays DPDK's log stream.
@@ -309,21 +396,51 @@ impl LogRedirect {
 /// Everything DPDK printed so far when it logs to a file ([`Eal::init_captured`], [`Eal::init_with_log`]); empty
 /// when it logs to the terminal.
 pub fn captured_log() -> String {
+    captured_log_since(0)
+}
+
+/// A mark in the captured DPDK log: its length now (0 before [`Eal::init_captured`] or [`Eal::init_with_log`] opened
+/// it). Take one before a step, then [`captured_log_since`] gives what DPDK printed during the step.
+pub fn captured_log_mark() -> u64 {
+    file_len(LOG_FD.load(Ordering::SeqCst))
+}
+
+/// What DPDK printed to its captured log after `mark` ([`captured_log_mark`]); empty when it logs to the terminal.
+/// Never anything from before this process opened the file.
+pub fn captured_log_since(mark: u64) -> String {
     let fd = LOG_FD.load(Ordering::SeqCst);
+    let start = mark.max(LOG_BASE.load(Ordering::SeqCst));
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     if fd < 0 {
         return String::new();
     }
     loop {
+        let at = start.saturating_add(out.len() as u64);
+        let Ok(at) = libc::off_t::try_from(at) else { break };
         // SAFETY: fd is a descriptor this module keeps open for the process lifetime; buf is writable.
-        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), out.len() as libc::off_t) };
+        let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), buf.len(), at) };
         if n <= 0 {
             break;
         }
         out.extend_from_slice(&buf[..n as usize]);
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The length of the file open on `fd` (0 for -1 or on error).
+fn file_len(fd: i32) -> u64 {
+    if fd < 0 {
+        return 0;
+    }
+    // SAFETY: fstat on a descriptor this module owns, into a zeroed stat it may overwrite.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return 0;
+        }
+        u64::try_from(st.st_size).unwrap_or(0)
+    }
 }
 
 fn errno() -> i32 {

@@ -18,6 +18,7 @@
 
 mod eal;
 mod error;
+mod lcore_claim;
 mod mbuf;
 mod mempool;
 mod port;
@@ -25,8 +26,12 @@ mod ring;
 pub mod signal;
 mod worker;
 
-pub use eal::{captured_log, check_file_prefix, runtime_dir_of, Eal, EalArgs, MAX_FILE_PREFIX, RUNTIME_ROOT};
+pub use eal::{
+    captured_log, captured_log_mark, captured_log_since, check_file_prefix, runtime_dir_of, Eal, EalArgs,
+    MAX_FILE_PREFIX, RUNTIME_ROOT,
+};
 pub use error::{DpdkError, Result};
+pub use lcore_claim::{claim_dir, claim_lcore, claim_lcore_in};
 pub use mbuf::{Burst, Drain, Mbuf, BURST};
 pub use mempool::{data_room_for, pool_size, Mempool};
 pub use port::{

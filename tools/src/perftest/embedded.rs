@@ -14,7 +14,7 @@ use super::exchange::{self, Dest, Mtu, TestKind};
 use super::params::Params;
 use super::report;
 use super::run::{bad, detail, err, rc_connect, session, Fail, Local, NewQp, Nic, Ours};
-use crate::dpdk_says;
+use crate::{dpdk_step, dpdk_step_since, DpdkMark};
 
 fn ipv4_gid(ip: [u8; 4]) -> [u8; 16] {
     let mut g = [0u8; 16];
@@ -52,13 +52,13 @@ fn checked_profile(ours: &Ours) -> Result<Profile, Fail> {
     Ok(prof)
 }
 
-fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Result<Port_, Fail> {
+fn setup_port(test: TestKind, ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Result<Port_, Fail> {
     let prof = checked_profile(ours)?;
     let args = prof.eal_args("rdp-perf", ours.lcore.as_deref(), prefix);
     let argv = args.to_vec();
     // DPDK's log is kept (not shown): a failing step quotes its explanation (a vdev's probe fails inside
     // rte_eal_init with only a log line to say why, e.g. a memif socket another server holds).
-    let eal = Eal::init_captured(argv).map_err(|e| bad(format!("EAL: {e}{}", dpdk_says())))?;
+    let eal = dpdk_step(|| Eal::init_captured(argv)).map_err(|e| bad(format!("EAL: {e}")))?;
     let room = prof.pool_data_room();
     let (rx_desc, tx_desc) = (prof.port.rx_desc.unwrap_or(1024), prof.port.tx_desc.unwrap_or(1024));
     let n = prof.mempool.mbufs.unwrap_or_else(|| dpdk::pool_size(1, rx_desc.into(), tx_desc.into(), 1, 256, 1024));
@@ -67,19 +67,21 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
         Some((name, _)) => name,
         None => prof.port.pci.clone().unwrap_or_default(),
     };
-    let mut port = Port::by_name(&eal, &name).map_err(|e| bad(format!("port {name}: {e}{}", dpdk_says())))?;
+    let mut port = dpdk_step_since(DpdkMark::EAL_START, || Port::by_name(&eal, &name))
+        .map_err(|e| bad(format!("port {name}: {e}")))?;
     let info = port.info().map_err(|e| bad(e.to_string()))?;
     let (_rx, tx_offloads) = choose_offloads(&info);
     let conf = PortConfig { rx_desc, tx_desc, tx_offloads, ..PortConfig::default() };
-    port.configure(&conf, &pool).map_err(|e| bad(format!("configure {name}: {e}{}", dpdk_says())))?;
+    dpdk_step(|| port.configure(&conf, &pool)).map_err(|e| bad(format!("configure {name}: {e}")))?;
     let memif = prof.port.driver == Driver::Memif;
     // A memif client starts once the server's socket exists.
     let until = Instant::now() + if client && memif { timeout } else { Duration::ZERO };
     loop {
-        match port.start() {
+        match dpdk_step(|| port.start()) {
             Ok(()) => break,
             Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(50)),
             Err(e) if memif && prof.port.role.as_deref() == Some("client") => {
+                let e = e.error;
                 // A memif client starts only once a memif server listens on its socket: DPDK says "Operation not
                 // permitted", which names neither.
                 let sock = prof.port.socket.as_deref().unwrap_or("");
@@ -88,9 +90,11 @@ fn setup_port(ours: &Ours, prefix: &str, client: bool, timeout: Duration) -> Res
                      whose profile has role = \"server\" first)"
                 )));
             }
-            Err(e) => return Err(bad(format!("start {name}: {e}{}", dpdk_says()))),
+            Err(e) => return Err(bad(format!("start {name}: {e}"))),
         }
     }
+    // Started: this thread polls the port on EAL's main lcore.
+    crate::claim_lcores(test.tool_name(), [eal.main_lcore()]);
     let mac = match prof.mac() {
         Some(m) => m,
         None => MacAddr(port.mac().map_err(|e| bad(e.to_string()))?),
@@ -109,9 +113,9 @@ pub(super) fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str, timeout
     let (mut s, stream) = if let Some(host) = &p.host {
         checked_profile(ours)?;
         let st = exchange::connect(host, p.port, timeout.min(Duration::from_secs(5)), timeout).map_err(err)?;
-        (setup_port(ours, prefix, true, timeout)?, st)
+        (setup_port(test, ours, prefix, true, timeout)?, st)
     } else {
-        let s = setup_port(ours, prefix, false, timeout)?;
+        let s = setup_port(test, ours, prefix, false, timeout)?;
         let listener = exchange::listen(p.port).map_err(err)?;
         for l in report::waiting_lines() {
             println!("{l}");

@@ -34,6 +34,7 @@ use roce_dp::neigh::NeighIp;
 use roce_dp::steer::{FlowKey, RuleOp, SteerTable, SteeringMode};
 use roce_dp::wire::{IpAddrs, MacAddr};
 use roce_dp::{Engine, EngineConfig, LocalIp, PeerAddr};
+use roce_dp_tools::{dpdk_step, dpdk_step_since, DpdkMark};
 
 use app::{rtt_summary, Local, Op, Params, Remote, Requester, Responder};
 use oob::Oob;
@@ -197,17 +198,11 @@ impl From<DpdkError> for SetupError {
 
 pub(crate) trait Ctx<T> {
     fn ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError>;
-    /// [`ctx`](Ctx::ctx) for a DPDK step: DPDK's own reason, from its captured log, after the error.
-    fn dpdk_ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError>;
 }
 
 impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
     fn ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError> {
         self.map_err(|e| SetupError(format!("{}: {e}", what())))
-    }
-
-    fn dpdk_ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError> {
-        self.map_err(|e| SetupError(format!("{}: {e}{}", what(), roce_dp_tools::dpdk_says())))
     }
 }
 
@@ -302,8 +297,7 @@ fn init_eal(args: EalArgs, verbose: bool) -> Result<Eal, SetupError> {
     let argv = args.to_vec();
     let shown = argv[1..].join(" ");
     // Quiet, DPDK's log is kept (not shown) so that a failed step can quote DPDK's reason.
-    let eal = if verbose { Eal::init(argv) } else { Eal::init_captured(argv) };
-    eal.dpdk_ctx(|| format!("EAL ({shown})"))
+    dpdk_step(|| if verbose { Eal::init(argv) } else { Eal::init_captured(argv) }).ctx(|| format!("EAL ({shown})"))
 }
 
 fn configure_and_start(
@@ -317,16 +311,16 @@ fn configure_and_start(
     // linearized by the worker).
     let (_rx_off, tx_off) = choose_offloads(&info);
     let conf = PortConfig { tx_offloads: tx_off, ..conf.clone() };
-    port.configure(&conf, pool).dpdk_ctx(|| format!("configure {} ({})", port.name(), info.driver))?;
+    dpdk_step(|| port.configure(&conf, pool)).ctx(|| format!("configure {} ({})", port.name(), info.driver))?;
     let until = Instant::now() + client_retry.unwrap_or_default();
     loop {
-        match port.start() {
+        match dpdk_step(|| port.start()) {
             Ok(()) => return Ok(()),
             Err(e) if client_retry.is_some() && Instant::now() < until && !dpdk::signal::stop_requested() => {
                 let _ = e;
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Err(e) => return Err(e).dpdk_ctx(|| format!("start {}", port.name())),
+            Err(e) => return Err(e).ctx(|| format!("start {}", port.name())),
         }
     }
 }
@@ -423,7 +417,7 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
     let pool = Mempool::new(&eal, "rdpn_pool", n, 128, room).ctx(|| format!("mempool of {n} x {room} B"))?;
     let mut ports = if let Some(br) = bridge {
         let mk = |i: usize| {
-            Port::vdev(&eal, &format!("net_tap{i}"), &format!("iface={}", TAP_IFACE[i]))
+            dpdk_step(|| Port::vdev(&eal, &format!("net_tap{i}"), &format!("iface={}", TAP_IFACE[i])))
                 .ctx(|| format!("net_tap{i} (iface {})", TAP_IFACE[i]))
         };
         let ports = [mk(0)?, mk(1)?];
@@ -893,6 +887,7 @@ fn node<'p, S: NodeState>(
     let core = (i + wi) % 2;
     let ready = (|| -> Result<bool, SetupError> {
         register_thread(core).ctx(|| format!("node {i} worker {wi}: pin to core {core} and register with EAL"))?;
+        roce_dp_tools::claim_lcores("rdp-nic", u32::try_from(core).ok());
         let (peer_ip, ip) = if v6 {
             (NeighIp::V6(RING_IP6[1 - i]), IpAddrs::V6 { src: RING_IP6[i], dst: RING_IP6[1 - i] })
         } else {
@@ -1077,11 +1072,14 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, clie
         Some((name, _)) => name,
         None => prof.port.pci.clone().unwrap_or_default(),
     };
-    let mut port = Port::by_name(&eal, &name).dpdk_ctx(|| format!("port {name}"))?;
+    let mut port =
+        dpdk_step_since(DpdkMark::EAL_START, || Port::by_name(&eal, &name)).ctx(|| format!("port {name}"))?;
     let memif = prof.port.driver == Driver::Memif;
     let conf = PortConfig { rx_desc, tx_desc, ..PortConfig::default() };
     let retry = (client && memif).then(|| Duration::from_secs(o.timeout.min(30)));
     configure_and_start(&mut port, &pool, &conf, retry)?;
+    // Started: this thread polls the port on EAL's main lcore.
+    roce_dp_tools::claim_lcores("rdp-nic", [eal.main_lcore()]);
     let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
     Ok(Setup { profile: prof, pool, port, mac, in_use_before: 0, memif })
 }

@@ -38,7 +38,7 @@ use roce_dp::dpdk::{
 use roce_dp::neigh::NeighIp;
 use roce_dp::wire::MacAddr;
 use roce_dp::{Engine, EngineConfig, LocalIp};
-use roce_dp_tools::dpdk_says;
+use roce_dp_tools::{dpdk_step, dpdk_step_since, DpdkMark};
 
 /// The first QPN of worker 0's engine.
 const QPN_BASE: u32 = 0x100;
@@ -167,13 +167,15 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
             path.display()
         )));
     }
-    let eal = if cli.verbose {
-        Eal::init(args.to_vec())
-    } else {
-        // Kept, not shown: a failing port step quotes DPDK's explanation (dpdk_says).
-        Eal::init_captured(args.to_vec())
-    }
-    .map_err(|e| Fail(format!("EAL ({shown}): {e}{}", dpdk_says())))?;
+    let eal = dpdk_step(|| {
+        if cli.verbose {
+            Eal::init(args.to_vec())
+        } else {
+            // Kept, not shown while starting: a failing step quotes DPDK's explanation (dpdk_step).
+            Eal::init_captured(args.to_vec())
+        }
+    })
+    .map_err(|e| Fail(format!("EAL ({shown}): {e}")))?;
     let room = prof.pool_data_room();
     let (rx_desc, tx_desc) = (prof.port.rx_desc.unwrap_or(1024), prof.port.tx_desc.unwrap_or(1024));
     let nq = nw as u32;
@@ -196,16 +198,17 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
             Some((name, _)) => name,
             None => prof.port.pci.clone().unwrap_or_default(),
         };
-        Port::by_name(&eal, &name).map_err(|e| Fail(format!("port {name}: {e}{}", dpdk_says())))?
+        dpdk_step_since(DpdkMark::EAL_START, || Port::by_name(&eal, &name))
+            .map_err(|e| Fail(format!("port {name}: {e}")))?
     };
     let pinfo = port.info()?;
     let (_rx_off, tx_off) = choose_offloads(&pinfo);
     let conf = PortConfig { rx_desc, tx_desc, tx_queues: nw as u16, tx_offloads: tx_off, ..PortConfig::default() };
-    port.configure(&conf, &pool)
-        .map_err(|e| Fail(format!("configure {} ({}): {e}{}", port.name(), pinfo.driver, dpdk_says())))?;
+    dpdk_step(|| port.configure(&conf, &pool))
+        .map_err(|e| Fail(format!("configure {} ({}): {e}", port.name(), pinfo.driver)))?;
     let until = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match port.start() {
+        match dpdk_step(|| port.start()) {
             Ok(()) => break,
             // A memif client waits for its server.
             Err(_)
@@ -216,16 +219,21 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
                 std::thread::sleep(Duration::from_millis(50))
             }
             Err(e) if prof.port.driver == Driver::Memif && prof.port.role.as_deref() == Some("client") => {
-                let sock = prof.port.socket.as_deref().unwrap_or("");
+                let (e, sock) = (e.error, prof.port.socket.as_deref().unwrap_or(""));
                 return Err(Fail(format!(
                     "start {}: {e}: no memif server on {sock} within 30 s (this profile's role is client: start the \
                      daemon whose profile has role = \"server\" first)",
                     port.name()
                 )));
             }
-            Err(e) => return Err(Fail(format!("start {}: {e}{}", port.name(), dpdk_says()))),
+            Err(e) => return Err(Fail(format!("start {}: {e}", port.name()))),
         }
     }
+    // Started: what DPDK says while running (a link going down, a memif peer leaving) is shown from now on, and its
+    // capture file stops growing (with -v, DPDK prints to the terminal already).
+    eal.log_to_stderr("roce-dpd: DPDK: ");
+    // Worker 0 polls EAL's main lcore, the others theirs: say so if another process polls one of them too.
+    roce_dp_tools::claim_lcores("roce-dpd", std::iter::once(eal.main_lcore()).chain(lcores.iter().copied()));
     let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
     info.mac = mac.0;
     let idle = match prof.worker.idle.as_str() {
@@ -380,6 +388,8 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         lines.join("; ")
     );
     drop(apps);
+    // Closing the port is routine: its messages go back to the capture file.
+    eal.log_to_capture();
     let _ = port.stop();
     let _ = std::fs::remove_file(&path);
     Ok(())

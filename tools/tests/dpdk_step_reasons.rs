@@ -1,0 +1,36 @@
+//! The reason a DPDK tool quotes after a failed setup step (`...; DPDK: REASON`) is what DPDK logged during that
+//! step: session 16 found `roce-dpd` quoting the first failure-worded line of the whole captured log, so a harmless
+//! line from EAL's start stood for a later step's failure. Runs `roce-dpd` up to its port's configure step, which
+//! fails before any worker polls (EAL without hugepages; `net_af_packet` on the loopback interface, which has one
+//! tx queue, for two workers). Needs root (a packet socket), as every DPDK tier does.
+
+#![cfg(feature = "dpdk")]
+
+use std::process::Command;
+
+#[test]
+fn a_failed_configure_quotes_what_dpdk_said_during_configure() {
+    let conf = std::env::temp_dir().join(format!("rdp-step-reason-{}.toml", std::process::id()));
+    // lib.eal at debug level logs "EAL: lib.rcu log level changed from disabled to error" (and "open shared lib
+    // .../librte_net_failsafe...") while EAL starts: failure words, but nothing failed.
+    std::fs::write(
+        &conf,
+        format!(
+            "[port]\ndriver = \"af_packet\"\niface = \"lo\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n[eal]\n\
+             no_huge_mb = 256\nextra = [\"--log-level=lib.eal:debug\"]\n[worker]\nworkers = 2\nidle = \"sleep\"\n\
+             [daemon]\nsocket = \"/tmp/rdp-step-reason-{}.sock\"\nworker_lcores = \"0,1\"\n",
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_roce-dpd")).arg("--config").arg(&conf).output().unwrap();
+    let _ = std::fs::remove_file(&conf);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
+    // ethdev's own line for the refused queue count, which has no failure word: the one line configure logged.
+    assert_eq!(
+        err,
+        "roce-dpd: configure net_af_packet0 (net_af_packet): rte_eth_dev_configure failed: Invalid argument; DPDK: \
+         Ethdev port_id=0 nb_tx_queues=2 > 1\n"
+    );
+}
