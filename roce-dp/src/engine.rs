@@ -670,7 +670,8 @@ impl Engine {
 
     /// Posts a send work request whose payload is `data`, copied now into the QP's inline area (the bytes need not
     /// be in a registered region; the caller may reuse them at once). SEND and WRITE variants only, at most the
-    /// QP's `max_inline` bytes. The daemon posts the inline payload it read from a client's ring with this.
+    /// QP's `max_inline` bytes. (The daemon's worker writes its clients' inline payloads straight into the slots
+    /// instead: [`post_sends_with`](Self::post_sends_with).)
     pub fn post_send_inline(&mut self, qpn: u32, wr: &SendWr, data: &[u8]) -> Result<(), VerbsError> {
         let wr = SendWr { inline: true, ..*wr };
         let i = self.check_post_send(qpn, &wr, 0, data.len() as u64)?;
