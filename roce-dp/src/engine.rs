@@ -11,7 +11,7 @@
 //! send sit in a FIFO ready queue (round-robin), so `poll_transmit` never scans idle QPs.
 
 use crate::cc::{CcConfig, CcState, RateController};
-use crate::mr::{AccessFlags, MrKeys, MrTable, Pd};
+use crate::mr::{AccessFlags, MrKeys, MrSpan, MrTable, Pd};
 use crate::qp::requester::ReqOutcome;
 use crate::qp::{timer::NUM_TIMERS, LocalIp, Qp, QpAttr, QpCaps, QpState, RecvWqe, SendWqe, TimerTable, VerbsError};
 use crate::qp::{PeerAddr, TimerKind, WqeState, MAX_MSG_LEN};
@@ -104,8 +104,9 @@ pub(crate) enum PayloadSrc {
     None,
     /// From send WQE `idx` at message offset `off` (SGL gather or inline copy).
     Sq { idx: u32, off: u64 },
-    /// From a local region (READ response).
-    Mr { rkey: u32, va: u64 },
+    /// From a range of a local region checked as the packet was decided ([`MrTable::check_span`]): a READ
+    /// response's, or the SGE of a SEND/WRITE that leaves whole in one packet.
+    Span(MrSpan),
 }
 
 /// The extension headers of a packet the engine sends, in the shapes the requester and responder produce (a few
@@ -1061,8 +1062,8 @@ impl Engine {
             let res = q.hdr.emit_with(buf, plan.bth, len, ident, ext, |d| match plan.src {
                 PayloadSrc::None => d.fill(0),
                 PayloadSrc::Sq { idx, off } => bad = !q.gather(idx, off, d, mrs),
-                PayloadSrc::Mr { rkey, va } => {
-                    if mrs.read(rkey, q.pd, va, d, AccessFlags::REMOTE_READ).is_err() {
+                PayloadSrc::Span(span) => {
+                    if mrs.read_span(span, d).is_err() {
                         d.fill(0);
                         bad = true;
                     }

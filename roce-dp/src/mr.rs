@@ -294,6 +294,32 @@ impl MrTable {
         check_mr(mr, pd, va, len, need)
     }
 
+    /// [`check`](Self::check) that gives, for a read of the range, where its bytes are: the checks made once for
+    /// a range read whole right after (a packet's payload), [`read_span`](Self::read_span) not repeating them.
+    #[inline(always)]
+    pub(crate) fn check_span(
+        &self,
+        key: u32,
+        pd: Pd,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<MrSpan, AccessError> {
+        let off = check_mr(self.lookup(key)?, pd, va, len, need)?;
+        Ok(MrSpan { slot: key >> 8, off })
+    }
+
+    /// Copies `dst.len()` bytes from where [`check_span`](Self::check_span) found the range (its length at most the
+    /// range's). The span comes from a check made in the same call of the engine, with the table unchanged since:
+    /// the key, PD, rights and range are not checked again; the copy stays bounded by the region's bytes.
+    #[inline(always)]
+    pub(crate) fn read_span(&self, span: MrSpan, dst: &mut [u8]) -> Result<(), AccessError> {
+        match self.slots.get(span.slot as usize) {
+            Some(Some(mr)) => mem_read(&mr.mem, span.off, dst),
+            _ => Err(AccessError::BadKey),
+        }
+    }
+
     /// Copies `dst.len()` bytes out of the region at `va` (local or remote read).
     #[inline(always)]
     pub fn read(&self, key: u32, pd: Pd, va: u64, dst: &mut [u8], need: AccessFlags) -> Result<(), AccessError> {
@@ -301,19 +327,7 @@ impl MrTable {
         let off = check_start(mr, pd, va, need)?;
         // The end of the range is checked by the access itself, once: the slice `get`s (owned) or `ShmBytes::read`
         // (shared) refuse `off + len` past the region's length, which is check_mr's `va + len <= mr.va + len`.
-        match &mr.mem {
-            Mem::Owned(b) => {
-                let src = b.get(off..).and_then(|r| r.get(..dst.len())).ok_or(AccessError::OutOfBounds)?;
-                crate::copy::copy_bytes(dst, src)
-            }
-            #[cfg(target_os = "linux")]
-            Mem::Shared(s) => {
-                if !s.read(off, dst) {
-                    return Err(AccessError::OutOfBounds);
-                }
-            }
-        }
-        Ok(())
+        mem_read(&mr.mem, off, dst)
     }
 
     /// Copies `src` into the region at `va`.
@@ -387,6 +401,31 @@ impl MrTable {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Where [`MrTable::check_span`] found a range: the region's slot and the range's offset in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MrSpan {
+    slot: u32,
+    off: usize,
+}
+
+/// Copies `dst.len()` bytes of `mem` from `off`, within its length.
+#[inline(always)]
+fn mem_read(mem: &Mem, off: usize, dst: &mut [u8]) -> Result<(), AccessError> {
+    match mem {
+        Mem::Owned(b) => {
+            let src = b.get(off..).and_then(|r| r.get(..dst.len())).ok_or(AccessError::OutOfBounds)?;
+            crate::copy::copy_bytes(dst, src)
+        }
+        #[cfg(target_os = "linux")]
+        Mem::Shared(s) => {
+            if !s.read(off, dst) {
+                return Err(AccessError::OutOfBounds);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The checks of [`check_mr`] but the end of the range: the PD, the rights, `va` not below the region; returns the

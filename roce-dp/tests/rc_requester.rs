@@ -66,6 +66,64 @@ fn ack_req_is_also_set_every_n_packets_inside_a_long_message() {
     assert_eq!(with_ack, vec![3, 7, 9], "{}", show(&v));
 }
 
+/// The region check of a WQE with one SGE (made once when the requester takes it, and for a SEND/WRITE of one
+/// packet also the check of that packet's payload read): at the region's edges, in another PD, without the right
+/// a READ needs, and after the region was deregistered, each WR leaves whole or completes with LOC_PROT_ERR and
+/// sends nothing.
+#[test]
+fn a_one_sge_wr_is_checked_against_its_region_edges_once() {
+    let end = DATA_LEN as u64;
+    let send = |wr_id| roce_dp::SendWr::new(wr_id, roce_dp::WrOpcode::Send);
+    let write = |wr_id| roce_dp::SendWr::new(wr_id, roce_dp::WrOpcode::RdmaWrite).remote(RVA, RKEY);
+    // Within the region, up to its last byte: one packet (one MTU at most) and several, with the region's bytes.
+    for (wr, off, len) in [(write(1), end - 100, 100u32), (send(2), 0, 1024), (write(3), end - 9000, 9000)] {
+        let mut p = Peer::new();
+        let pkts = len.div_ceil(p.cfg.mtu) as usize;
+        p.fill_data();
+        let s = p.sge(off, len);
+        p.post(wr, &[s]);
+        let v = p.tx();
+        assert_eq!(v.len(), pkts, "{}", show(&v));
+        let all: Vec<u8> = v.iter().flat_map(|o| o.payload.clone()).collect();
+        assert_eq!(&all[..], &p.data()[off as usize..(off + u64::from(len)) as usize]);
+        p.rx(ack(S + pkts as u32 - 1, 1));
+        p.expect_cqes(&[(wr.wr_id, WcStatus::Success)]);
+        assert_eq!(p.counters().tx_local_access_errors, 0);
+    }
+    // One byte past either end, one packet or several; READ into a region without LOCAL_WRITE (a guard).
+    let bad: [(roce_dp::SendWr, i64, u32); 6] = [
+        (write(1), end as i64 - 99, 100),
+        (send(2), -1, 64),
+        (send(3), end as i64 - 1023, 1024),
+        (write(4), end as i64 - 8999, 9000),
+        (roce_dp::SendWr::new(5, roce_dp::WrOpcode::RdmaRead).remote(RVA, RKEY), -64, 64),
+        (write(6), end as i64, 1),
+    ];
+    for (wr, off, len) in bad {
+        let mut p = Peer::new();
+        let s = roce_dp::Sge { addr: DATA_VA.wrapping_add_signed(off), len, lkey: p.data.lkey };
+        let s = if wr.opcode == roce_dp::WrOpcode::RdmaRead { roce_dp::Sge { lkey: p.guards[0].lkey, ..s } } else { s };
+        p.post(wr, &[s]);
+        p.tx_nothing();
+        p.expect_cqes(&[(wr.wr_id, WcStatus::LocProtErr)]);
+        assert_eq!(p.state(), QpState::Err, "{wr:?}");
+        p.assert_guards();
+    }
+    // A region of another PD, and the region deregistered after the post.
+    let mut p = Peer::new();
+    let other = p.eng.alloc_pd();
+    let k = p.eng.reg_mr(other, 0x90_0000, 4096, roce_dp::AccessFlags::ALL).unwrap();
+    p.post(write(7), &[roce_dp::Sge { addr: 0x90_0000, len: 64, lkey: k.lkey }]);
+    p.tx_nothing();
+    p.expect_cqes(&[(7, WcStatus::LocProtErr)]);
+    let mut p = Peer::new();
+    let k = p.eng.reg_mr(p.pd, 0x90_0000, 4096, roce_dp::AccessFlags::ALL).unwrap();
+    p.post(send(8), &[roce_dp::Sge { addr: 0x90_0000, len: 64, lkey: k.lkey }]);
+    assert!(p.eng.dereg_mr(k.lkey));
+    p.tx_nothing();
+    p.expect_cqes(&[(8, WcStatus::LocProtErr)]);
+}
+
 #[test]
 fn one_ack_completes_every_message_before_it_in_order() {
     let mut p = Peer::new();

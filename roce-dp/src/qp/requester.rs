@@ -145,7 +145,9 @@ impl Qp {
         })
     }
 
-    /// Checks every SGE of a WQE against the regions once, when the requester first takes it.
+    /// Checks every SGE of a WQE against the regions once, when the requester first takes it: the WQEs with
+    /// several SGEs (one SGE: [`sole_sge`](Self::sole_sge) in `next_request`).
+    #[inline(never)]
     fn validate_sgl(&self, idx: u32, wqe: &SendWqe, mrs: &MrTable) -> Result<(), WcStatus> {
         if wqe.wr.inline {
             return Ok(());
@@ -160,6 +162,17 @@ impl Qp {
             }
         }
         Ok(())
+    }
+
+    /// The SGE of a WQE (not inline) with exactly one, not empty: the one range
+    /// [`validate_sgl`](Self::validate_sgl) would check. None for any other WQE (an empty SGE is not checked).
+    #[inline]
+    fn sole_sge(&self, idx: u32, wqe: &SendWqe) -> Option<Sge> {
+        if wqe.wr.inline || wqe.num_sge != 1 {
+            return None;
+        }
+        let s = *self.sq_sgl(idx, 1).first()?;
+        (s.len > 0).then_some(s)
     }
 
     /// Produces the next request packet, if any may leave now.
@@ -178,6 +191,8 @@ impl Qp {
         }
         let idx = self.req_cur;
         let wqe = self.sq.get(idx);
+        // Where this packet's payload was checked, if its check was validate_sgl's (below).
+        let mut span = None;
         if wqe.state == WqeState::Posted {
             if self.state == QpState::Sqd {
                 return ReqOutcome::Idle;
@@ -186,8 +201,25 @@ impl Qp {
             if wqe.wr.fence && self.outstanding_rd_atomic > 0 {
                 return ReqOutcome::Idle;
             }
-            if let Err(st) = self.validate_sgl(idx, wqe, ctx.mrs) {
-                return ReqOutcome::LocalError(st);
+            match self.sole_sge(idx, wqe) {
+                // validate_sgl's check of a WQE with one SGE, inline. When the whole message leaves in this packet
+                // (a SEND/WRITE of at most one MTU), it is also the check of the packet's read, made once here: the
+                // read uses its result (no second lookup and checks).
+                Some(s) => {
+                    let rd_atomic = wqe.wr.opcode.is_rd_atomic();
+                    let need = if rd_atomic { AccessFlags::LOCAL_WRITE } else { AccessFlags::NONE };
+                    match ctx.mrs.check_span(s.lkey, self.pd, s.addr, u64::from(s.len), need) {
+                        // (The message's length is its SGEs', post_send's sum: the packet reads the range whole.)
+                        Ok(sp) if !rd_atomic && wqe.length == u64::from(s.len) && s.len <= self.mtu => span = Some(sp),
+                        Ok(_) => {}
+                        Err(_) => return ReqOutcome::LocalError(WcStatus::LocProtErr),
+                    }
+                }
+                None => {
+                    if let Err(st) = self.validate_sgl(idx, wqe, ctx.mrs) {
+                        return ReqOutcome::LocalError(st);
+                    }
+                }
             }
             let n = if wqe.wr.opcode.is_atomic() { 1 } else { self.npkts(wqe.length) };
             let (first, last) = (self.req_psn, self.req_psn.add(n - 1));
@@ -263,7 +295,10 @@ impl Qp {
                 ack_req = last || self.noack_pkts >= ctx.cfg.ack_req_every;
                 payload_len = len;
                 if len > 0 {
-                    src = PayloadSrc::Sq { idx, off };
+                    src = match span {
+                        Some(sp) => PayloadSrc::Span(sp),
+                        None => PayloadSrc::Sq { idx, off },
+                    };
                 }
                 self.req_psn = psn.add(1);
                 if last {

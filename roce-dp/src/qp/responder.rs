@@ -592,8 +592,14 @@ impl Qp {
                 if is_first_pkt || is_last {
                     ext = TxExt::Aeth(AethRepr::ack(msn), None);
                 }
-                // The region may have been invalidated since the request: answer with a NAK instead of data.
-                if plen > 0 && ctx.mrs.check(rkey, self.pd, va + off, plen, AccessFlags::REMOTE_READ).is_err() {
+                // The region may have been invalidated since the request: answer with a NAK instead of data. The
+                // packet's read uses this check's result (`PayloadSrc::Span`).
+                let span = if plen > 0 {
+                    ctx.mrs.check_span(rkey, self.pd, va + off, plen, AccessFlags::REMOTE_READ)
+                } else {
+                    Err(AccessError::OutOfBounds)
+                };
+                if plen > 0 && span.is_err() {
                     self.out.pop_front();
                     self.cnt.nak_rem_access_sent += 1;
                     ext = TxExt::Aeth(AethRepr::nak(NakCode::RemoteAccessErr, msn), None);
@@ -606,7 +612,7 @@ impl Qp {
                 } else if let Some(RespOut::Read { cur: c, .. }) = self.out.front_mut() {
                     *c = cur.add(1);
                 }
-                let src = if plen > 0 { PayloadSrc::Mr { rkey, va: va + off } } else { PayloadSrc::None };
+                let src = span.map_or(PayloadSrc::None, PayloadSrc::Span);
                 Some(TxPlan { bth: bth(opcode, cur), ext, payload_len: plen as u32, src, data_frame: true })
             }
         }
