@@ -154,6 +154,48 @@ fn new_message_inside_a_write_gets_invalid_request_nak() {
     expect_fatal(&mut p, R + 1, NakCode::InvalidRequest, &before);
 }
 
+/// The checks of WRITE_ONLY and WRITE_MIDDLE (the responder tests them without walking the opcode's flags): the
+/// op sequence both ways, a MIDDLE of other than one MTU; each refused with a NAK and nothing written. And a
+/// WRITE made of FIRST, MIDDLEs and LAST, then a WRITE_ONLY, placed whole.
+#[test]
+fn write_only_and_write_middle_keep_the_op_sequence_and_length_checks() {
+    let k = Peer::new().data.rkey;
+    let first = || Pkt::new(Opcode::RC_RDMA_WRITE_FIRST, R).reth(DATA_VA, k, 4096).fill(0, 1024);
+    let cases: [(&str, Vec<Pkt>, Pkt); 4] = [
+        ("MIDDLE with no FIRST", vec![], Pkt::new(Opcode::RC_RDMA_WRITE_MIDDLE, R).fill(0, 1024)),
+        (
+            "ONLY inside a WRITE",
+            vec![first()],
+            Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R + 1).ack_req().reth(DATA_VA, k, 8).fill(0, 8),
+        ),
+        ("MIDDLE shorter than the MTU", vec![first()], Pkt::new(Opcode::RC_RDMA_WRITE_MIDDLE, R + 1).fill(1024, 1020)),
+        ("MIDDLE longer than the MTU", vec![first()], Pkt::new(Opcode::RC_RDMA_WRITE_MIDDLE, R + 1).fill(1024, 1028)),
+    ];
+    for (what, before_it, bad) in cases {
+        let mut p = Peer::new();
+        let psn = R + before_it.len() as u32;
+        for pkt in before_it {
+            p.rx(pkt);
+        }
+        let before = p.data().to_vec();
+        p.rx(bad);
+        expect_fatal(&mut p, psn, NakCode::InvalidRequest, &before);
+        assert_eq!(p.counters().nak_inv_req_sent, 1, "{what}");
+    }
+    let mut p = Peer::new();
+    let want: Vec<u8> = (0..4096).map(pattern).collect();
+    p.rx(first());
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_MIDDLE, R + 1).fill(1024, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_MIDDLE, R + 2).fill(2048, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_LAST, R + 3).ack_req().fill(3072, 1024));
+    p.expect_ack(R + 3, ACK, 1);
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R + 4).ack_req().reth(DATA_VA + 8192, k, 64).fill(8192, 64));
+    p.expect_ack(R + 4, ACK, 2);
+    assert_eq!(&p.data()[..4096], &want[..]);
+    assert_eq!(&p.data()[8192..8256], &(8192..8256).map(pattern).collect::<Vec<u8>>()[..]);
+    assert_eq!(p.counters().rx_packets, 5);
+}
+
 #[test]
 fn first_packet_shorter_than_mtu_gets_invalid_request_nak() {
     // C9-92/C9-94: FIRST and MIDDLE carry exactly one MTU.

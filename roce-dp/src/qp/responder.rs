@@ -114,7 +114,39 @@ impl Qp {
         let flags = bth.opcode.flags();
         let len = f.payload.len() as u64;
         let mtu = u64::from(self.mtu);
+        // The two commonest requests (a short WRITE, the body of a long one): `check_generic` as it comes out for
+        // their flags (WRITE, payload; no receive WQE or resource), without testing the flags one by one.
+        if bth.opcode == Opcode::RC_RDMA_WRITE_ONLY {
+            // Between messages, REMOTE_WRITE granted, at most one MTU.
+            if !matches!(self.resp_msg, RespMsg::Idle) || !self.access.contains(AccessFlags::REMOTE_WRITE) || len > mtu
+            {
+                return Err(RespError::InvalidRequest);
+            }
+        } else if bth.opcode == Opcode::RC_RDMA_WRITE_MIDDLE {
+            // Inside a WRITE, REMOTE_WRITE granted, exactly one MTU.
+            let inside = matches!(self.resp_msg, RespMsg::Write { .. });
+            if !inside || !self.access.contains(AccessFlags::REMOTE_WRITE) || len != mtu {
+                return Err(RespError::InvalidRequest);
+            }
+        } else {
+            self.check_generic(flags, len, mtu)?;
+            if flags & op::SEND != 0 {
+                return self.execute_send(ctx, f);
+            }
+            if flags & op::WRITE == 0 {
+                if flags & op::READ != 0 {
+                    return self.execute_read(ctx, f);
+                }
+                return self.execute_atomic(ctx, f);
+            }
+        }
+        self.execute_write(ctx, f)
+    }
 
+    /// check_op_seq -> check_op_valid -> check_resource -> check_length of a request with opcode flags `flags` and
+    /// `len` bytes of payload.
+    #[inline(always)]
+    fn check_generic(&self, flags: u32, len: u64, mtu: u64) -> Result<(), RespError> {
         // check_op_seq: inside a SEND only SEND MIDDLE/LAST may follow, inside a WRITE only WRITE MIDDLE/LAST;
         // between messages only FIRST/ONLY packets.
         let seq_ok = match self.resp_msg {
@@ -164,17 +196,7 @@ impl Qp {
                 return Err(RespError::InvalidRequest);
             }
         }
-
-        if flags & op::SEND != 0 {
-            return self.execute_send(ctx, f);
-        }
-        if flags & op::WRITE != 0 {
-            return self.execute_write(ctx, f);
-        }
-        if flags & op::READ != 0 {
-            return self.execute_read(ctx, f);
-        }
-        self.execute_atomic(ctx, f)
+        Ok(())
     }
 
     #[inline(never)]
