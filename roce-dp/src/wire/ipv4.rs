@@ -53,6 +53,20 @@ pub fn checksum(data: &[u8]) -> u16 {
     checksum_any(data)
 }
 
+/// True if the header `h` (no options) holds a good checksum: [`checksum`] over it is 0. Summed in the
+/// machine's byte order, without a byte swap per word: the one's-complement sum of the words with their bytes
+/// swapped is the sum with its bytes swapped (RFC 1071 §2 (B), byte order independence), and the good sum,
+/// 0xFFFF, is the same either way round.
+#[inline]
+pub fn header_checksum_ok(h: &[u8; HEADER_LEN]) -> bool {
+    let w = |i: usize| u64::from(u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]));
+    let mut sum = w(0) + w(4) + w(8) + w(12) + w(16);
+    sum = (sum & 0xffff) + ((sum >> 16) & 0xffff) + (sum >> 32);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum == 0xffff
+}
+
 #[inline(never)]
 fn checksum_any(data: &[u8]) -> u16 {
     let mut sum: u64 = 0;
@@ -371,6 +385,54 @@ mod tests {
             assert_eq!(checksum(&h), checksum_any(&h), "{h:02x?}");
         }
     }
+
+    /// `header_checksum_ok` (native byte order) accepts exactly the headers whose `checksum` is 0: random headers
+    /// with their checksum set right (then one bit flipped, or the checksum off by one), all-zero and all-ones
+    /// words, sums needing every carry.
+    #[test]
+    fn header_check_in_native_order_agrees_with_the_checksum() {
+        let mut x = 0x2545_f491u32;
+        let (mut good, mut bad) = (0, 0);
+        for k in 0..20_000u32 {
+            let mut h = [0u8; HEADER_LEN];
+            for b in &mut h {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = x as u8;
+            }
+            match k % 4 {
+                0 => h[..18].fill(0xff),
+                1 => h[..18].fill(0),
+                _ => {}
+            }
+            if k % 2 == 0 {
+                h[10..12].fill(0);
+                let c = checksum(&h);
+                h[10..12].copy_from_slice(&c.to_be_bytes());
+                if k % 6 == 0 {
+                    h[(x % 20) as usize] ^= 1 << ((x >> 8) % 8);
+                } else if k % 10 == 0 {
+                    h[11] = h[11].wrapping_add(1);
+                }
+            }
+            let want = checksum(&h) == 0;
+            assert_eq!(header_checksum_ok(&h), want, "{h:02x?}");
+            if want {
+                good += 1;
+            } else {
+                bad += 1;
+            }
+        }
+        assert!(good > 5000 && bad > 5000, "{good} {bad}");
+        assert!(header_checksum_ok(&HDR_WITH_CSUM));
+    }
+
+    /// [`HDR`] with its checksum.
+    const HDR_WITH_CSUM: [u8; 20] = [
+        0x45, 0x00, 0x00, 0x30, 0x12, 0x34, 0x40, 0x00, 0x40, 0x11, 0x14, 0x23, 0x0a, 0x32, 0x00, 0x02, 0x0a, 0x32,
+        0x00, 0x01,
+    ];
 
     /// An rxe IPv4 header (rc_write_4k.pcap, an ACK): DF, TTL 64, UDP, checksum valid.
     static HDR: [u8; 20] = [

@@ -44,7 +44,7 @@ fn parse_core_ipv4(frame: &[u8]) -> Option<Core<'_>> {
     if total < TP + hdr_len::BTH - L3 || frame.len() - L3 < total || flg & 0x3fff != 0 || ip[9] != ipv4::PROTO_UDP {
         return None;
     }
-    if ipv4::checksum(ip) != 0 {
+    if !ipv4::header_checksum_ok(ip) {
         return None;
     }
     let udp_len = usize::from(u16::from_be_bytes([h[L4 + 4], h[L4 + 5]]));
