@@ -529,6 +529,56 @@ fn max_rd_atomic_limits_outstanding_reads() {
     assert_eq!(ops(&p.tx()), vec![(Opcode::RC_RDMA_READ_REQUEST, S + 2, true)]);
 }
 
+/// Requests of whole messages (a SEND/WRITE of one packet, a READ), taken with the window open and with it
+/// closed (the WQE then waits, started, for the window): each leaves once, in order, with its PSNs, opcode,
+/// AckReq, SE, extension headers and payload, the READ's PSNs covering its three response packets.
+#[test]
+fn whole_message_requests_keep_psns_and_headers_when_the_window_holds_them() {
+    use roce_dp::{SendWr, WrOpcode};
+    let mut p = Peer::with(PeerCfg { max_unacked_psns: 2, ..PeerCfg::default() });
+    p.fill_data();
+    let mut w1 = SendWr::new(1, WrOpcode::RdmaWriteWithImm).remote(RVA, RKEY);
+    w1.imm = 0x1111_2222;
+    p.post(w1, &[p.sge(0, 100)]);
+    let mut w2 = SendWr::new(2, WrOpcode::SendWithInv);
+    (w2.invalidate_rkey, w2.solicited) = (0x4321, true);
+    p.post(w2, &[p.sge(100, 64)]);
+    p.post_read(3, 4096, 3000, RVA + 0x1000, RKEY);
+    p.post_send(4, 200, 1024);
+    p.post_write(5, 300, 1, RVA + 0x2000, RKEY);
+    let v = p.tx();
+    assert_eq!(
+        ops(&v),
+        vec![(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, S, true), (Opcode::RC_SEND_ONLY_WITH_INVALIDATE, S + 1, true)],
+        "{}",
+        show(&v)
+    );
+    assert_eq!(v[0].reth(), roce_dp::wire::RethRepr { va: RVA, rkey: RKEY, len: 100 });
+    assert_eq!((v[0].repr.ext.imm, v[0].repr.bth.solicited), (Some(0x1111_2222), false));
+    assert_eq!((v[1].repr.ext.ieth, v[1].repr.bth.solicited), (Some(0x4321), true));
+    assert_eq!((&v[0].payload[..], &v[1].payload[..]), (&p.data()[..100], &p.data()[100..164]));
+    // The READ was taken (PSNs S+2..=S+4) as the window closed.
+    p.rx(ack(S + 1, 2));
+    p.expect_cqes(&[(1, WcStatus::Success), (2, WcStatus::Success)]);
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_RDMA_READ_REQUEST, S + 2, true)], "{}", show(&v));
+    assert_eq!(v[0].reth(), roce_dp::wire::RethRepr { va: RVA + 0x1000, rkey: RKEY, len: 3000 });
+    assert!(v[0].payload.is_empty());
+    // The one-MTU SEND was taken as the window was closed by the READ.
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_FIRST, S + 2).aeth(AethRepr::ACK_UNLIMITED, 3).fill(0, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, S + 3).fill(1024, 1024));
+    p.rx(Pkt::new(Opcode::RC_RDMA_READ_RESPONSE_LAST, S + 4).aeth(AethRepr::ACK_UNLIMITED, 3).fill(2048, 952));
+    p.expect_cqes(&[(3, WcStatus::Success)]);
+    let v = p.tx();
+    assert_eq!(ops(&v), vec![(Opcode::RC_SEND_ONLY, S + 5, true), (Opcode::RC_RDMA_WRITE_ONLY, S + 6, true)]);
+    assert_eq!((&v[0].payload[..], &v[1].payload[..]), (&p.data()[200..1224], &p.data()[300..301]));
+    assert_eq!(v[1].reth(), roce_dp::wire::RethRepr { va: RVA + 0x2000, rkey: RKEY, len: 1 });
+    p.rx(ack(S + 6, 5));
+    p.expect_cqes(&[(4, WcStatus::Success), (5, WcStatus::Success)]);
+    assert_eq!(p.eng.query_qp(p.qpn).unwrap().sq_psn, S + 7);
+    p.tx_nothing();
+}
+
 #[test]
 fn fence_waits_for_earlier_reads() {
     let mut p = Peer::new();

@@ -3,9 +3,9 @@
 
 use super::{Qp, QpState, SendWqe, TimerKind, WqeState};
 use crate::engine::{Ctx, PayloadSrc, TxExt, TxPlan};
-use crate::mr::{AccessError, AccessFlags, MrTable};
+use crate::mr::{AccessError, AccessFlags, MrSpan, MrTable};
 use crate::verbs::{Sge, WcStatus, WrOpcode};
-use crate::wire::{AtomicEthRepr, Opcode, RethRepr};
+use crate::wire::{AtomicEthRepr, Opcode, Psn, RethRepr};
 
 /// What the requester has for the wire.
 pub(crate) enum ReqOutcome {
@@ -61,6 +61,26 @@ const fn opcode_by_sequence(op: WrOpcode, first: bool, last: bool) -> Opcode {
         (WrOpcode::RdmaWriteWithImm, false, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
         (_, false, true) => Opcode::RC_RDMA_WRITE_LAST,
     }
+}
+
+/// The extension headers of a SEND/WRITE packet (the first, the last, both or neither of its message) and its
+/// SE bit: RETH on a WRITE's first packet, immediate data on a `..WithImm`'s last, IETH on a SEND with
+/// invalidate's last; the WR's solicited flag on the last.
+#[inline(always)]
+fn send_write_ext(wqe: &SendWqe, first: bool, last: bool) -> (TxExt, bool) {
+    let op = wqe.wr.opcode;
+    let mut ext = TxExt::None;
+    let imm = (last && matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm)).then_some(wqe.wr.imm);
+    if first && matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm) {
+        let reth = RethRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, len: wqe.length as u32 };
+        ext = TxExt::Reth(reth, imm);
+    } else if let Some(v) = imm {
+        ext = TxExt::Imm(v);
+    }
+    if last && op == WrOpcode::SendWithInv {
+        ext = TxExt::Ieth(wqe.wr.invalidate_rkey);
+    }
+    (ext, last && wqe.wr.solicited)
 }
 
 /// Calls `f(lkey, addr, dst_range)` for each piece of `len` bytes starting `off` bytes into the SGL.
@@ -191,8 +211,6 @@ impl Qp {
         }
         let idx = self.req_cur;
         let wqe = self.sq.get(idx);
-        // Where this packet's payload was checked, if its check was validate_sgl's (below).
-        let mut span = None;
         if wqe.state == WqeState::Posted {
             if self.state == QpState::Sqd {
                 return ReqOutcome::Idle;
@@ -204,13 +222,16 @@ impl Qp {
             match self.sole_sge(idx, wqe) {
                 // validate_sgl's check of a WQE with one SGE, inline. When the whole message leaves in this packet
                 // (a SEND/WRITE of at most one MTU), it is also the check of the packet's read, made once here: the
-                // read uses its result (no second lookup and checks).
+                // read uses its result (no second lookup and checks), and the packet is built by `sole_packet`.
                 Some(s) => {
                     let rd_atomic = wqe.wr.opcode.is_rd_atomic();
                     let need = if rd_atomic { AccessFlags::LOCAL_WRITE } else { AccessFlags::NONE };
                     match ctx.mrs.check_span(s.lkey, self.pd, s.addr, u64::from(s.len), need) {
                         // (The message's length is its SGEs', post_send's sum: the packet reads the range whole.)
-                        Ok(sp) if !rd_atomic && wqe.length == u64::from(s.len) && s.len <= self.mtu => span = Some(sp),
+                        Ok(sp) if !rd_atomic && wqe.length == u64::from(s.len) && s.len <= self.mtu => {
+                            return self.sole_packet(ctx, idx, s.len, sp);
+                        }
+                        Ok(_) if wqe.wr.opcode == WrOpcode::RdmaRead => return self.read_request(ctx, idx),
                         Ok(_) => {}
                         Err(_) => return ReqOutcome::LocalError(WcStatus::LocProtErr),
                     }
@@ -239,9 +260,8 @@ impl Qp {
 
         let psn = self.req_psn;
         let off = self.psn_offset(wqe, psn);
-        let (opcode, ack_req);
+        let (opcode, ack_req, ext);
         let mut solicited = false;
-        let mut ext = TxExt::None;
         let mut payload_len = 0u32;
         let mut src = PayloadSrc::None;
         let op = wqe.wr.opcode;
@@ -276,29 +296,13 @@ impl Qp {
                 let last = remaining <= mtu;
                 let len = remaining.min(mtu) as u32;
                 opcode = send_write_opcode(op, first, last);
-                let imm =
-                    (last && matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm)).then_some(wqe.wr.imm);
-                if first && matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm) {
-                    let reth = RethRepr { va: wqe.wr.remote_addr, rkey: wqe.wr.rkey, len: wqe.length as u32 };
-                    ext = TxExt::Reth(reth, imm);
-                } else if let Some(v) = imm {
-                    ext = TxExt::Imm(v);
-                }
-                if last {
-                    if op == WrOpcode::SendWithInv {
-                        ext = TxExt::Ieth(wqe.wr.invalidate_rkey);
-                    }
-                    solicited = wqe.wr.solicited;
-                }
+                (ext, solicited) = send_write_ext(wqe, first, last);
                 // AckReq on the last packet of a message, and every `ack_req_every` packets within long ones.
                 self.noack_pkts += 1;
                 ack_req = last || self.noack_pkts >= ctx.cfg.ack_req_every;
                 payload_len = len;
                 if len > 0 {
-                    src = match span {
-                        Some(sp) => PayloadSrc::Span(sp),
-                        None => PayloadSrc::Sq { idx, off },
-                    };
+                    src = PayloadSrc::Sq { idx, off };
                 }
                 self.req_psn = psn.add(1);
                 if last {
@@ -313,6 +317,76 @@ impl Qp {
             self.sq.get_mut(idx).counted = true;
             self.outstanding_rd_atomic += 1;
         }
+        self.finish_request(ctx, psn, opcode, solicited, ack_req, ext, payload_len, src)
+    }
+
+    /// The packet of a SEND/WRITE that leaves whole in it, from one SGE of `len` bytes (at most one MTU, not
+    /// empty) whose check gave `span`: [`next_request`](Self::next_request)'s steps for a first-and-last packet
+    /// of a WQE just taken (its PSNs, the window, opcode and headers, AckReq, the requester's position), without
+    /// working out which packet of the message this is.
+    #[inline(always)]
+    fn sole_packet(&mut self, ctx: &mut Ctx<'_>, idx: u32, len: u32, span: MrSpan) -> ReqOutcome {
+        let psn = self.req_psn;
+        let w = self.sq.get_mut(idx);
+        (w.first_psn, w.last_psn, w.state) = (psn, psn, WqeState::Started);
+        // The window of unacknowledged PSNs (a WQE left Started here goes out by the general path later).
+        if psn.distance_from(self.comp_psn) >= ctx.cfg.max_unacked_psns {
+            return ReqOutcome::Idle;
+        }
+        let wqe = self.sq.get(idx);
+        let opcode = send_write_opcode(wqe.wr.opcode, true, true);
+        let (ext, solicited) = send_write_ext(wqe, true, true);
+        // The last packet: AckReq, the count of packets without it starts again.
+        self.noack_pkts = 0;
+        self.req_psn = psn.add(1);
+        self.req_cur = idx.wrapping_add(1);
+        self.finish_request(ctx, psn, opcode, solicited, true, ext, len, PayloadSrc::Span(span))
+    }
+
+    /// The request of a READ with one SGE (checked) just taken: [`next_request`](Self::next_request)'s steps for
+    /// it (one packet, whatever the length: its PSNs are the response packets'), without working out which
+    /// packet of the message this is.
+    #[inline(always)]
+    fn read_request(&mut self, ctx: &mut Ctx<'_>, idx: u32) -> ReqOutcome {
+        let psn = self.req_psn;
+        let w = self.sq.get(idx);
+        let (length, va, rkey, counted) = (w.length, w.wr.remote_addr, w.wr.rkey, w.counted);
+        let last = psn.add(self.npkts(length) - 1);
+        let w = self.sq.get_mut(idx);
+        (w.first_psn, w.last_psn, w.state) = (psn, last, WqeState::Started);
+        if !counted && self.outstanding_rd_atomic >= u32::from(self.max_rd_atomic) {
+            return ReqOutcome::Idle;
+        }
+        // The window of unacknowledged PSNs (a WQE left Started goes out by the general path later).
+        if psn.distance_from(self.comp_psn) >= ctx.cfg.max_unacked_psns {
+            return ReqOutcome::Idle;
+        }
+        self.noack_pkts = 0;
+        self.req_psn = last.add(1);
+        self.req_cur = idx.wrapping_add(1);
+        if !counted {
+            self.sq.get_mut(idx).counted = true;
+            self.outstanding_rd_atomic += 1;
+        }
+        let ext = TxExt::Reth(RethRepr { va, rkey, len: length as u32 }, None);
+        self.finish_request(ctx, psn, Opcode::RC_RDMA_READ_REQUEST, false, true, ext, 0, PayloadSrc::None)
+    }
+
+    /// The end of [`next_request`](Self::next_request) for the packet at `psn` (the requester's position already
+    /// moved past it): retransmission count or the highest PSN sent, the local ACK timer, the BTH.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn finish_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        psn: Psn,
+        opcode: Opcode,
+        solicited: bool,
+        ack_req: bool,
+        ext: TxExt,
+        payload_len: u32,
+        src: PayloadSrc,
+    ) -> ReqOutcome {
         let retransmit = psn.before(self.req_max_psn);
         // A packet that is not a retransmission starts at req_max_psn and moves it past its PSNs. Not a signed
         // compare of the two: a READ of 2^31 bytes at MTU 256 takes 2^23 PSNs (ROCE-NOTES §4.5), where the
