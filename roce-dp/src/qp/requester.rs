@@ -334,8 +334,18 @@ impl Qp {
             return ReqOutcome::Idle;
         }
         let wqe = self.sq.get(idx);
-        let opcode = send_write_opcode(wqe.wr.opcode, true, true);
-        let (ext, solicited) = send_write_ext(wqe, true, true);
+        let wr = &wqe.wr;
+        let opcode = send_write_opcode(wr.opcode, true, true);
+        // send_write_ext's headers of a first-and-last packet, by the WR's opcode.
+        let reth = RethRepr { va: wr.remote_addr, rkey: wr.rkey, len };
+        let ext = match wr.opcode {
+            WrOpcode::RdmaWrite => TxExt::Reth(reth, None),
+            WrOpcode::RdmaWriteWithImm => TxExt::Reth(reth, Some(wr.imm)),
+            WrOpcode::SendWithImm => TxExt::Imm(wr.imm),
+            WrOpcode::SendWithInv => TxExt::Ieth(wr.invalidate_rkey),
+            _ => TxExt::None,
+        };
+        let solicited = wr.solicited;
         // The last packet: AckReq, the count of packets without it starts again.
         self.noack_pkts = 0;
         self.req_psn = psn.add(1);
