@@ -707,9 +707,9 @@ impl Engine {
         mut fill: impl FnMut(SendSlot<'_>) -> Result<Option<u32>, E>,
     ) -> Result<(u32, Option<PostSendsStop<E>>), VerbsError> {
         let (i, qp) = qp_slot(&mut self.qps, self.cfg.qpn_base, qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
-        let bad_state = matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr).then_some(qp.state);
-        let max_sge = qp.caps.max_send_sge;
-        let (per_sge, per_inline) = (max_sge.max(1) as usize, qp.caps.max_inline as usize);
+        let not_ready = not_ready_to_send(qp.state);
+        let caps = (qp.caps.max_send_sge, qp.caps.max_inline);
+        let (per_sge, per_inline) = (caps.0.max(1) as usize, caps.1 as usize);
         let (mut posted, mut stop) = (0, None);
         while posted < max && !qp.sq.is_full() {
             let idx = qp.sq.tail;
@@ -730,30 +730,23 @@ impl Engine {
                     break;
                 }
             };
-            // post_send's checks (check_post_send), on what `fill` wrote.
+            // post_send's checks (check_send_wr, the same function in the same order), on what `fill` wrote:
+            // inline, `n` bytes and no SGE; else `n` SGEs (a count past the room fails as TooManySge before its
+            // length is looked at). Called in each branch, so that the check's own `inline` test folds away.
             let wr = &wqe.wr;
-            let checked = if let Some(state) = bad_state {
-                Err(VerbsError::BadState(state))
-            } else if wr.inline {
-                if wr.opcode.is_rd_atomic() || n as usize > per_inline {
-                    Err(VerbsError::BadInline(u64::from(n)))
-                } else {
-                    Ok((0, u64::from(n)))
-                }
+            let checked = if wr.inline {
+                let length = u64::from(n);
+                check_send_wr(not_ready, caps, wr, 0, length).map(|()| (0, length))
             } else {
-                match sges.get(..n as usize) {
-                    _ if n > max_sge => Err(VerbsError::TooManySge(n as usize)),
+                let length = match sges.get(..n as usize) {
                     // One SGE (the common case) without the vectorised sum's set-up.
-                    Some([one]) => Ok((1, u64::from(one.len))),
-                    Some(list) => Ok((n, list.iter().map(|s| u64::from(s.len)).sum())),
-                    None => Err(VerbsError::TooManySge(n as usize)),
-                }
+                    Some([one]) => u64::from(one.len),
+                    Some(list) => list.iter().map(|s| u64::from(s.len)).sum(),
+                    None => 0,
+                };
+                check_send_wr(not_ready, caps, wr, n as usize, length).map(|()| (n, length))
             };
             let (num_sge, length) = match checked {
-                Ok((_, length)) if length > MAX_MSG_LEN || (wr.opcode.is_atomic() && length != 8) => {
-                    stop = Some(PostSendsStop::Refused { wr_id: wr.wr_id, error: VerbsError::BadLength(length) });
-                    break;
-                }
                 Ok(v) => v,
                 Err(error) => {
                     stop = Some(PostSendsStop::Refused { wr_id: wr.wr_id, error });
@@ -775,26 +768,12 @@ impl Engine {
         Ok((posted, stop))
     }
 
-    /// The checks of a send post: the QP's state, SGE count, message length, inline limits and room in the send
-    /// queue. Returns the QP's index.
+    /// The checks of a send post ([`check_send_wr`]) and room in the send queue. Returns the QP's index.
     fn check_post_send(&self, qpn: u32, wr: &SendWr, num_sge: usize, length: u64) -> Result<u32, VerbsError> {
         let i = self.qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         let qp = self.qps[i as usize].as_deref().expect("checked");
-        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(VerbsError::BadState(qp.state));
-        }
-        if num_sge > qp.caps.max_send_sge as usize {
-            return Err(VerbsError::TooManySge(num_sge));
-        }
-        if length > MAX_MSG_LEN || (wr.opcode.is_atomic() && length != 8) {
-            return Err(VerbsError::BadLength(length));
-        }
-        if wr.inline {
-            let payload_op = !wr.opcode.is_rd_atomic();
-            if !payload_op || length > u64::from(qp.caps.max_inline) {
-                return Err(VerbsError::BadInline(length));
-            }
-        }
+        let caps = (qp.caps.max_send_sge, qp.caps.max_inline);
+        check_send_wr(not_ready_to_send(qp.state), caps, wr, num_sge, length)?;
         if qp.sq.is_full() {
             return Err(VerbsError::QueueFull);
         }
@@ -1259,6 +1238,40 @@ fn requeue(ready: &mut VecDeque<u32>, heap: &mut BinaryHeap<Reverse<(Instant, u3
         ready.pop_front();
         ready.push_back(i);
     }
+}
+
+/// The state a QP must be past to take send WRs (RTS or later): `Some(state)` when it is not.
+#[inline]
+fn not_ready_to_send(state: QpState) -> Option<QpState> {
+    matches!(state, QpState::Reset | QpState::Init | QpState::Rtr).then_some(state)
+}
+
+/// The checks of one send WR, for both entry points ([`Engine::post_send`] and its inline form, and
+/// [`Engine::post_sends_with`]), in this order so that a WR that breaks several rules gets the same error from each:
+/// the QP's state (`not_ready`: [`not_ready_to_send`], which the batch looks at once), the SGE count (`max_sge`:
+/// the QP's `max_send_sge`), the message length (at most 2^31; an atomic's is 8), then inline (a payload opcode, at
+/// most `max_inline` bytes).
+#[inline]
+fn check_send_wr(
+    not_ready: Option<QpState>,
+    (max_sge, max_inline): (u32, u32),
+    wr: &SendWr,
+    num_sge: usize,
+    length: u64,
+) -> Result<(), VerbsError> {
+    if let Some(state) = not_ready {
+        return Err(VerbsError::BadState(state));
+    }
+    if num_sge > max_sge as usize {
+        return Err(VerbsError::TooManySge(num_sge));
+    }
+    if length > MAX_MSG_LEN || (wr.opcode.is_atomic() && length != 8) {
+        return Err(VerbsError::BadLength(length));
+    }
+    if wr.inline && (wr.opcode.is_rd_atomic() || length > u64::from(max_inline)) {
+        return Err(VerbsError::BadInline(length));
+    }
+    Ok(())
 }
 
 /// Appends a send WQE to `qp`'s send queue (its SGEs or inline bytes already in the slot). Inline, with the WR by

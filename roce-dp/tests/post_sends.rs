@@ -160,3 +160,46 @@ fn the_sources_error_ends_the_batch_and_an_error_state_qp_flushes_what_was_poste
     assert!(p.tx().is_empty(), "nothing sent in the error state");
     assert!(p.eng.post_sends_with(0xdead, 8, |_| Ok::<_, ()>(None)).is_err(), "no such QP");
 }
+
+/// `post_send` and `post_sends_with` check a WR with one function in one order (state, SGE count, message length,
+/// inline limits), so a WR that breaks two rules gets the same error from both: an inline atomic of 16 bytes is a
+/// BadLength (the atomic's 8 bytes) from either, not a BadInline from the batch (as it was until session 17).
+#[test]
+fn both_entry_points_refuse_a_wr_with_the_same_error() {
+    let mut p = Peer::new();
+    let max_inline = p.cfg.caps.max_inline;
+    let max_sge = p.cfg.caps.max_send_sge as usize;
+    let inline = |op| SendWr { inline: true, ..SendWr::new(9, op).remote(RVA, RKEY) };
+    let write_wr = SendWr::new(9, WrOpcode::RdmaWrite).remote(RVA, RKEY);
+    // (the WR, its SGEs; post_sends_with gets the SGEs' bytes inline when the WR is inline)
+    let cases: Vec<(SendWr, Vec<Sge>, VerbsError)> = vec![
+        (inline(WrOpcode::AtomicFetchAdd), vec![p.sge(0, 16)], VerbsError::BadLength(16)),
+        (inline(WrOpcode::AtomicCmpSwp), vec![p.sge(0, 4), p.sge(8, 8)], VerbsError::BadLength(12)),
+        (inline(WrOpcode::AtomicCmpSwp), vec![p.sge(0, 8)], VerbsError::BadInline(8)),
+        (inline(WrOpcode::RdmaRead), vec![p.sge(0, 2)], VerbsError::BadInline(2)),
+        (
+            SendWr { inline: true, ..write_wr },
+            vec![p.sge(0, max_inline), p.sge(0, 1)],
+            VerbsError::BadInline(u64::from(max_inline) + 1),
+        ),
+        (SendWr::new(9, WrOpcode::AtomicFetchAdd).remote(RVA, RKEY), vec![p.sge(0, 16)], VerbsError::BadLength(16)),
+        (write_wr, vec![p.sge(0, 8); max_sge + 1], VerbsError::TooManySge(max_sge + 1)),
+    ];
+    for (k, (wr, sgl, error)) in cases.into_iter().enumerate() {
+        let single = p.eng.post_send(p.qpn, &wr, &sgl);
+        let bytes: u32 = sgl.iter().map(|s| s.len).sum();
+        let item = if wr.inline && bytes > max_inline {
+            Item::Count(wr, sgl[0], bytes) // claims more bytes than the slot's room
+        } else if wr.inline {
+            Item::Inline(wr, vec![0x5a; bytes as usize])
+        } else if sgl.len() > max_sge {
+            Item::Count(wr, sgl[0], sgl.len() as u32)
+        } else {
+            Item::Sgl(wr, sgl)
+        };
+        let (n, stop, _) = batch(&mut p, 8, &[item]);
+        assert_eq!(single, Err(error), "case {k}: post_send");
+        assert_eq!((n, stop), (0, Some(PostSendsStop::Refused { wr_id: 9, error })), "case {k}: post_sends_with");
+    }
+    assert_eq!(p.eng.query_qp(p.qpn).unwrap().sq_outstanding, 0, "nothing was posted");
+}
