@@ -302,12 +302,16 @@ struct Inner {
     /// Destroys the daemon refused as busy because something of this session still used the object (a PD dropped
     /// before its QPs or MRs, a CQ before its QPs, a channel before its CQs: verbs' EBUSY, which a drop cannot
     /// return). Retried after each destroy that succeeds, so the object goes with its last user instead of
-    /// staying, and counting against the session's limits, until the session ends.
-    deferred: Mutex<Vec<Request>>,
+    /// staying, and counting against the session's limits, until the session ends. A QP's destroy (which no
+    /// honest daemon refuses as busy) keeps its CQ records, so that the retry's answer settles them too.
+    deferred: Mutex<Vec<(Request, Destroying)>>,
     /// QP destroys sent and not answered yet (changed only under `conn`'s lock): each answer's tails settle its
     /// CQs' records ([`Inner::settle`]), whichever call reads it, before that call lets go of the connection.
     destroying: Mutex<Vec<PendingDestroy>>,
 }
+
+/// A QP destroy's QP number and its CQs' records (the send CQ's first); `None` for other destroys.
+type Destroying = Option<(u32, Vec<Arc<StaleQps>>)>;
 
 /// A QP destroy waiting for its answer: the request's sequence number, the QP and its CQs' records (the send CQ's
 /// first).
@@ -362,7 +366,7 @@ impl Inner {
         &self,
         q: &Request,
         fds: &[std::os::fd::BorrowedFd<'_>],
-        destroying: Option<(u32, Vec<Arc<StaleQps>>)>,
+        destroying: Destroying,
     ) -> Result<(Response, Vec<OwnedFd>, bool), Error> {
         if let Some(r) = self.gone.lock().expect("gone").clone() {
             return Err(Error::DaemonGone { path: self.path.clone(), reason: r });
@@ -476,7 +480,7 @@ impl Inner {
         self.destroy_as(Request::DestroyQp { qpn }, Some((qpn, cqs.to_vec())));
     }
 
-    fn destroy_as(&self, q: Request, destroying: Option<(u32, Vec<Arc<StaleQps>>)>) {
+    fn destroy_as(&self, q: Request, destroying: Destroying) {
         if self.gone.lock().expect("gone").is_some() {
             return;
         }
@@ -490,15 +494,15 @@ impl Inner {
             }
             return;
         }
-        match self.call_as(&q, &[], destroying) {
-            Err(Error::Refused { code: ErrorCode::Busy, .. }) => self.deferred().push(q),
+        match self.call_as(&q, &[], destroying.clone()) {
+            Err(Error::Refused { code: ErrorCode::Busy, .. }) => self.deferred().push((q, destroying)),
             Ok(_) => self.retry_deferred(),
             Err(_) => {}
         }
     }
 
     /// Registers a QP destroy sent as request `seq` (called under `conn`'s lock, before any read of its answer).
-    fn register(&self, seq: u32, destroying: Option<(u32, Vec<Arc<StaleQps>>)>) {
+    fn register(&self, seq: u32, destroying: Destroying) {
         if let Some((qpn, cqs)) = destroying {
             self.pending_destroys().push(PendingDestroy { seq, qpn, cqs });
         }
@@ -509,8 +513,9 @@ impl Inner {
     }
 
     /// A frame read from the daemon (called under `conn`'s lock): the answer to a registered QP destroy settles
-    /// its CQs' records with the tails it carries. Any other answer to it (a refusal: the QP was not destroyed,
-    /// and goes when the session ends) leaves its completions skipped. The daemon answers a session's requests in
+    /// its CQs' records with the tails it carries. Any other answer to it (a refusal: the QP was not destroyed;
+    /// it goes when a retry of a busy one succeeds, see `deferred`, else when the session ends) leaves its
+    /// completions skipped. The daemon answers a session's requests in
     /// order, so an answer to a later request says that an earlier destroy's answer was lost (a daemon that
     /// answered it under another sequence number, or a frame that could not be read): the QP's completions are
     /// then those before the rings' tails now, as the daemon wrote none of it after it handled the destroy, and
@@ -554,7 +559,7 @@ impl Inner {
         }
     }
 
-    fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<Request>> {
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<(Request, Destroying)>> {
         self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -568,9 +573,10 @@ impl Inner {
                 return;
             }
             let mut left = Vec::new();
-            for q in pending {
-                if let Err(Error::Refused { code: ErrorCode::Busy, .. }) = self.call(&q, &[]) {
-                    left.push(q);
+            for (q, destroying) in pending {
+                // A QP's destroy registered again: its answer settles the records (a refusal leaves them).
+                if let Err(Error::Refused { code: ErrorCode::Busy, .. }) = self.call_as(&q, &[], destroying.clone()) {
+                    left.push((q, destroying));
                 }
             }
             let progress = left.len() < before;
