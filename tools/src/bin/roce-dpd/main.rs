@@ -232,8 +232,6 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     // Started: what DPDK says while running (a link going down, a memif peer leaving) is shown from now on, and its
     // capture file stops growing (with -v, DPDK prints to the terminal already).
     eal.log_to_stderr("roce-dpd: DPDK: ");
-    // Worker 0 polls EAL's main lcore, the others theirs: say so if another process polls one of them too.
-    roce_dp_tools::claim_lcores("roce-dpd", std::iter::once(eal.main_lcore()).chain(lcores.iter().copied()));
     let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
     info.mac = mac.0;
     let idle = match prof.worker.idle.as_str() {
@@ -337,6 +335,9 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
                 return Err(e);
             }
         };
+        // Serving: worker 0 polls EAL's main lcore, the others theirs: say so if another process polls one of them
+        // too (a daemon that fails before, e.g. on its socket, polls nothing and says nothing about them).
+        roce_dp_tools::claim_lcores("roce-dpd", std::iter::once(eal.main_lcore()).chain(lcores.iter().copied()));
         let where_ = if nw == 1 {
             format!("worker lcore {}", eal.main_lcore())
         } else {
