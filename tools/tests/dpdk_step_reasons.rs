@@ -65,3 +65,59 @@ fn rdp_porttest_quotes_only_what_dpdk_said_during_the_failed_step() {
         "rdp-porttest: rte_eth_dev_set_mtu failed: Operation not supported (ring a: 1 rx/tx queue pair(s), mtu 9000)\n"
     );
 }
+
+/// A port whose probe failed while EAL started (a memif socket another server holds): the lookup by name fails, and
+/// the reason is what DPDK logged about that device's probe, not the first failure-worded line since EAL's start.
+/// Session 17: `roce-dpd`, `rdp-nic` and the perftest tools quoted `EAL: lib.rcu log level changed from disabled to
+/// error` (lib.eal at debug level) for it. The holder is `rdp-porttest memif --role server`, which only waits
+/// (not polling) for a client.
+#[test]
+fn a_port_whose_probe_failed_quotes_that_probes_reason() {
+    let id = std::process::id();
+    let sock = std::env::temp_dir().join(format!("rdp-step-probe-{id}.sock"));
+    let _ = std::fs::remove_file(&sock);
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_rdp-porttest"))
+        .args(["memif", "--role", "server", "--link-timeout", "30", "--socket"])
+        .arg(&sock)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    // memif's socket is in the abstract namespace (DPDK 22.11's default): /proc/net/unix lists it as `@PATH`.
+    let listening = || {
+        let want = format!("@{}", sock.display());
+        std::fs::read_to_string("/proc/net/unix").unwrap().lines().any(|l| l.ends_with(&want))
+    };
+    while !listening() {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(20), "the holder never listened on {sock:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let conf = std::env::temp_dir().join(format!("rdp-step-probe-{id}.toml"));
+    std::fs::write(
+        &conf,
+        format!(
+            "[port]\ndriver = \"memif\"\nrole = \"server\"\nsocket = \"{}\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n\
+             [eal]\nlcores = \"0\"\nno_huge_mb = 256\nextra = [\"--log-level=lib.eal:debug\"]\n[worker]\nidle = \"sleep\"\n\
+             [daemon]\nsocket = \"/tmp/rdp-step-probe-{id}-d.sock\"\n",
+            sock.display()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_roce-dpd")).arg("--config").arg(&conf).output().unwrap();
+    // SAFETY: kill with the pid of a child this test started and has not reaped.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
+    holder.wait().unwrap();
+    let _ = std::fs::remove_file(&conf);
+    let _ = std::fs::remove_file(&sock);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(
+        err,
+        format!(
+            "roce-dpd: port net_memif0: rte_eth_dev_get_port_by_name failed: No such device; DPDK: \
+             memif_socket_create(): Failed to setup socket {}: Address already in use\n",
+            sock.display()
+        )
+    );
+}

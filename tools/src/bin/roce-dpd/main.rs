@@ -38,7 +38,7 @@ use roce_dp::dpdk::{
 use roce_dp::neigh::NeighIp;
 use roce_dp::wire::MacAddr;
 use roce_dp::{Engine, EngineConfig, LocalIp};
-use roce_dp_tools::{dpdk_step, dpdk_step_since, DpdkMark};
+use roce_dp_tools::{dpdk_lookup, dpdk_step};
 
 /// The first QPN of worker 0's engine.
 const QPN_BASE: u32 = 0x100;
@@ -198,8 +198,7 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
             Some((name, _)) => name,
             None => prof.port.pci.clone().unwrap_or_default(),
         };
-        dpdk_step_since(DpdkMark::EAL_START, || Port::by_name(&eal, &name))
-            .map_err(|e| Fail(format!("port {name}: {e}")))?
+        dpdk_lookup(&name, || Port::by_name(&eal, &name)).map_err(|e| Fail(format!("port {name}: {e}")))?
     };
     let pinfo = port.info()?;
     let (_rx_off, tx_off) = choose_offloads(&pinfo);
