@@ -280,8 +280,7 @@ fn a_ring_the_daemon_corrupted_is_a_protocol_error_not_a_bad_request() {
             Request::CreateQp { .. } => (Response::Qp { qpn: 0x100 }, fds.pop()),
             _ => (Response::Ok, None),
         };
-        let fds: Vec<_> = fd.iter().map(|f| std::os::fd::AsFd::as_fd(f)).collect();
-        c.send_response(seq, &r, &fds).is_ok()
+        fake_daemon::answer(c, seq, &r, fd.as_ref())
     });
     let dev = Device::open(&path).unwrap();
     let pd = dev.alloc_pd().unwrap();
@@ -809,8 +808,7 @@ fn a_completion_of_a_reused_qp_number_written_before_the_destroys_answer_is_poll
             }
             _ => (Response::Ok, None),
         };
-        let fds: Vec<_> = fd.iter().map(|f| std::os::fd::AsFd::as_fd(f)).collect();
-        c.send_response(seq, &r, &fds).is_ok()
+        fake_daemon::answer(c, seq, &r, fd.as_ref())
     });
     let dev = Device::open(&path).unwrap();
     let pd = dev.alloc_pd().unwrap();
@@ -862,8 +860,7 @@ fn reused_number_daemon(
             }
             _ => (Response::Ok, None),
         };
-        let fds: Vec<_> = fd.iter().map(|f| std::os::fd::AsFd::as_fd(f)).collect();
-        c.send_response(seq, &r, &fds).is_ok()
+        fake_daemon::answer(c, seq, &r, fd.as_ref())
     })
 }
 
@@ -1133,4 +1130,69 @@ fn sends_posted_before_rts_are_refused_and_flushed() {
         assert_eq!(state(&qp), QpState::Err, "{tag}");
         assert!(p.mr.as_slice()[half..][..64].iter().all(|&b| b == 0), "{tag}: a WRITE was executed");
     }
+}
+
+/// Session 17 review: a daemon that answers a QP's destroy with `Busy` (no honest one does: a QP has no users that
+/// hold it) had the library keep the destroy to retry after the next destroy that succeeds, as it does for a PD or
+/// CQ still in use, but the retry went out without the QP's CQ records: its answer (`QpDestroyed` with the tails)
+/// settled nothing, so the CQ kept skipping every completion of the QP number for the rest of the session. Here
+/// the retry succeeds (after a PD's destroy), the daemon gives 0x100 to the next QP and that QP's completion
+/// (wr_id 2) waits in the ring: it is polled, the destroyed QP's (wr_id 1, one before each answer) are not, and no
+/// record is left. Old code: nothing polled, one record left.
+#[test]
+fn a_qp_destroy_refused_as_busy_and_retried_settles_its_records_with_the_retrys_answer() {
+    use roce_dp::ctrl::abi;
+    use roce_dp::ctrl::proto::{ErrorCode, Request, Response};
+    use roce_dp::ctrl::shm::{Backing as B, DaemonCqRegion, DaemonQpRegion, QpRegionCaps};
+    let caps = QpRegionCaps { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    let qps = [1, 2].map(|i| DaemonQpRegion::create(&format!("audit-client-busy-qp{i}"), caps, B::Pages).unwrap());
+    let mut cq = DaemonCqRegion::create("audit-client-busy-cq", 8, B::Pages).unwrap();
+    let mut qp_fds: Vec<_> = qps.iter().map(|q| q.fd().try_clone_to_owned().unwrap()).collect();
+    let mut cq_fd = Some(cq.fd().try_clone_to_owned().unwrap());
+    let cqe = |wr_id: u64| abi::Cqe { wr_id, qpn: 0x100, opcode: abi::wc_opcode::RECV, ..abi::Cqe::default() };
+    let (mut pds, mut destroys) = (0, 0);
+    let (path, t) = fake_daemon::scripted_daemon(sock("busy-qp"), move |q, seq, c| {
+        let _keep = &qps;
+        let (r, fd) = match q {
+            Request::AllocPd => {
+                pds += 1;
+                (Response::Pd { pd: pds }, None)
+            }
+            Request::CreateCq { .. } => (Response::Cq { cq: 1 }, cq_fd.take()),
+            Request::CreateQp { .. } => {
+                if qp_fds.len() == 1 {
+                    cq.cq.push_publish(cqe(2)).unwrap();
+                }
+                (Response::Qp { qpn: 0x100 }, Some(qp_fds.remove(0)))
+            }
+            Request::DestroyQp { qpn: 0x100 } => {
+                destroys += 1;
+                cq.cq.push_publish(cqe(1)).unwrap();
+                let tail = cq.cq.next_index();
+                match destroys {
+                    1 => (Response::Error { code: ErrorCode::Busy, msg: "QP 0x100 is busy".into() }, None),
+                    _ => (Response::QpDestroyed { send_tail: tail, recv_tail: tail }, None),
+                }
+            }
+            _ => (Response::Ok, None),
+        };
+        fake_daemon::answer(c, seq, &r, fd.as_ref())
+    });
+    let dev = Device::open(&path).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let mut cq = dev.create_cq(8).unwrap();
+    drop(dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap());
+    assert_eq!(cq.destroyed_qps_pending(), 1, "the refused QP's completions are skipped");
+    // A destroy that succeeds: the QP's is retried.
+    drop(dev.alloc_pd().unwrap());
+    let y = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    assert_eq!(y.qpn(), 0x100);
+    let mut got = Vec::new();
+    while let Some(c) = wait_cqe(&mut cq, Duration::from_millis(100)).unwrap() {
+        got.push((c.qpn, c.wr_id));
+    }
+    assert_eq!((got, cq.destroyed_qps_pending()), (vec![(0x100, 2)], 0));
+    drop((y, cq, pd, dev));
+    t.join().unwrap();
+    let _ = std::fs::remove_file(path);
 }

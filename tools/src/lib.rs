@@ -118,15 +118,41 @@ fn is_noise(line: &str) -> bool {
 /// the multiq qdisc, which then runs without rte_flow; net_tap's start with no secondary process), which would
 /// otherwise stand for every later step's failure.
 pub fn dpdk_explanation(log: &str) -> Option<String> {
-    const WORDS: &[&str] = &["fail", "error", "invalid", "unrecognized", "cannot", "not supported", "too large"];
     log.lines()
         .map(str::trim)
-        .filter(|l| !is_noise(l))
-        .find(|l| {
-            let l = l.to_ascii_lowercase();
-            WORDS.iter().any(|w| l.contains(w))
-        })
+        .find(|l| reports_failure(l))
         .map(|l| l.strip_prefix("rdp-porttest: ").unwrap_or(l).to_owned())
+}
+
+/// A line of DPDK's output that reports a failure (a failure word, and not known noise).
+fn reports_failure(line: &str) -> bool {
+    const WORDS: &[&str] = &["fail", "error", "invalid", "unrecognized", "cannot", "not supported", "too large"];
+    let l = line.to_ascii_lowercase();
+    !is_noise(line) && WORDS.iter().any(|w| l.contains(w))
+}
+
+/// DPDK's reason for the failed probe of device `name` (a vdev's name or a PCI address) while EAL started, from
+/// the whole captured `log`: the first line reporting a failure that names the device (the driver's own, e.g.
+/// net_af_packet's `rte_pmd_init_internals(): net_af_packet0: ioctl failed ...`), or when that is EAL's bus code
+/// reporting it (`vdev_probe(): failed to initialize net_memif0 device`) and the driver's lines just before it report
+/// a failure (noise skipped), the nearest of those: the driver's cause (memif's `memif_socket_create(): Failed to setup socket ...: Address
+/// already in use`). Failure-worded lines elsewhere in EAL's start (at debug level, `EAL: lib.rcu log level changed
+/// from disabled to error`; `EAL: Module /sys/module/vfio not found! error 2`) never stand for it.
+pub fn probe_explanation(log: &str, name: &str) -> Option<String> {
+    if name.is_empty() {
+        return None;
+    }
+    // EAL's bus code, which reports a probe's failure after the driver said why: `EAL: ...`, `vdev_probe(): ...`.
+    let bus = |l: &str| l.starts_with("EAL:") || l.starts_with("vdev_probe()");
+    let lines: Vec<&str> = log.lines().map(str::trim).collect();
+    let at = lines.iter().position(|l| l.contains(name) && reports_failure(l))?;
+    let cause = bus(lines[at])
+        .then(|| {
+            let before = lines[..at].iter().rev();
+            before.take_while(|l| !bus(l) && (is_noise(l) || reports_failure(l))).find(|l| !is_noise(l))
+        })
+        .flatten();
+    Some(cause.unwrap_or(&lines[at]).to_string())
 }
 
 /// DPDK's reason for the failure of one step, from what it logged during that step only: the first line reporting a
@@ -158,21 +184,28 @@ impl<E: std::fmt::Display> std::fmt::Display for DpdkFailure<E> {
     }
 }
 
-/// Where a DPDK setup step began in DPDK's captured log ([`dpdk_step_since`]).
+/// Where a DPDK setup step began in DPDK's captured log.
 #[cfg(feature = "dpdk")]
 #[derive(Clone, Copy, Debug)]
-pub struct DpdkMark(u64);
+struct DpdkMark(u64);
 
 #[cfg(feature = "dpdk")]
 impl DpdkMark {
-    /// The log's start: EAL's own start, during which it probes the vdevs and allowed PCI devices. A port's lookup
-    /// by name fails because its probe did, so its reason is here (e.g. a memif socket another server holds).
-    pub const EAL_START: DpdkMark = DpdkMark(0);
-
     /// The end of the log now.
-    pub fn now() -> DpdkMark {
+    fn now() -> DpdkMark {
         DpdkMark(roce_dp::dpdk::captured_log_mark())
     }
+
+    /// [`step_explanation`] of what DPDK logged from this mark on.
+    fn step_says(self) -> Option<String> {
+        step_explanation(&roce_dp::dpdk::captured_log_since(self.0))
+    }
+}
+
+/// `"; DPDK: WHY"`, or empty.
+#[cfg(feature = "dpdk")]
+fn says(why: Option<String>) -> String {
+    why.map(|why| format!("; DPDK: {why}")).unwrap_or_default()
 }
 
 /// Runs one DPDK setup step (EAL init, configure, start); if it fails, its error comes with what DPDK logged during
@@ -180,18 +213,19 @@ impl DpdkMark {
 /// [`roce_dp::dpdk::Eal::init_captured`]), never with an earlier step's harmless line.
 #[cfg(feature = "dpdk")]
 pub fn dpdk_step<T, E>(step: impl FnOnce() -> Result<T, E>) -> Result<T, DpdkFailure<E>> {
-    dpdk_step_since(DpdkMark::now(), step)
+    let mark = DpdkMark::now();
+    step().map_err(|error| DpdkFailure { error, says: says(mark.step_says()) })
 }
 
-/// [`dpdk_step`] for a step whose reason DPDK logged from `mark` on (e.g. [`DpdkMark::EAL_START`] for a port's
-/// lookup).
+/// [`dpdk_step`] for the lookup of port `name` (a vdev's name or a PCI address), which fails because the device's
+/// probe during EAL's start did: the reason is what DPDK logged about that probe ([`probe_explanation`]), unless
+/// the lookup itself logged one.
 #[cfg(feature = "dpdk")]
-pub fn dpdk_step_since<T, E>(mark: DpdkMark, step: impl FnOnce() -> Result<T, E>) -> Result<T, DpdkFailure<E>> {
+pub fn dpdk_lookup<T, E>(name: &str, step: impl FnOnce() -> Result<T, E>) -> Result<T, DpdkFailure<E>> {
+    let mark = DpdkMark::now();
     step().map_err(|error| {
-        let says = step_explanation(&roce_dp::dpdk::captured_log_since(mark.0))
-            .map(|why| format!("; DPDK: {why}"))
-            .unwrap_or_default();
-        DpdkFailure { error, says }
+        let why = mark.step_says().or_else(|| probe_explanation(&roce_dp::dpdk::captured_log(), name));
+        DpdkFailure { error, says: says(why) }
     })
 }
 
@@ -260,7 +294,7 @@ pub fn clap_error_line(e: &clap::Error, cmd: &clap::Command) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{dpdk_explanation, step_explanation};
+    use super::{dpdk_explanation, probe_explanation, step_explanation};
 
     /// What DPDK 22.11 printed for `rdp-nic -v tap` on this project's VM (kernel 6.1 without sch_multiq): both tap
     /// ports probed and started, the run passed.
@@ -319,5 +353,38 @@ memif_socket_create(): Failed to setup socket /run/m.sock: Address already in us
         assert_eq!(step_explanation(noisy).as_deref(), Some("port 0 up"));
         assert_eq!(step_explanation("a\nb\n"), None);
         assert_eq!(step_explanation("a\nb: Invalid argument\nc failed\n").as_deref(), Some("b: Invalid argument"));
+    }
+
+    /// A device's failed probe during EAL's start: the driver's cause just before EAL's line naming the device
+    /// (memif's probe noise between skipped), or that line alone; failure-worded lines of EAL's start elsewhere,
+    /// and another device's failure, are not its reason; a device no line names has none.
+    #[test]
+    fn a_failed_probe_is_explained_by_the_lines_about_that_device() {
+        let log = "EAL: lib.rcu log level changed from disabled to error
+EAL: Module /sys/module/vfio not found! error 2 (No such file or directory)
+EAL: Main lcore 1 is ready (tid=7fd82d0e9980;cpuset=[1])
+rte_pmd_memif_probe(): Failed to register mp action callback: Operation not supported
+memif_socket_create(): Failed to setup socket /run/m.sock: Address already in use
+vdev_probe(): failed to initialize net_memif0 device
+EAL: Bus (vdev) probe failed.
+rte_pmd_init_internals(): net_af_packet0: ioctl failed (SIOCGIFINDEX):No such device
+vdev_probe(): failed to initialize net_af_packet0 device
+";
+        assert_eq!(
+            probe_explanation(log, "net_memif0").as_deref(),
+            Some("memif_socket_create(): Failed to setup socket /run/m.sock: Address already in use")
+        );
+        assert_eq!(
+            probe_explanation(log, "net_af_packet0").as_deref(),
+            Some("rte_pmd_init_internals(): net_af_packet0: ioctl failed (SIOCGIFINDEX):No such device")
+        );
+        let alone = "EAL: lib.rcu log level changed from disabled to error\nEAL: probe of 0000:03:00.0 said hello\n\
+                     EAL: Requested device 0000:03:00.0 cannot be used\n";
+        assert_eq!(
+            probe_explanation(alone, "0000:03:00.0").as_deref(),
+            Some("EAL: Requested device 0000:03:00.0 cannot be used")
+        );
+        assert_eq!(probe_explanation(log, "net_ring0"), None);
+        assert_eq!(probe_explanation(log, ""), None);
     }
 }

@@ -287,6 +287,10 @@ struct Inner {
     /// The control-call timeout, in microseconds.
     timeout_us: std::sync::atomic::AtomicU64,
     seq: AtomicU32,
+    /// The oldest request sent whose answer has not been read (changed only under `conn`'s lock, by
+    /// [`Inner::settle`]): the daemon answers in order, so an answer to request N says that those before N are
+    /// answered (or their answers lost).
+    answered: AtomicU32,
     info: DeviceInfo,
     path: PathBuf,
     gone: Mutex<Option<String>>,
@@ -298,12 +302,16 @@ struct Inner {
     /// Destroys the daemon refused as busy because something of this session still used the object (a PD dropped
     /// before its QPs or MRs, a CQ before its QPs, a channel before its CQs: verbs' EBUSY, which a drop cannot
     /// return). Retried after each destroy that succeeds, so the object goes with its last user instead of
-    /// staying, and counting against the session's limits, until the session ends.
-    deferred: Mutex<Vec<Request>>,
+    /// staying, and counting against the session's limits, until the session ends. A QP's destroy (which no
+    /// honest daemon refuses as busy) keeps its CQ records, so that the retry's answer settles them too.
+    deferred: Mutex<Vec<(Request, Destroying)>>,
     /// QP destroys sent and not answered yet (changed only under `conn`'s lock): each answer's tails settle its
     /// CQs' records ([`Inner::settle`]), whichever call reads it, before that call lets go of the connection.
     destroying: Mutex<Vec<PendingDestroy>>,
 }
+
+/// A QP destroy's QP number and its CQs' records (the send CQ's first); `None` for other destroys.
+type Destroying = Option<(u32, Vec<Arc<StaleQps>>)>;
 
 /// A QP destroy waiting for its answer: the request's sequence number, the QP and its CQs' records (the send CQ's
 /// first).
@@ -358,7 +366,7 @@ impl Inner {
         &self,
         q: &Request,
         fds: &[std::os::fd::BorrowedFd<'_>],
-        destroying: Option<(u32, Vec<Arc<StaleQps>>)>,
+        destroying: Destroying,
     ) -> Result<(Response, Vec<OwnedFd>, bool), Error> {
         if let Some(r) = self.gone.lock().expect("gone").clone() {
             return Err(Error::DaemonGone { path: self.path.clone(), reason: r });
@@ -389,24 +397,34 @@ impl Inner {
         // Registered once the request went (under the connection's lock, so before any read of its answer): a
         // request that did not go has none to wait for.
         self.register(seq, destroying);
+        // Past the deadline: only what is already here, without waiting (see below).
+        let mut late = false;
         loop {
-            let Some(f) = conn.recv_response_until(Some(deadline)).map_err(|e| self.proto(e))? else {
+            let next = if late { conn.try_recv_response() } else { conn.recv_response_until(Some(deadline)) };
+            let Some(f) = next.map_err(|e| self.proto(e))? else {
                 self.stalled.store(true, Ordering::Relaxed);
                 return Err(timed_out());
             };
             self.stalled.store(false, Ordering::Relaxed);
-            self.settle(f.seq, &f.msg);
+            let in_order = self.settle(f.seq, &f.msg);
             match f.msg {
                 Response::Shutdown { .. } | Response::Closed { .. } => {
                     return Err(self.gone(notice(&f.msg).unwrap_or_default()))
                 }
                 // Another request's answer (a late one): the wait for this one goes on until its deadline, which
                 // only a look at the socket checked (a daemon that always had more of them to send kept the call
-                // reading past it, for as long as it sent them).
+                // reading past it, for as long as it sent them). Past the deadline (a thread descheduled while
+                // the answers came), the call still reads what is already here without waiting, and takes its own
+                // answer if it comes next after late answers to earlier requests, each in order: at most as many
+                // as requests went unanswered before this one, so a daemon with endless answers to send cannot
+                // keep it reading. Anything else there ends the call.
                 _ if f.seq != seq => {
-                    if Instant::now() >= deadline {
-                        self.stalled.store(true, Ordering::Relaxed);
-                        return Err(timed_out());
+                    if late || Instant::now() >= deadline {
+                        if !in_order {
+                            self.stalled.store(true, Ordering::Relaxed);
+                            return Err(timed_out());
+                        }
+                        late = true;
                     }
                     continue;
                 }
@@ -462,7 +480,7 @@ impl Inner {
         self.destroy_as(Request::DestroyQp { qpn }, Some((qpn, cqs.to_vec())));
     }
 
-    fn destroy_as(&self, q: Request, destroying: Option<(u32, Vec<Arc<StaleQps>>)>) {
+    fn destroy_as(&self, q: Request, destroying: Destroying) {
         if self.gone.lock().expect("gone").is_some() {
             return;
         }
@@ -476,15 +494,15 @@ impl Inner {
             }
             return;
         }
-        match self.call_as(&q, &[], destroying) {
-            Err(Error::Refused { code: ErrorCode::Busy, .. }) => self.deferred().push(q),
+        match self.call_as(&q, &[], destroying.clone()) {
+            Err(Error::Refused { code: ErrorCode::Busy, .. }) => self.deferred().push((q, destroying)),
             Ok(_) => self.retry_deferred(),
             Err(_) => {}
         }
     }
 
     /// Registers a QP destroy sent as request `seq` (called under `conn`'s lock, before any read of its answer).
-    fn register(&self, seq: u32, destroying: Option<(u32, Vec<Arc<StaleQps>>)>) {
+    fn register(&self, seq: u32, destroying: Destroying) {
         if let Some((qpn, cqs)) = destroying {
             self.pending_destroys().push(PendingDestroy { seq, qpn, cqs });
         }
@@ -495,16 +513,31 @@ impl Inner {
     }
 
     /// A frame read from the daemon (called under `conn`'s lock): the answer to a registered QP destroy settles
-    /// its CQs' records with the tails it carries. Any other answer to it (a refusal: the QP was not destroyed,
-    /// and goes when the session ends) leaves its completions skipped. The daemon answers a session's requests in
+    /// its CQs' records with the tails it carries. Any other answer to it (a refusal: the QP was not destroyed;
+    /// it goes when a retry of a busy one succeeds, see `deferred`, else when the session ends) leaves its
+    /// completions skipped. The daemon answers a session's requests in
     /// order, so an answer to a later request says that an earlier destroy's answer was lost (a daemon that
     /// answered it under another sequence number, or a frame that could not be read): the QP's completions are
     /// then those before the rings' tails now, as the daemon wrote none of it after it handled the destroy, and
     /// its records do not skip a later QP of the same number for the rest of the session.
-    fn settle(&self, seq: u32, msg: &Response) {
+    ///
+    /// Returns whether the frame answers the oldest request still unanswered or a later one that went (in the
+    /// daemon's order: the answers before it were lost), and so moves [`Inner::answered`] on.
+    fn settle(&self, seq: u32, msg: &Response) -> bool {
         if notice(msg).is_some() {
-            return;
+            return false;
         }
+        let oldest = self.answered.load(Ordering::Relaxed);
+        let in_order = !before(seq, oldest) && before(seq, self.seq.load(Ordering::Relaxed));
+        if in_order {
+            self.answered.store(seq.wrapping_add(1), Ordering::Relaxed);
+        }
+        self.settle_destroys(seq, msg);
+        in_order
+    }
+
+    /// [`settle`](Self::settle)'s part for QP destroys.
+    fn settle_destroys(&self, seq: u32, msg: &Response) {
         let done: Vec<PendingDestroy> = {
             let mut p = self.pending_destroys();
             if p.is_empty() {
@@ -526,7 +559,7 @@ impl Inner {
         }
     }
 
-    fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<Request>> {
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Vec<(Request, Destroying)>> {
         self.deferred.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -540,9 +573,10 @@ impl Inner {
                 return;
             }
             let mut left = Vec::new();
-            for q in pending {
-                if let Err(Error::Refused { code: ErrorCode::Busy, .. }) = self.call(&q, &[]) {
-                    left.push(q);
+            for (q, destroying) in pending {
+                // A QP's destroy registered again: its answer settles the records (a refusal leaves them).
+                if let Err(Error::Refused { code: ErrorCode::Busy, .. }) = self.call_as(&q, &[], destroying.clone()) {
+                    left.push((q, destroying));
                 }
             }
             let progress = left.len() < before;
@@ -555,6 +589,9 @@ impl Inner {
 }
 
 use super::proto::Frame;
+
+/// A device's information before its `Hello` is answered.
+const NO_INFO: DeviceInfo = DeviceInfo { abi: 0, pid: 0, mac: [0; 6], ipv4: None, ipv6: None, mtu: 0, hugetlb: false };
 
 /// An open device: the session with the daemon.
 #[derive(Clone)]
@@ -618,7 +655,8 @@ impl Device {
             conn: Mutex::new(Conn::new(sock)),
             timeout_us: std::sync::atomic::AtomicU64::new(u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX)),
             seq: AtomicU32::new(1),
-            info: DeviceInfo { abi: 0, pid: 0, mac: [0; 6], ipv4: None, ipv6: None, mtu: 0, hugetlb: false },
+            answered: AtomicU32::new(1),
+            info: NO_INFO,
             path: path.to_owned(),
             gone: Mutex::new(None),
             regions: AtomicU32::new(0),
@@ -1469,5 +1507,53 @@ mod tests {
         assert_eq!(format!("{e:#?}"), format!("DaemonAbsent: {e}"));
         let e = Error::Refused { code: ErrorCode::Exhausted, msg: "x".into() };
         assert_eq!(format!("{e:#?}"), "Refused(Exhausted): roce-dpd refused: x");
+    }
+
+    /// Session 17 review: a call whose thread looked at the socket only past its deadline (descheduled while the
+    /// answers came) found the late answer to an earlier, timed-out request first and returned `Timeout`, though
+    /// its own answer was already there behind it. Played without timing: the daemon sends the late answer to
+    /// AllocPd #2 and the answer to #3 before #3 is sent, and #3's deadline is its start (a timeout of 0, which
+    /// only this test can set). Now it reads what is already there and takes its answer. Old code: `Timeout`.
+    #[test]
+    fn a_call_past_its_deadline_takes_its_answer_already_there_behind_a_late_one() {
+        use std::os::unix::net::UnixListener;
+        use std::sync::mpsc;
+        let path = std::env::temp_dir().join(format!("roce-dp-client-late-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).unwrap();
+        let (go_tx, go_rx) = mpsc::channel::<()>();
+        let (sent_tx, sent_rx) = mpsc::channel::<()>();
+        let daemon = std::thread::spawn(move || {
+            let mut c = Conn::new(l.accept().unwrap().0);
+            while let Ok(f) = c.recv_request() {
+                match f.msg {
+                    Request::Hello { .. } => {
+                        let info = DeviceInfo { abi: ABI_VERSION, pid: 1, mtu: 1024, ..NO_INFO };
+                        c.send_response(f.seq, &Response::Hello(info), &[]).unwrap();
+                    }
+                    // #2: answered late, with #3's answer (#3 is then read and not answered again).
+                    Request::AllocPd if f.seq == 2 => {
+                        go_rx.recv().unwrap();
+                        c.send_response(2, &Response::Pd { pd: 2 }, &[]).unwrap();
+                        c.send_response(3, &Response::Pd { pd: 3 }, &[]).unwrap();
+                        sent_tx.send(()).unwrap();
+                    }
+                    Request::AllocPd => {}
+                    _ => c.send_response(f.seq, &Response::Ok, &[]).unwrap(),
+                }
+            }
+        });
+        let dev = Device::open(&path).unwrap();
+        dev.set_call_timeout(Duration::from_millis(1));
+        assert!(matches!(dev.alloc_pd(), Err(Error::Timeout { request: "AllocPd", .. })));
+        go_tx.send(()).unwrap();
+        sent_rx.recv().unwrap();
+        dev.inner.timeout_us.store(0, Ordering::Relaxed);
+        let pd = dev.alloc_pd().expect("its answer was there");
+        assert_eq!(pd.handle(), 3);
+        dev.set_call_timeout(Duration::from_secs(5));
+        drop((pd, dev));
+        daemon.join().unwrap();
+        let _ = std::fs::remove_file(path);
     }
 }

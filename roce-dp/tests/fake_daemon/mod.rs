@@ -3,6 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 
@@ -41,4 +42,10 @@ pub fn scripted_daemon(
         }
     });
     (path, h)
+}
+
+/// Sends `r` as the answer to request `seq`, with the descriptor `fd` if any; false if the client is gone.
+pub fn answer(c: &mut Conn, seq: u32, r: &Response, fd: Option<&OwnedFd>) -> bool {
+    let fds: Vec<_> = fd.iter().map(|f| f.as_fd()).collect();
+    c.send_response(seq, r, &fds).is_ok()
 }

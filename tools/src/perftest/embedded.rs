@@ -14,7 +14,7 @@ use super::exchange::{self, Dest, Mtu, TestKind};
 use super::params::Params;
 use super::report;
 use super::run::{bad, detail, err, rc_connect, session, Fail, Local, NewQp, Nic, Ours};
-use crate::{dpdk_step, dpdk_step_since, DpdkMark};
+use crate::{dpdk_lookup, dpdk_step};
 
 fn ipv4_gid(ip: [u8; 4]) -> [u8; 16] {
     let mut g = [0u8; 16];
@@ -67,8 +67,7 @@ fn setup_port(test: TestKind, ours: &Ours, prefix: &str, client: bool, timeout: 
         Some((name, _)) => name,
         None => prof.port.pci.clone().unwrap_or_default(),
     };
-    let mut port = dpdk_step_since(DpdkMark::EAL_START, || Port::by_name(&eal, &name))
-        .map_err(|e| bad(format!("port {name}: {e}")))?;
+    let mut port = dpdk_lookup(&name, || Port::by_name(&eal, &name)).map_err(|e| bad(format!("port {name}: {e}")))?;
     let info = port.info().map_err(|e| bad(e.to_string()))?;
     let (_rx, tx_offloads) = choose_offloads(&info);
     let conf = PortConfig { rx_desc, tx_desc, tx_offloads, ..PortConfig::default() };

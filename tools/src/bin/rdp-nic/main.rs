@@ -34,7 +34,7 @@ use roce_dp::neigh::NeighIp;
 use roce_dp::steer::{FlowKey, RuleOp, SteerTable, SteeringMode};
 use roce_dp::wire::{IpAddrs, MacAddr};
 use roce_dp::{Engine, EngineConfig, LocalIp, PeerAddr};
-use roce_dp_tools::{dpdk_step, dpdk_step_since, DpdkMark};
+use roce_dp_tools::{dpdk_lookup, dpdk_step};
 
 use app::{rtt_summary, Local, Op, Params, Remote, Requester, Responder};
 use oob::Oob;
@@ -1072,8 +1072,7 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, clie
         Some((name, _)) => name,
         None => prof.port.pci.clone().unwrap_or_default(),
     };
-    let mut port =
-        dpdk_step_since(DpdkMark::EAL_START, || Port::by_name(&eal, &name)).ctx(|| format!("port {name}"))?;
+    let mut port = dpdk_lookup(&name, || Port::by_name(&eal, &name)).ctx(|| format!("port {name}"))?;
     let memif = prof.port.driver == Driver::Memif;
     let conf = PortConfig { rx_desc, tx_desc, ..PortConfig::default() };
     let retry = (client && memif).then(|| Duration::from_secs(o.timeout.min(30)));

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use roce_dp::dpdk::{self, offload_names, Burst, DpdkError, Eal, EalArgs, Mempool, Port, PortConfig, Ring};
+use roce_dp_tools::{dpdk_step, DpdkFailure};
 
 use flow::{Flow, FlowConfig};
 
@@ -142,7 +143,8 @@ impl From<DpdkError> for SetupError {
     }
 }
 
-/// Add context to a DPDK error.
+/// Add context to a DPDK error: `ERROR (WHAT)`, and for a step run by [`dpdk_step`] `; DPDK: REASON` after it,
+/// from what DPDK logged during that step only.
 trait Context<T> {
     fn ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError>;
 }
@@ -150,6 +152,12 @@ trait Context<T> {
 impl<T> Context<T> for Result<T, DpdkError> {
     fn ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError> {
         self.map_err(|e| SetupError(format!("{e} ({})", what())))
+    }
+}
+
+impl<T> Context<T> for Result<T, DpdkFailure<DpdkError>> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, SetupError> {
+        self.map_err(|e| SetupError(format!("{} ({}){}", e.error, what(), e.says)))
     }
 }
 
@@ -200,10 +208,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(SetupError(msg)) => {
-            match roce_dp_tools::dpdk_explanation(&dpdk::captured_log()) {
-                Some(why) => eprintln!("rdp-porttest: {msg}; DPDK: {why}"),
-                None => eprintln!("rdp-porttest: {msg}"),
-            }
+            eprintln!("rdp-porttest: {msg}");
             ExitCode::from(2)
         }
     }
@@ -225,11 +230,11 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     args.extra = o.eal.clone();
     let argv = args.to_vec();
     let shown = argv[1..].join(" ");
-    let eal = match (&o.dpdk_log, o.verbose) {
+    let eal = dpdk_step(|| match (&o.dpdk_log, o.verbose) {
         (_, true) => Eal::init(argv),
         (Some(path), false) => Eal::init_with_log(argv, path),
         (None, false) => Eal::init_captured(argv),
-    };
+    });
     let eal = eal.ctx(|| format!("EAL args: {shown}"))?;
     if matches!(cli.mode, Mode::Worker) {
         return worker::run(&eal);
@@ -252,19 +257,21 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     let flows = nports * u32::from(q);
     let extra = u32::try_from(o.window).unwrap_or(u32::MAX).saturating_add(4 * dpdk::BURST as u32) * flows;
     let n = dpdk::pool_size(flows, conf.rx_desc.into(), conf.tx_desc.into(), 1, 256, extra);
-    let pool = Mempool::new(&eal, "rdpt_pool", n, 256, room).ctx(|| format!("{n} mbufs of {room} B"))?;
+    let pool = dpdk_step(|| Mempool::new(&eal, "rdpt_pool", n, 256, room)).ctx(|| format!("{n} mbufs of {room} B"))?;
 
     let mut ports = match &cli.mode {
         Mode::Worker => unreachable!("returned above"),
         Mode::Ring => {
             let rings = |dir: &str| -> Result<Vec<Ring>, SetupError> {
                 (0..q)
-                    .map(|i| Ring::new(&eal, &format!("rdpt_{dir}{i}"), 1024).ctx(|| format!("ring {dir}{i}")))
+                    .map(|i| {
+                        dpdk_step(|| Ring::new(&eal, &format!("rdpt_{dir}{i}"), 1024)).ctx(|| format!("ring {dir}{i}"))
+                    })
                     .collect()
             };
             let (ab, ba) = (rings("ab")?, rings("ba")?);
-            let a = Port::from_rings(&eal, "net_ring_a", &ba, &ab).ctx(|| "port a".into())?;
-            let b = Port::from_rings(&eal, "net_ring_b", &ab, &ba).ctx(|| "port b".into())?;
+            let a = dpdk_step(|| Port::from_rings(&eal, "net_ring_a", &ba, &ab)).ctx(|| "port a".into())?;
+            let b = dpdk_step(|| Port::from_rings(&eal, "net_ring_b", &ab, &ba)).ctx(|| "port b".into())?;
             vec![("ring a".to_owned(), a), ("ring b".to_owned(), b)]
         }
         Mode::Memif { role, socket } => {
@@ -273,22 +280,22 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
             let memif_bsize = max_size.max(2048).next_power_of_two();
             let role = if *role == Role::Server { "server" } else { "client" };
             let args = format!("role={role},socket={},bsize={}", socket.display(), memif_bsize);
-            let p = Port::vdev(&eal, "net_memif0", &args).ctx(|| format!("net_memif0,{args}"))?;
+            let p = dpdk_step(|| Port::vdev(&eal, "net_memif0", &args)).ctx(|| format!("net_memif0,{args}"))?;
             vec![(format!("memif {role}"), p)]
         }
         Mode::AfPacket { iface } => {
             let args = format!("iface={iface},framesz=8192,blocksz=8192,framecnt=512,qpairs=1");
-            let p = Port::vdev(&eal, "net_af_packet0", &args).ctx(|| format!("net_af_packet0,{args}"))?;
+            let p = dpdk_step(|| Port::vdev(&eal, "net_af_packet0", &args)).ctx(|| format!("net_af_packet0,{args}"))?;
             vec![(format!("af_packet {iface}"), p)]
         }
     };
     for (label, port) in &mut ports {
-        let info = port.info().ctx(|| label.clone())?;
+        let info = dpdk_step(|| port.info()).ctx(|| label.clone())?;
         let mtu = o.mtu.map_or("default".to_owned(), |m| m.to_string());
-        port.configure(&conf, &pool).ctx(|| format!("{label}: {q} rx/tx queue pair(s), mtu {mtu}"))?;
+        dpdk_step(|| port.configure(&conf, &pool)).ctx(|| format!("{label}: {q} rx/tx queue pair(s), mtu {mtu}"))?;
         // A memif client cannot start before its server listens: retry until the link timeout.
         let retry_until = Instant::now() + Duration::from_secs(o.link_timeout);
-        while let Err(e) = port.start() {
+        while let Err(e) = dpdk_step(|| port.start()) {
             if dpdk::signal::stop_requested() {
                 // main says "interrupted", exit 130.
                 return Ok(false);
@@ -313,7 +320,8 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     }
     let link_timeout = Duration::from_secs(o.link_timeout);
     for (label, port) in &ports {
-        let link = wait_link(port, true, link_timeout).ctx(|| format!("{label}, link timeout {} s", o.link_timeout))?;
+        let link = dpdk_step(|| wait_link(port, true, link_timeout))
+            .ctx(|| format!("{label}, link timeout {} s", o.link_timeout))?;
         println!("{label}: link up, {} Mbit/s", link.speed_mbps);
     }
 
@@ -349,7 +357,8 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     std::thread::sleep(Duration::from_millis(grace));
     if is_memif_server && finished {
         for port in &ports {
-            wait_link(port, false, link_timeout).ctx(|| "memif server: the client did not disconnect".into())?;
+            dpdk_step(|| wait_link(port, false, link_timeout))
+                .ctx(|| "memif server: the client did not disconnect".into())?;
         }
     }
     let mut ok = finished;
@@ -357,7 +366,7 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
         ok &= report(s, &ports[s.port], finished, !ring_mode);
     }
     for mut port in ports {
-        port.stop().ctx(|| port.name())?;
+        dpdk_step(|| port.stop()).ctx(|| port.name())?;
     }
     Ok(ok)
 }

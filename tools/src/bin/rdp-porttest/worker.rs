@@ -21,6 +21,8 @@ use roce_dp::time::Instant as EngineInstant;
 use roce_dp::wire::{self, BthRepr, EthRepr, ExtRepr, IpAddrs, IpRepr, MacAddr, RoceRepr, ROCE_UDP_PORT};
 use roce_dp::{Engine, EngineConfig, EngineStats, LocalIp};
 
+use roce_dp_tools::dpdk_step;
+
 use crate::{Context, SetupError};
 
 const OUR_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
@@ -165,18 +167,20 @@ fn engine_delta(a: &EngineStats, b: &EngineStats) -> Vec<(&'static str, u64)> {
 
 pub(crate) fn run(eal: &Eal) -> Result<bool, SetupError> {
     // No per-lcore cache: the pool's in-use count is exact at every moment.
-    let pool = Mempool::new(eal, "rdpt_wpool", 1023, 0, 2048 + 128).ctx(|| "worker harness mempool".into())?;
-    let rx = Ring::new(eal, "rdpt_wrx", 256).ctx(|| "rx ring".into())?;
-    let tx = Ring::new(eal, "rdpt_wtx", 16).ctx(|| "tx ring".into())?;
-    let d1 = Ring::new(eal, "rdpt_wd1", 32).ctx(|| "worker 1's ring".into())?;
+    let pool =
+        dpdk_step(|| Mempool::new(eal, "rdpt_wpool", 1023, 0, 2048 + 128)).ctx(|| "worker harness mempool".into())?;
+    let rx = dpdk_step(|| Ring::new(eal, "rdpt_wrx", 256)).ctx(|| "rx ring".into())?;
+    let tx = dpdk_step(|| Ring::new(eal, "rdpt_wtx", 16)).ctx(|| "tx ring".into())?;
+    let d1 = dpdk_step(|| Ring::new(eal, "rdpt_wd1", 32)).ctx(|| "worker 1's ring".into())?;
     let in_use_start = pool.in_use();
     let ok;
     {
-        let mut port = Port::from_rings(eal, "net_ring_w", std::slice::from_ref(&rx), std::slice::from_ref(&tx))
-            .ctx(|| "port".into())?;
+        let mut port =
+            dpdk_step(|| Port::from_rings(eal, "net_ring_w", std::slice::from_ref(&rx), std::slice::from_ref(&tx)))
+                .ctx(|| "port".into())?;
         let conf = PortConfig { rx_desc: 64, tx_desc: 64, ..PortConfig::default() };
-        port.configure(&conf, &pool).ctx(|| "configure".into())?;
-        port.start().ctx(|| "start".into())?;
+        dpdk_step(|| port.configure(&conf, &pool)).ctx(|| "configure".into())?;
+        dpdk_step(|| port.start()).ctx(|| "start".into())?;
         let q = port.queue_pair(0).expect("queue 0");
         let cfg = EngineConfig {
             local_mac: OUR_MAC,
@@ -209,7 +213,7 @@ pub(crate) fn run(eal: &Eal) -> Result<bool, SetupError> {
         );
         ok = h.ok;
         drop(h);
-        port.stop().ctx(|| "stop".into())?;
+        dpdk_step(|| port.stop()).ctx(|| "stop".into())?;
     }
     // The worker, port and harness clones are gone; the rings go last (their leftovers back to the pool).
     drop((rx, tx, d1));

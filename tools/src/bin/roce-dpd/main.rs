@@ -38,7 +38,7 @@ use roce_dp::dpdk::{
 use roce_dp::neigh::NeighIp;
 use roce_dp::wire::MacAddr;
 use roce_dp::{Engine, EngineConfig, LocalIp};
-use roce_dp_tools::{dpdk_step, dpdk_step_since, DpdkMark};
+use roce_dp_tools::{dpdk_lookup, dpdk_step};
 
 /// The first QPN of worker 0's engine.
 const QPN_BASE: u32 = 0x100;
@@ -198,8 +198,7 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
             Some((name, _)) => name,
             None => prof.port.pci.clone().unwrap_or_default(),
         };
-        dpdk_step_since(DpdkMark::EAL_START, || Port::by_name(&eal, &name))
-            .map_err(|e| Fail(format!("port {name}: {e}")))?
+        dpdk_lookup(&name, || Port::by_name(&eal, &name)).map_err(|e| Fail(format!("port {name}: {e}")))?
     };
     let pinfo = port.info()?;
     let (_rx_off, tx_off) = choose_offloads(&pinfo);
@@ -232,8 +231,6 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     // Started: what DPDK says while running (a link going down, a memif peer leaving) is shown from now on, and its
     // capture file stops growing (with -v, DPDK prints to the terminal already).
     eal.log_to_stderr("roce-dpd: DPDK: ");
-    // Worker 0 polls EAL's main lcore, the others theirs: say so if another process polls one of them too.
-    roce_dp_tools::claim_lcores("roce-dpd", std::iter::once(eal.main_lcore()).chain(lcores.iter().copied()));
     let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
     info.mac = mac.0;
     let idle = match prof.worker.idle.as_str() {
@@ -337,6 +334,9 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
                 return Err(e);
             }
         };
+        // Serving: worker 0 polls EAL's main lcore, the others theirs: say so if another process polls one of them
+        // too (a daemon that fails before, e.g. on its socket, polls nothing and says nothing about them).
+        roce_dp_tools::claim_lcores("roce-dpd", std::iter::once(eal.main_lcore()).chain(lcores.iter().copied()));
         let where_ = if nw == 1 {
             format!("worker lcore {}", eal.main_lcore())
         } else {
