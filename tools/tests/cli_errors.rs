@@ -284,6 +284,35 @@ mod dpdk_tools {
         one_line(&run(bw, &["--sise", "8"]), "rdp_write_bw: unexpected argument '--sise' found (see --help)");
     }
 
+    /// Arguments that are not UTF-8 (a file name in another encoding): `std::env::args` panicked with a backtrace.
+    #[test]
+    fn perftest_tools_take_arguments_that_are_not_utf8() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        let run_os = |args: &[&OsStr]| Command::new(bw).args(args).output().expect("run rdp_write_bw");
+        let path = OsStr::from_bytes(b"/nonexistent-rdp-dir/\xff.toml");
+        // A path is a path: the profile or the daemon's socket is looked for under that name.
+        let o = run_os(&[OsStr::new("--port-conf"), path]);
+        one_line(
+            &o,
+            "rdp_write_bw: /nonexistent-rdp-dir/\u{fffd}.toml: cannot read: No such file or directory (os error 2)",
+        );
+        let mut eq = b"--daemon=".to_vec();
+        eq.extend_from_slice(b"/nonexistent-rdp-dir/\xff.sock");
+        let o = run_os(&[OsStr::from_bytes(&eq)]);
+        one_line(
+            &o,
+            "rdp_write_bw: no roce-dpd listening on /nonexistent-rdp-dir/\u{fffd}.sock: start it with `roce-dpd \
+             --config conf/NAME.toml` (its [daemon] socket)",
+        );
+        // Any other value is refused by name; perftest's own flags and the host by clap's line.
+        let o = run_os(&[OsStr::new("--timeout"), OsStr::from_bytes(b"\xff")]);
+        one_line(&o, "rdp_write_bw: --timeout \"\\xFF\": not valid UTF-8 (see --help)");
+        let o = run_os(&[OsStr::new("--port-conf"), OsStr::new("x.toml"), OsStr::from_bytes(b"\xff")]);
+        one_line(&o, "rdp_write_bw: invalid UTF-8 was detected in one or more arguments (see --help)");
+    }
+
     #[test]
     fn event_moderation_takes_count_and_period_and_goes_with_daemon_and_events() {
         let bw = env!("CARGO_BIN_EXE_rdp_write_bw");

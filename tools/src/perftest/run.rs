@@ -30,7 +30,9 @@
 //! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;
 //! SEND, the server checks every receive; FETCH_AND_ADD latency, the client checks every returned value.
 
+use std::ffi::{OsStr, OsString};
 use std::net::TcpStream;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -55,14 +57,21 @@ pub(super) struct Ours {
     moderation: Option<(u16, u16)>,
 }
 
-fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
+/// Takes our flags out of the command line (the rest goes to perftest's parser). Arguments are taken as the OS
+/// gave them: a path that is not UTF-8 is a path (`--port-conf`, `--daemon`), and any other value that is not
+/// UTF-8 is refused in one line (`std::env::args` panicked on it).
+fn split_ours(args: Vec<OsString>) -> Result<(Ours, Vec<OsString>), String> {
     let mut ours = Ours::default();
     let mut rest = Vec::new();
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
-        let (name, inline) = match a.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
-            _ => (a.clone(), None),
+        // `--name=VALUE` splits at the first `=` whatever VALUE's bytes are.
+        let bytes = a.as_bytes();
+        let (name, inline) = match bytes.iter().position(|&b| b == b'=') {
+            Some(i) if bytes.starts_with(b"--") => {
+                (String::from_utf8_lossy(&bytes[..i]).into_owned(), Some(OsStr::from_bytes(&bytes[i + 1..]).to_owned()))
+            }
+            _ => (String::from_utf8_lossy(bytes).into_owned(), None),
         };
         if !matches!(
             name.as_str(),
@@ -78,13 +87,21 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
             rest.push(a);
             continue;
         }
-        let v = match inline.or_else(|| it.next()) {
+        let raw = match inline.or_else(|| it.next()) {
             Some(v) => v,
             None => return Err(format!("{name} needs a value")),
         };
+        if let "--port-conf" | "--daemon" = name.as_str() {
+            let path = Some(PathBuf::from(raw));
+            if name == "--port-conf" {
+                ours.port_conf = path;
+            } else {
+                ours.daemon = path;
+            }
+            continue;
+        }
+        let v = raw.into_string().map_err(|v| format!("{name} {v:?}: not valid UTF-8"))?;
         match name.as_str() {
-            "--port-conf" => ours.port_conf = Some(PathBuf::from(v)),
-            "--daemon" => ours.daemon = Some(PathBuf::from(v)),
             "--lcore" => ours.lcore = Some(v),
             "--file-prefix" => {
                 roce_dp::dpdk::check_file_prefix(&v).map_err(|e| format!("--file-prefix {e}"))?;
@@ -129,7 +146,7 @@ fn parse_moderation(v: &str) -> Result<(u16, u16), String> {
 
 /// The main of one tool: never returns.
 pub fn main(test: TestKind) -> ! {
-    let args: Vec<String> = std::env::args().collect();
+    let args: Vec<OsString> = std::env::args_os().collect();
     let name = test.tool_name();
     let (ours, rest) = match split_ours(args) {
         Ok(v) => v,
