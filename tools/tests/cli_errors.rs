@@ -98,6 +98,21 @@ fn roce_dump_and_roce_stat_usage_errors_are_one_line() {
     );
 }
 
+/// `rdp-sim ... | head -1` and `rdp-sim > /dev/full`: `println!` panicked (exit 101, a backtrace) when stdout could
+/// not be written. A reader that went away ends the run quietly with SIGPIPE's status, any other error in one line.
+#[test]
+fn rdp_sim_with_a_stdout_that_cannot_be_written_does_not_panic() {
+    let sim = env!("CARGO_BIN_EXE_rdp-sim");
+    let args = ["--msgs", "10"];
+    let (r, w) = std::io::pipe().expect("pipe");
+    drop(r);
+    let o = Command::new(sim).args(args).stdout(w).output().expect("run rdp-sim");
+    assert_eq!((o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned()), (Some(141), String::new()));
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+    let o = Command::new(sim).args(args).stdout(full).output().expect("run rdp-sim");
+    one_line(&o, "rdp-sim: writing to stdout: No space left on device (os error 28)");
+}
+
 #[test]
 fn rdp_sim_refuses_a_run_of_no_messages() {
     let sim = env!("CARGO_BIN_EXE_rdp-sim");
