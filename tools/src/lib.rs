@@ -246,7 +246,7 @@ pub fn parse_cli<C: clap::Parser>(tool: &str) -> Result<C, std::process::ExitCod
 /// [`parse_cli`], also returning clap's matches (which flags were given on the command line).
 pub fn parse_cli_matches<C: clap::Parser>(tool: &str) -> Result<(C, clap::ArgMatches), std::process::ExitCode> {
     use clap::error::ErrorKind;
-    let parsed = C::command()
+    let parsed = negative_numbers(C::command())
         .try_get_matches()
         .and_then(|m| C::from_arg_matches(&m).map(|c| (c, m)).map_err(|e| e.format(&mut C::command())));
     match parsed {
@@ -260,6 +260,12 @@ pub fn parse_cli_matches<C: clap::Parser>(tool: &str) -> Result<(C, clap::ArgMat
             Err(std::process::ExitCode::from(2))
         }
     }
+}
+
+/// `cmd` and its subcommands taking `-1` as a flag's value (`--size -1`: "invalid value '-1' for '--size <SIZE>'"),
+/// not as an unknown flag (clap's "unexpected argument '-1' found" named no flag); the setting is per command.
+fn negative_numbers(cmd: clap::Command) -> clap::Command {
+    cmd.allow_negative_numbers(true).mut_subcommands(negative_numbers)
 }
 
 /// A clap error as one line, without clap's `error: ` prefix: its first line, with the arguments clap lists on the
