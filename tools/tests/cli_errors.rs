@@ -319,6 +319,25 @@ mod dpdk_tools {
         one_line(&run(bw, &["--sise", "8"]), "rdp_write_bw: unexpected argument '--sise' found (see --help)");
     }
 
+    /// `--out_json_file` in a directory that does not exist, or naming a directory: the run went to its end (a
+    /// whole benchmark) and then failed with exit 1 on a line that named no flag. Refused before it starts now.
+    #[test]
+    fn an_out_json_file_that_cannot_be_created_fails_before_the_run() {
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        let dir = std::env::temp_dir();
+        let dir_s = dir.to_str().unwrap();
+        for (file, why) in [
+            ("/nonexistent-rdp-dir/r.json", "No such file or directory (os error 2)"),
+            (dir_s, "Is a directory (os error 21)"),
+        ] {
+            // No daemon listens on the socket: the old code reached that refusal first, without a word about the file.
+            one_line(
+                &run(bw, &["--daemon", "/nonexistent-rdp-dir/d.sock", "--out_json_file", file]),
+                &format!("rdp_write_bw: --out_json_file {file}: {why}"),
+            );
+        }
+    }
+
     /// The DPDK tools' side of a_negative_value_names_its_flag_in_every_tool.
     #[test]
     fn a_negative_value_names_its_flag_in_the_dpdk_tools() {

@@ -171,6 +171,12 @@ pub fn main(test: TestKind) -> ! {
 fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail> {
     roce_dp::dpdk::signal::stop_on_signals();
     let timeout = Duration::from_secs(ours.timeout.unwrap_or(60));
+    // A JSON file that cannot be created fails now, not after the whole run (as rdp-sim's --trace and --plot), once
+    // the command line is known to be good.
+    let json_file = || match &p.out_json_file {
+        Some(f) => std::fs::File::create(f).map(drop).map_err(|e| bad(format!("--out_json_file {}: {e}", f.display()))),
+        None => Ok(()),
+    };
     match (&ours.port_conf, &ours.daemon) {
         (Some(_), Some(_)) => Err(bad("--daemon SOCKET and --port-conf FILE exclude each other: give one")),
         (Some(_), None) if ours.poll_sleep.is_some() => {
@@ -189,10 +195,14 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
         }
         (None, Some(sock)) => {
             let nap = Duration::from_micros(ours.poll_sleep.unwrap_or(0));
+            json_file()?;
             super::daemon::run(test, p, sock, timeout, nap, ours.moderation)
         }
         (None, None) => Err(bad("--port-conf FILE.toml or --daemon SOCKET is required (see --help)")),
-        (Some(_), None) => super::embedded::run(test, p, ours, prefix, timeout),
+        (Some(_), None) => {
+            json_file()?;
+            super::embedded::run(test, p, ours, prefix, timeout)
+        }
     }
 }
 
@@ -549,7 +559,7 @@ pub(super) fn out_json(p: &Params, banner: &Banner, results: &Results) -> Result
     if p.out_json || p.out_json_file.is_some() {
         let j = report::json(banner, results, p.report_gbits);
         match &p.out_json_file {
-            Some(f) => std::fs::write(f, &j).map_err(|e| err(format!("{}: {e}", f.display())))?,
+            Some(f) => std::fs::write(f, &j).map_err(|e| err(format!("--out_json_file {}: {e}", f.display())))?,
             None => print!("{j}"),
         }
     }
