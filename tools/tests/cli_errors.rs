@@ -113,6 +113,21 @@ fn rdp_sim_with_a_stdout_that_cannot_be_written_does_not_panic() {
     one_line(&o, "rdp-sim: writing to stdout: No space left on device (os error 28)");
 }
 
+/// A socket path longer than a Unix socket address holds was reported as a daemon that went away ("roce-dpd on ...
+/// is gone (connect: path must be shorter than SUN_LEN): every QP of this process is lost; reopen the device").
+#[test]
+fn a_daemon_socket_path_no_socket_can_have_is_named() {
+    let stat = env!("CARGO_BIN_EXE_roce-stat");
+    let long = format!("/tmp/{}", "s".repeat(195));
+    one_line(
+        &run(stat, &["--socket", &long]),
+        &format!(
+            "roce-stat: {long} is 200 bytes long: a Unix socket path holds at most 107, so no roce-dpd listens there \
+             (give its config's [daemon] socket)"
+        ),
+    );
+}
+
 /// A negative number is refused by the flag it was given to. clap took `-1` for an unknown flag and said only
 /// "unexpected argument '-1' found", naming no flag (rdp-sim was fixed in session 11; the others were not).
 #[test]
@@ -336,6 +351,17 @@ mod dpdk_tools {
                 &format!("rdp_write_bw: --out_json_file {file}: {why}"),
             );
         }
+    }
+
+    /// `--daemon ''`: "roce-dpd on  is gone (connect: Invalid argument (os error 22)): every QP of this process is
+    /// lost; reopen the device", before any QP existed.
+    #[test]
+    fn an_empty_daemon_socket_path_is_named() {
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        one_line(
+            &run(bw, &["--daemon", ""]),
+            "rdp_write_bw: the socket path is empty: give the socket roce-dpd listens on (its config's [daemon] socket)",
+        );
     }
 
     /// The DPDK tools' side of a_negative_value_names_its_flag_in_every_tool.

@@ -131,6 +131,11 @@ pub enum Error {
         /// The path.
         path: PathBuf,
     },
+    /// The path can name no Unix socket: empty, or longer than a socket address holds ([`MAX_SOCKET_PATH`]).
+    BadSocketPath {
+        /// The path.
+        path: PathBuf,
+    },
     /// The socket exists but this user may not connect to it.
     PermissionDenied {
         /// The socket path.
@@ -197,6 +202,16 @@ impl fmt::Display for Error {
                 "{} is not a socket: give the socket roce-dpd listens on (its config's [daemon] socket)",
                 path.display()
             ),
+            Error::BadSocketPath { path } if path.as_os_str().is_empty() => f.write_str(
+                "the socket path is empty: give the socket roce-dpd listens on (its config's [daemon] socket)",
+            ),
+            Error::BadSocketPath { path } => write!(
+                f,
+                "{} is {} bytes long: a Unix socket path holds at most {MAX_SOCKET_PATH}, so no roce-dpd listens there \
+                 (give its config's [daemon] socket)",
+                path.display(),
+                path.as_os_str().len()
+            ),
             Error::PermissionDenied { path } => write!(
                 f,
                 "permission denied on {}: the daemon's socket is owner-only by default; run as its user or set \
@@ -241,6 +256,7 @@ impl fmt::Debug for Error {
             let variant = match self {
                 Error::DaemonAbsent { .. } => "DaemonAbsent",
                 Error::NotASocket { .. } => "NotASocket",
+                Error::BadSocketPath { .. } => "BadSocketPath",
                 Error::PermissionDenied { .. } => "PermissionDenied",
                 Error::AbiMismatch(_) => "AbiMismatch",
                 Error::DaemonGone { .. } => "DaemonGone",
@@ -276,6 +292,10 @@ fn wq_err(e: WqError) -> Error {
         e => Error::BadRequest(e),
     }
 }
+
+/// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its terminating NUL); `roce-dpd`
+/// refuses a longer `[daemon] socket` too.
+pub const MAX_SOCKET_PATH: usize = 107;
 
 /// How long a control call waits for the daemon's answer unless the application says otherwise
 /// ([`Device::open_with_timeout`], [`Device::set_call_timeout`]). A `ModifyQp` that resolves the peer's MAC takes up
@@ -603,6 +623,11 @@ impl Device {
 
     fn open_inner(path: &Path, abi: u32, timeout: Duration) -> Result<Device, Error> {
         let timeout = timeout.max(Duration::from_millis(1));
+        // connect(2) refuses these with EINVAL, which said "roce-dpd on  is gone ... reopen the device".
+        let len = path.as_os_str().len();
+        if len == 0 || len > MAX_SOCKET_PATH {
+            return Err(Error::BadSocketPath { path: path.to_owned() });
+        }
         let sock = UnixStream::connect(path).map_err(|e| match e.raw_os_error() {
             Some(libc::EACCES | libc::EPERM) => Error::PermissionDenied { path: path.to_owned() },
             Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTSOCK) => match std::fs::metadata(path) {
@@ -1469,5 +1494,29 @@ mod tests {
         assert_eq!(format!("{e:#?}"), format!("DaemonAbsent: {e}"));
         let e = Error::Refused { code: ErrorCode::Exhausted, msg: "x".into() };
         assert_eq!(format!("{e:#?}"), "Refused(Exhausted): roce-dpd refused: x");
+    }
+
+    #[test]
+    fn a_path_that_can_name_no_socket_says_so() {
+        // connect(2) refuses both with EINVAL, which was reported as a daemon that went away ("roce-dpd on  is gone
+        // (connect: Invalid argument (os error 22)): every QP of this process is lost; reopen the device").
+        let e = Device::open("").unwrap_err();
+        assert_eq!(
+            format!("{e:#?}"),
+            "BadSocketPath: the socket path is empty: give the socket roce-dpd listens on (its config's [daemon] \
+             socket)"
+        );
+        let long = format!("/tmp/{}", "s".repeat(MAX_SOCKET_PATH - 4));
+        let e = Device::open(&long).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{long} is 108 bytes long: a Unix socket path holds at most 107, so no roce-dpd listens there (give \
+                 its config's [daemon] socket)"
+            )
+        );
+        // The longest path a socket can have is still looked up (nothing listens there).
+        let e = Device::open(&long[..MAX_SOCKET_PATH]).unwrap_err();
+        assert!(matches!(e, Error::DaemonAbsent { .. }), "{e:#?}");
     }
 }

@@ -1628,8 +1628,7 @@ pub struct ServerConfig {
     pub stats_page_bytes: usize,
 }
 
-/// The longest path a Unix socket address holds (`sun_path`'s 108 bytes with its NUL).
-const MAX_SOCKET_PATH: usize = 107;
+use super::client::MAX_SOCKET_PATH;
 
 /// What makes `path` unusable as the daemon's socket before anything is tried, as one line naming the path and what
 /// to do: a directory that does not exist (bind's bare "No such file or directory" named neither), a path longer
