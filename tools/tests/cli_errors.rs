@@ -364,6 +364,43 @@ mod dpdk_tools {
         );
     }
 
+    /// `rdp-nic client` checked its profile against the machine (net_ring, lcores, devices) only once its server
+    /// had answered: without one it waited `--timeout` and then said "127.0.0.1:18515: Connection refused (os
+    /// error 111)", whatever was wrong with the profile. The profile is checked first now, and a server that never
+    /// comes is named with what to start.
+    #[test]
+    fn rdp_nic_client_checks_its_profile_before_waiting_for_its_server() {
+        let nic = env!("CARGO_BIN_EXE_rdp-nic");
+        let oob = temp("rdp-nic-oob.sock");
+        let oob_s = oob.to_str().unwrap();
+        let ring = profile("nic-ring.toml", "[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n");
+        let t0 = std::time::Instant::now();
+        one_line(
+            &run(nic, &["client", "--profile", &ring, "--oob-unix", oob_s, "--timeout", "3"]),
+            &format!("rdp-nic: {ring}: net_ring profiles are for the ring mode"),
+        );
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        let memif = profile(
+            "nic-memif.toml",
+            "[port]\ndriver = \"memif\"\nrole = \"client\"\nsocket = \"/run/rdp-cli-test.sock\"\n[net]\n\
+             ipv4 = \"10.9.0.2\"\nmtu = 4096\n[eal]\nlcores = \"0\"\n",
+        );
+        one_line(
+            &run(nic, &["client", "--profile", &memif, "--lcore", "999", "--oob-unix", oob_s, "--timeout", "3"]),
+            &format!("rdp-nic: {memif}: --lcore: lcore 999 is not an online CPU here (online: {})", online.trim()),
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(3), "{:?}: waited for a server", t0.elapsed());
+        one_line(
+            &run(nic, &["client", "--profile", &memif, "--oob-unix", oob_s, "--timeout", "1"]),
+            &format!(
+                "rdp-nic: no rdp-nic server on {oob_s} within --timeout 1 s (No such file or directory (os error 2)): \
+                 start `rdp-nic server --profile FILE` first with the same --oob-unix"
+            ),
+        );
+        let _ = std::fs::remove_file(&ring);
+        let _ = std::fs::remove_file(&memif);
+    }
+
     /// The DPDK tools' side of a_negative_value_names_its_flag_in_every_tool.
     #[test]
     fn a_negative_value_names_its_flag_in_the_dpdk_tools() {
