@@ -334,17 +334,21 @@ mod dpdk_tools {
         one_line(&run(bw, &["--sise", "8"]), "rdp_write_bw: unexpected argument '--sise' found (see --help)");
     }
 
+    /// Output files no tool can create, and why: `NAME` in a directory that does not exist, and a directory.
+    fn unwritable_files(name: &str) -> [(String, &'static str); 2] {
+        [
+            (format!("/nonexistent-rdp-dir/{name}"), "No such file or directory (os error 2)"),
+            (std::env::temp_dir().to_str().unwrap().to_owned(), "Is a directory (os error 21)"),
+        ]
+    }
+
     /// `--out_json_file` in a directory that does not exist, or naming a directory: the run went to its end (a
     /// whole benchmark) and then failed with exit 1 on a line that named no flag. Refused before it starts now.
     #[test]
     fn an_out_json_file_that_cannot_be_created_fails_before_the_run() {
         let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
-        let dir = std::env::temp_dir();
-        let dir_s = dir.to_str().unwrap();
-        for (file, why) in [
-            ("/nonexistent-rdp-dir/r.json", "No such file or directory (os error 2)"),
-            (dir_s, "Is a directory (os error 21)"),
-        ] {
+        for (file, why) in unwritable_files("r.json") {
+            let file = file.as_str();
             // No daemon listens on the socket: the old code reached that refusal first, without a word about the file.
             one_line(
                 &run(bw, &["--daemon", "/nonexistent-rdp-dir/d.sock", "--out_json_file", file]),
@@ -399,6 +403,16 @@ mod dpdk_tools {
         );
         let _ = std::fs::remove_file(&ring);
         let _ = std::fs::remove_file(&memif);
+    }
+
+    /// `rdp-porttest --dpdk-log FILE` that cannot be opened: "open DPDK log file failed: No such file or directory
+    /// (EAL args: -l 0 --no-huge ...)", naming no flag.
+    #[test]
+    fn rdp_porttest_names_a_dpdk_log_it_cannot_open() {
+        let pt = env!("CARGO_BIN_EXE_rdp-porttest");
+        for (file, why) in unwritable_files("dpdk.log") {
+            one_line(&run(pt, &["ring", "--dpdk-log", &file]), &format!("rdp-porttest: --dpdk-log {file}: {why}"));
+        }
     }
 
     /// The DPDK tools' side of a_negative_value_names_its_flag_in_every_tool.
