@@ -1,23 +1,44 @@
 //! The client library: what an application links to use the soft NIC that `roce-dpd` runs, as it would use a NIC
 //! through libibverbs (re-exported as `roce_dp::client`).
 //!
-//! ```no_run
+//! A whole application: a SEND of "hello" between two QPs, checked on arrival. It runs as a doctest against the
+//! in-process daemon of [`loopback`](super::loopback); against `roce-dpd --config conf/daemon-ring.toml` it runs as
+//! it is with `socket = "/run/roce-dpd.sock"` (the two QPs meet through the daemon's port). Two applications do the
+//! same with one QP each, exchanging QPN, PSN and [`Device::gid`] out of band (perftest's tools do it over TCP).
+//!
+//! ```
 //! use roce_dp::client::{Device, QpInit, Remote};
-//! use roce_dp::{AccessFlags, SendWr, WrOpcode};
+//! use roce_dp::{AccessFlags, Cqe, SendWr, WcStatus, WrOpcode};
 //! # fn main() -> Result<(), roce_dp::client::Error> {
-//! let dev = Device::open("/run/roce-dpd.sock")?;           // ABI version checked here
+//! # let socket = std::env::temp_dir().join(format!("roce-dp-doc-{}.sock", std::process::id()));
+//! # let _daemon = roce_dp::ctrl::loopback::LoopbackDaemon::start(
+//! #     roce_dp::ctrl::loopback::LoopbackConfig::new(&socket)).expect("loopback daemon");
+//! let dev = Device::open(&socket)?;                             // the config's [daemon] socket; ABI checked here
 //! let pd = dev.alloc_pd()?;
 //! let mut mr = pd.reg_mr(1 << 20, AccessFlags::ALL)?;         // a buffer in shared memory the daemon maps too
 //! let mut cq = dev.create_cq(256)?;
-//! let mut qp = dev.create_qp(&pd, &cq, &cq, QpInit::default())?;
-//! qp.to_init(AccessFlags::ALL)?;
-//! # let peer = Remote { qpn: 0, psn: 0, gid: [0; 16], mac: None };
-//! qp.to_rtr(&peer, 4096)?;                                    // peer QPN, PSN and GID from your exchange
-//! qp.to_rts(0x1234)?;
+//! let mut a = dev.create_qp(&pd, &cq, &cq, QpInit::default())?;
+//! let mut b = dev.create_qp(&pd, &cq, &cq, QpInit::default())?;
+//! // Each side gives the other its QPN, first PSN and GID (here both sides are ours).
+//! let (psn_a, psn_b) = (0x1234, 0x5678);
+//! for (qp, peer_qpn, peer_psn, psn) in [(&a, b.qpn(), psn_b, psn_a), (&b, a.qpn(), psn_a, psn_b)] {
+//!     qp.to_init(AccessFlags::ALL)?;
+//!     let peer = Remote { qpn: peer_qpn, psn: peer_psn, gid: dev.gid(), mac: None };   // MAC: ARP
+//!     qp.to_rtr(&peer, dev.info().mtu)?;                        // path MTU: the port's
+//!     qp.to_rts(psn)?;
+//! }
+//! b.post_recv(7, &[mr.sge(4096, 64)])?;                        // the receive first: a SEND needs one
 //! mr.as_mut_slice()[..5].copy_from_slice(b"hello");
-//! qp.post_send(&SendWr::new(1, WrOpcode::Send), &[mr.sge(0, 5)])?;   // an index publish, no system call
-//! let mut wc = [roce_dp::Cqe::EMPTY; 16];
-//! while cq.poll(&mut wc)? == 0 {}
+//! a.post_send(&SendWr::new(1, WrOpcode::Send), &[mr.sge(0, 5)])?;   // an index publish, no system call
+//! let mut wc = [Cqe::EMPTY; 2];
+//! let mut n = 0;
+//! while n < 2 {
+//!     n += cq.poll(&mut wc[n..])?;                              // the send's and the receive's completions
+//! }
+//! assert!(wc.iter().all(|c| c.status == WcStatus::Success), "{wc:?}");
+//! let recv = wc.iter().find(|c| c.wr_id == 7).expect("the receive completed");
+//! assert_eq!(recv.byte_len, 5);
+//! assert_eq!(&mr.as_slice()[4096..4101], b"hello");
 //! # Ok(()) }
 //! ```
 //!
