@@ -415,6 +415,53 @@ mod dpdk_tools {
         }
     }
 
+    /// `roce-dpd --config FILE --check`: a configuration checked on the machine it is for without taking the port
+    /// (there was no way to check one short of starting the daemon).
+    #[test]
+    fn roce_dpd_check_validates_a_config_and_starts_nothing() {
+        let dpd = env!("CARGO_BIN_EXE_roce-dpd");
+        let sock = temp("check.sock");
+        let sock_s = sock.to_str().unwrap();
+        let base = "[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 1024\n[eal]\nlcores = \"0\"\n";
+        let good = profile("check-good.toml", &format!("{base}[daemon]\nsocket = \"{sock_s}\"\nsocket_mode = 0o660\n"));
+        let t0 = std::time::Instant::now();
+        let o = run(dpd, &["--config", &good, "--check"]);
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            format!(
+                "roce-dpd: {good}: ok: would serve {sock_s} (mode 660) on net_ring 10.9.0.1 mtu 1024 (memfd backing), \
+                 worker lcore 0; nothing started\n"
+            )
+        );
+        assert!(o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(!sock.exists(), "--check created the socket");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{:?}", t0.elapsed());
+        // --socket is checked as a start checks it.
+        one_line(
+            &run(dpd, &["--config", &good, "--check", "--socket", "/nonexistent-rdp-dir/d.sock"]),
+            "roce-dpd: socket /nonexistent-rdp-dir/d.sock: the directory /nonexistent-rdp-dir does not exist (create it, \
+             or give a socket path in one that does)",
+        );
+        // What the machine lacks, as a start says it.
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        let bad = profile(
+            "check-bad.toml",
+            &format!(
+                "{base}[worker]\nworkers = 2\nidle = \"sleep\"\n[daemon]\nsocket = \"{sock_s}\"\nworker_lcores = \"0,997\"\n"
+            ),
+        );
+        one_line(
+            &run(dpd, &["--config", &bad, "--check"]),
+            &format!(
+                "roce-dpd: {bad}: daemon.worker_lcores: lcore 997 is not an online CPU here (online: {})",
+                online.trim()
+            ),
+        );
+        let _ = std::fs::remove_file(&good);
+        let _ = std::fs::remove_file(&bad);
+    }
+
     /// The DPDK tools' side of a_negative_value_names_its_flag_in_every_tool.
     #[test]
     fn a_negative_value_names_its_flag_in_the_dpdk_tools() {
