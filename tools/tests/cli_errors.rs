@@ -148,6 +148,26 @@ fn a_negative_value_names_its_flag_in_every_tool() {
     );
 }
 
+/// An atomic run moves 8 bytes per operation whatever `--size` says (`--help`: "atomics always 8"), but its report
+/// said `Atomic 4096 B` (the default --size) and its JSON `"size":4096`.
+#[test]
+fn rdp_sim_reports_the_size_an_atomic_run_moves() {
+    let sim = env!("CARGO_BIN_EXE_rdp-sim");
+    for extra in [&[][..], &["--size", "65536"][..]] {
+        let mut args = vec!["--op", "atomic", "--msgs", "10"];
+        args.extend_from_slice(extra);
+        let o = run(sim, &args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.starts_with("rdp-sim: Atomic 8 B x 10 msgs x 1 QPs,"), "{out}");
+        args.push("--json");
+        let o = run(sim, &args);
+        let first = String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or_default().to_owned();
+        let j: serde_json::Value = serde_json::from_str(&first).expect("JSON report");
+        assert_eq!(j["size"], 8, "{first}");
+    }
+}
+
 #[test]
 fn rdp_sim_refuses_a_run_of_no_messages() {
     let sim = env!("CARGO_BIN_EXE_rdp-sim");

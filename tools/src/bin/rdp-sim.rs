@@ -528,6 +528,9 @@ fn main() -> ExitCode {
     };
     let mut sim = Sim::new(cfg, [link, link], a.seed);
     let r = run_workload(&mut sim, &w);
+    // What each message moves: an atomic's 8 bytes whatever --size says (the report said "Atomic 4096 B", the
+    // default --size, of 8-byte operations).
+    let size = if matches!(a.op, Op::Atomic) { 8 } else { a.size };
     let l0 = sim.link_stats(0);
     let l1 = sim.link_stats(1);
     let c0 = sim.nodes[0].qp_totals();
@@ -535,7 +538,7 @@ fn main() -> ExitCode {
     if a.json {
         outln!(
             "{{\"op\":\"{:?}\",\"size\":{},\"msgs\":{},\"qps\":{},\"mtu\":{},\"seed\":{},\"status\":\"{}\",\"completed\":{},\"expected\":{},\"verified_bytes\":{},\"retransmits\":{},\"naks\":{},\"timeouts\":{},\"goodput_gbps\":{:.3},\"sim_time_us\":{},\"frames\":[{},{}],\"lost\":[{},{}],\"duplicated\":[{},{}],\"reordered\":[{},{}],\"corrupted\":[{},{}],\"failure\":{}}}",
-            op, a.size, a.msgs, a.qps, a.mtu, a.seed,
+            op, size, a.msgs, a.qps, a.mtu, a.seed,
             if r.ok { "ok" } else { "FAIL" },
             r.completed, r.expected, r.verified_bytes, r.retransmits, r.naks, r.timeouts, r.goodput_gbps, r.sim_time_us,
             l0.frames, l1.frames, l0.lost, l1.lost, l0.duplicated, l1.duplicated, l0.reordered, l1.reordered,
@@ -548,7 +551,7 @@ fn main() -> ExitCode {
     } else {
         outln!(
             "rdp-sim: {op:?} {} B x {} msgs x {} QPs, MTU {}, {} Gb/s, {} us one way, seed {}",
-            a.size,
+            size,
             a.msgs,
             a.qps,
             a.mtu,
