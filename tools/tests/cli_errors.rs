@@ -378,14 +378,15 @@ mod dpdk_tools {
     }
 
     /// `--daemon ''`: "roce-dpd on  is gone (connect: Invalid argument (os error 22)): every QP of this process is
-    /// lost; reopen the device", before any QP existed.
+    /// lost; reopen the device", before any QP existed; `--port-conf ''`: ": cannot read: No such file or directory".
+    /// An empty value is no value, as for clap's flags.
     #[test]
-    fn an_empty_daemon_socket_path_is_named() {
+    fn an_empty_value_of_our_perftest_flags_is_named() {
         let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
-        one_line(
-            &run(bw, &["--daemon", ""]),
-            "rdp_write_bw: the socket path is empty: give the socket roce-dpd listens on (its config's [daemon] socket)",
-        );
+        for flag in ["--daemon", "--port-conf", "--socket", "--lcore", "--timeout"] {
+            one_line(&run(bw, &[flag, ""]), &format!("rdp_write_bw: {flag} needs a value (see --help)"));
+            one_line(&run(bw, &[&format!("{flag}=")]), &format!("rdp_write_bw: {flag} needs a value (see --help)"));
+        }
     }
 
     /// `rdp-nic client` checked its profile against the machine (net_ring, lcores, devices) only once its server

@@ -87,9 +87,11 @@ fn split_ours(args: Vec<OsString>) -> Result<(Ours, Vec<OsString>), String> {
             rest.push(a);
             continue;
         }
+        // An empty value is no value (as clap's own flags take it): `--port-conf ''` said ": cannot read: No such
+        // file or directory", naming neither the flag nor the file.
         let raw = match inline.or_else(|| it.next()) {
-            Some(v) => v,
-            None => return Err(format!("{name} needs a value")),
+            Some(v) if !v.is_empty() => v,
+            _ => return Err(format!("{name} needs a value")),
         };
         if let "--port-conf" | "--daemon" = name.as_str() {
             let path = Some(PathBuf::from(raw));
