@@ -431,6 +431,10 @@ pub const MAX_IFACE: usize = 15;
 /// Checks a memif socket path (`port.socket`, or a tool's `--socket` override): a devargs value
 /// ([`devarg_value_problem`]) of at most [`MAX_MEMIF_SOCKET`] bytes.
 pub fn check_socket(v: &str) -> Result<(), String> {
+    // A tool's empty `--socket ''` reached DPDK as `socket=` (a profile's empty one is "missing" before this).
+    if v.is_empty() {
+        return Err("\"\" is empty: memif needs the path of its control socket".into());
+    }
     if let Some(why) = devarg_value_problem(v) {
         return Err(why);
     }
@@ -449,7 +453,7 @@ pub fn check_iface(v: &str) -> Result<(), String> {
     if let Some(why) = devarg_value_problem(v) {
         return Err(why);
     }
-    if v.len() > MAX_IFACE || v.contains(['/', ':']) || v == "." || v == ".." {
+    if v.is_empty() || v.len() > MAX_IFACE || v.contains(['/', ':']) || v == "." || v == ".." {
         return Err(format!("{v:?} is not a Linux interface name (at most {MAX_IFACE} bytes, no '/' or ':')"));
     }
     Ok(())
@@ -1213,6 +1217,17 @@ mod tests {
             let e = err(&text);
             assert!(e.starts_with(want) && !e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn an_empty_socket_or_interface_override_is_refused() {
+        // A tool's `--socket ''` / `--iface ''` passed these checks and reached DPDK (`socket=`, `iface=`).
+        assert_eq!(check_socket(""), Err("\"\" is empty: memif needs the path of its control socket".into()));
+        assert_eq!(
+            check_iface(""),
+            Err(format!("\"\" is not a Linux interface name (at most {MAX_IFACE} bytes, no '/' or ':')"))
+        );
+        assert_eq!((check_socket("/run/m.sock"), check_iface("vp0")), (Ok(()), Ok(())));
     }
 
     #[test]

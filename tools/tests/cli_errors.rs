@@ -483,6 +483,31 @@ mod dpdk_tools {
         let _ = std::fs::remove_file(&bad);
     }
 
+    /// `rdp-nic --socket ''` and `--iface ''` passed the override checks and went to DPDK as `socket=` / `iface=`
+    /// (a server started EAL and waited for a link). The client checks its profile before looking for its server,
+    /// so this runs no DPDK on the old checks either.
+    #[test]
+    fn rdp_nic_refuses_an_empty_socket_or_interface_override() {
+        let nic = env!("CARGO_BIN_EXE_rdp-nic");
+        let oob = temp("rdp-nic-empty-oob.sock");
+        let oob_s = oob.to_str().unwrap();
+        let memif = profile(
+            "nic-empty-memif.toml",
+            "[port]\ndriver = \"memif\"\nrole = \"client\"\nsocket = \"/run/rdp-cli-test.sock\"\n[net]\n\
+             ipv4 = \"10.9.0.2\"\nmtu = 4096\n[eal]\nlcores = \"0\"\n",
+        );
+        let base = ["client", "--profile", memif.as_str(), "--oob-unix", oob_s, "--timeout", "1"];
+        one_line(
+            &run(nic, &[&base[..], &["--socket", ""]].concat()),
+            "rdp-nic: --socket \"\" is empty: memif needs the path of its control socket",
+        );
+        one_line(
+            &run(nic, &[&base[..], &["--iface", ""]].concat()),
+            "rdp-nic: --iface \"\" is not a Linux interface name (at most 15 bytes, no '/' or ':')",
+        );
+        let _ = std::fs::remove_file(&memif);
+    }
+
     /// The DPDK tools' side of a_negative_value_names_its_flag_in_every_tool.
     #[test]
     fn a_negative_value_names_its_flag_in_the_dpdk_tools() {
