@@ -524,11 +524,14 @@ fn check_af_packet_ring(
     Ok(())
 }
 
-/// Checks a port's own IPv4 address (`net.ipv4`, or a tool's `--ipv4` override): not unspecified, broadcast or
-/// multicast (no host answers ARP for those, and frames from them are not a host's).
+/// Checks a port's own IPv4 address (`net.ipv4`, or a tool's `--ipv4` override): not unspecified, broadcast,
+/// multicast or loopback (no host answers ARP for the first three, frames from them are not a host's, and every peer
+/// refuses a loopback GID: [`crate::wire::gid_not_unicast`]).
 pub fn check_own_ipv4(ip: Ipv4Addr) -> Result<(), String> {
-    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-        return Err(format!("\"{ip}\" is not a host's own address (unspecified, broadcast or multicast)"));
+    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
+        return Err(format!(
+            "\"{ip}\" is not a host's own address on a network (unspecified, broadcast, multicast or loopback)"
+        ));
     }
     Ok(())
 }
@@ -713,8 +716,10 @@ impl Profile {
         }
         if let Some(a) = &n.ipv6 {
             let ip = a.parse::<Ipv6Addr>().map_err(|_| ("net.ipv6", format!("{a:?} is not an IPv6 address")))?;
-            if ip.is_unspecified() || ip.is_multicast() {
-                return Err(("net.ipv6", format!("{a:?} is not a host's own address (unspecified or multicast)")));
+            if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() {
+                let why =
+                    format!("{a:?} is not a host's own address on a network (unspecified, multicast or loopback)");
+                return Err(("net.ipv6", why));
             }
         }
         if n.ipv4.is_none() && n.ipv6.is_none() {
@@ -1217,6 +1222,24 @@ mod tests {
             let e = err(&text);
             assert!(e.starts_with(want) && !e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn a_loopback_address_is_no_ports_own() {
+        // A port on 127.0.0.1 or ::1 was taken: its GID is one every peer refuses (the perftest tools' record check,
+        // roce-dpd's RTR), so nothing could ever connect to it.
+        let e = err(&BASE.replace("10.0.0.1", "127.0.0.1"));
+        assert_eq!(
+            e,
+            "t.toml: net.ipv4: \"127.0.0.1\" is not a host's own address on a network (unspecified, broadcast, \
+             multicast or loopback)"
+        );
+        let e = err(&BASE.replace("[net]\n", "[net]\nipv6 = \"::1\"\n"));
+        assert_eq!(
+            e,
+            "t.toml: net.ipv6: \"::1\" is not a host's own address on a network (unspecified, multicast or loopback)"
+        );
+        assert_eq!(check_own_ipv4(Ipv4Addr::new(127, 1, 2, 3)).map_err(|e| e.contains("loopback")), Err(true));
     }
 
     #[test]
