@@ -999,10 +999,19 @@ fn lcore_list(s: &str) -> Option<Vec<u32>> {
 
 impl HostView {
     /// Checks an EAL `-l` list (`"0"`, `"1,0"`, `"0-3"`) against this machine's online CPUs: the first lcore that is
-    /// not one, as the tail of a one-line error. Forms it does not parse, and a machine whose CPU list cannot be
-    /// read, are not judged (EAL says what it thinks of them).
+    /// not one, as the tail of a one-line error. A list that is not one (`""`, `"1@2"`, `"a"`) or has a range
+    /// running backwards (`"3-1"`) is refused as such: EAL said only "invalid core list syntax", naming no key. A
+    /// machine whose CPU list cannot be read is not judged.
     pub fn check_lcores(&self, list: &str) -> Result<(), String> {
-        if let (Some(want), Some((online, cpus))) = (lcore_ranges(list), self.online_cpus()) {
+        let Some(want) = lcore_ranges(list) else {
+            return Err(format!(
+                "{list:?} is not an lcore list (EAL's -l: lcore numbers and low-high ranges, e.g. \"1\", \"0,1\", \"2-3\")"
+            ));
+        };
+        if let Some(r) = want.iter().find(|r| r.is_empty()) {
+            return Err(format!("{list:?}: the range {}-{} runs backwards (write it low-high)", r.start(), r.end()));
+        }
+        if let Some((online, cpus)) = self.online_cpus() {
             // Lazily: each range stops at its first offline lcore, after at most as many as there are CPUs.
             if let Some(l) = want.into_iter().flatten().find(|l| !cpus.contains(l)) {
                 return Err(format!("lcore {l} is not an online CPU here (online: {online})"));
@@ -1222,6 +1231,35 @@ mod tests {
             let e = err(&text);
             assert!(e.starts_with(want) && !e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn an_lcore_list_eal_cannot_read_names_its_key() {
+        // EAL refused these in rte_eal_init with "invalid core list syntax", naming no key or flag.
+        let host = HostView::default();
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        assert!(host.check_lcores("0").is_ok(), "{online}");
+        for list in ["", " ", "1@2", "a", "1,", "-1", "0-"] {
+            let p = Profile::parse("t.toml", &format!("{BASE}[eal]\nlcores = {list:?}\n"))
+                .expect("syntax is the host check's");
+            let e = p.check_host("t.toml", None, &host).unwrap_err().0;
+            assert_eq!(
+                e,
+                format!(
+                    "t.toml: eal.lcores: {list:?} is not an lcore list (EAL's -l: lcore numbers and low-high ranges, \
+                     e.g. \"1\", \"0,1\", \"2-3\")"
+                )
+            );
+        }
+        let p = Profile::parse("t.toml", &format!("{BASE}[eal]\nlcores = \"1-0\"\n")).unwrap();
+        assert_eq!(
+            p.check_host("t.toml", None, &host).unwrap_err().0,
+            "t.toml: eal.lcores: \"1-0\": the range 1-0 runs backwards (write it low-high)"
+        );
+        // A tool's override is judged the same way, under its own name.
+        let p = Profile::parse("t.toml", BASE).unwrap();
+        let e = p.check_host("t.toml", Some(("--lcore", "x")), &host).unwrap_err().0;
+        assert!(e.starts_with("t.toml: --lcore: \"x\" is not an lcore list"), "{e}");
     }
 
     #[test]
