@@ -524,6 +524,26 @@ fn check_af_packet_ring(
     Ok(())
 }
 
+/// An `[eal] extra` argument that takes what the tools set themselves: the lcores (`-l`, `-c`, `--lcores`: they come
+/// from `eal.lcores` or `--lcore`, and the tools claim and check exactly those) and the runtime directory
+/// (`--file-prefix`: each tool names it and removes it on exit, so a second one was left behind in /var/run/dpdk).
+/// EAL took the last of each without a word.
+fn eal_extra_problem(a: &str) -> Option<String> {
+    let name = a.split_once('=').map_or(a, |(n, _)| n);
+    let lcores = matches!(name, "--lcores" | "-l" | "-c")
+        || (a.len() > 2 && (a.starts_with("-l") || a.starts_with("-c")) && !a.starts_with("--"));
+    if lcores {
+        return Some(format!("{a:?} sets the lcores, which are the tools' own: give them in eal.lcores (or --lcore)"));
+    }
+    if name == "--file-prefix" {
+        return Some(format!(
+            "{a:?} sets the runtime directory, which is the tools' own (each removes its own on exit): give \
+             --file-prefix P on the command line"
+        ));
+    }
+    None
+}
+
 /// Checks a port's own IPv4 address (`net.ipv4`, or a tool's `--ipv4` override): not unspecified, broadcast,
 /// multicast or loopback (no host answers ARP for the first three, frames from them are not a host's, and every peer
 /// refuses a loopback GID: [`crate::wire::gid_not_unicast`]).
@@ -807,6 +827,9 @@ impl Profile {
         }
         if let Some(a) = self.eal.extra.iter().find(|a| a.chars().any(char::is_control)) {
             return Err(("eal.extra", format!("{a:?} contains a control character")));
+        }
+        if let Some(why) = self.eal.extra.iter().find_map(|a| eal_extra_problem(a)) {
+            return Err(("eal.extra", why));
         }
         if self.eal.hugepages && self.eal.no_huge_mb.is_some() {
             return Err(("eal.no_huge_mb", "cannot be combined with hugepages = true".into()));
@@ -1230,6 +1253,27 @@ mod tests {
         ] {
             let e = err(&text);
             assert!(e.starts_with(want) && !e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn eal_extra_may_not_take_the_lcores_or_the_runtime_directory() {
+        let with = |a: &str| Profile::parse("t.toml", &format!("{BASE}[eal]\nextra = [{a:?}]\n")).map_err(|e| e.0);
+        for a in ["-l", "-l0", "-c", "-c0x3", "--lcores", "--lcores=0@1"] {
+            assert_eq!(
+                with(a),
+                Err(format!(
+                    "t.toml: eal.extra: {a:?} sets the lcores, which are the tools' own: give them in eal.lcores (or \
+                     --lcore)"
+                ))
+            );
+        }
+        for a in ["--file-prefix", "--file-prefix=x"] {
+            assert!(with(a).unwrap_err().starts_with(&format!("t.toml: eal.extra: {a:?} sets the runtime directory")));
+        }
+        // What the README suggests, and other EAL options, stay.
+        for a in ["--log-level=pmd.net.memif:info", "--legacy-mem", "--log-level", "-d"] {
+            assert!(with(a).is_ok(), "{a}");
         }
     }
 
