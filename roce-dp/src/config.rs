@@ -431,6 +431,10 @@ pub const MAX_IFACE: usize = 15;
 /// Checks a memif socket path (`port.socket`, or a tool's `--socket` override): a devargs value
 /// ([`devarg_value_problem`]) of at most [`MAX_MEMIF_SOCKET`] bytes.
 pub fn check_socket(v: &str) -> Result<(), String> {
+    // A tool's empty `--socket ''` reached DPDK as `socket=` (a profile's empty one is "missing" before this).
+    if v.is_empty() {
+        return Err("\"\" is empty: memif needs the path of its control socket".into());
+    }
     if let Some(why) = devarg_value_problem(v) {
         return Err(why);
     }
@@ -449,7 +453,7 @@ pub fn check_iface(v: &str) -> Result<(), String> {
     if let Some(why) = devarg_value_problem(v) {
         return Err(why);
     }
-    if v.len() > MAX_IFACE || v.contains(['/', ':']) || v == "." || v == ".." {
+    if v.is_empty() || v.len() > MAX_IFACE || v.contains(['/', ':']) || v == "." || v == ".." {
         return Err(format!("{v:?} is not a Linux interface name (at most {MAX_IFACE} bytes, no '/' or ':')"));
     }
     Ok(())
@@ -520,11 +524,34 @@ fn check_af_packet_ring(
     Ok(())
 }
 
-/// Checks a port's own IPv4 address (`net.ipv4`, or a tool's `--ipv4` override): not unspecified, broadcast or
-/// multicast (no host answers ARP for those, and frames from them are not a host's).
+/// An `[eal] extra` argument that takes what the tools set themselves: the lcores (`-l`, `-c`, `--lcores`: they come
+/// from `eal.lcores` or `--lcore`, and the tools claim and check exactly those) and the runtime directory
+/// (`--file-prefix`: each tool names it and removes it on exit, so a second one was left behind in /var/run/dpdk).
+/// EAL took the last of each without a word.
+fn eal_extra_problem(a: &str) -> Option<String> {
+    let name = a.split_once('=').map_or(a, |(n, _)| n);
+    let lcores = matches!(name, "--lcores" | "-l" | "-c")
+        || (a.len() > 2 && (a.starts_with("-l") || a.starts_with("-c")) && !a.starts_with("--"));
+    if lcores {
+        return Some(format!("{a:?} sets the lcores, which are the tools' own: give them in eal.lcores (or --lcore)"));
+    }
+    if name == "--file-prefix" {
+        return Some(format!(
+            "{a:?} sets the runtime directory, which is the tools' own (each removes its own on exit): give \
+             --file-prefix P on the command line"
+        ));
+    }
+    None
+}
+
+/// Checks a port's own IPv4 address (`net.ipv4`, or a tool's `--ipv4` override): not unspecified, broadcast,
+/// multicast or loopback (no host answers ARP for the first three, frames from them are not a host's, and every peer
+/// refuses a loopback GID: [`crate::wire::gid_not_unicast`]).
 pub fn check_own_ipv4(ip: Ipv4Addr) -> Result<(), String> {
-    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
-        return Err(format!("\"{ip}\" is not a host's own address (unspecified, broadcast or multicast)"));
+    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
+        return Err(format!(
+            "\"{ip}\" is not a host's own address on a network (unspecified, broadcast, multicast or loopback)"
+        ));
     }
     Ok(())
 }
@@ -709,8 +736,10 @@ impl Profile {
         }
         if let Some(a) = &n.ipv6 {
             let ip = a.parse::<Ipv6Addr>().map_err(|_| ("net.ipv6", format!("{a:?} is not an IPv6 address")))?;
-            if ip.is_unspecified() || ip.is_multicast() {
-                return Err(("net.ipv6", format!("{a:?} is not a host's own address (unspecified or multicast)")));
+            if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() {
+                let why =
+                    format!("{a:?} is not a host's own address on a network (unspecified, multicast or loopback)");
+                return Err(("net.ipv6", why));
             }
         }
         if n.ipv4.is_none() && n.ipv6.is_none() {
@@ -798,6 +827,9 @@ impl Profile {
         }
         if let Some(a) = self.eal.extra.iter().find(|a| a.chars().any(char::is_control)) {
             return Err(("eal.extra", format!("{a:?} contains a control character")));
+        }
+        if let Some(why) = self.eal.extra.iter().find_map(|a| eal_extra_problem(a)) {
+            return Err(("eal.extra", why));
         }
         if self.eal.hugepages && self.eal.no_huge_mb.is_some() {
             return Err(("eal.no_huge_mb", "cannot be combined with hugepages = true".into()));
@@ -990,10 +1022,19 @@ fn lcore_list(s: &str) -> Option<Vec<u32>> {
 
 impl HostView {
     /// Checks an EAL `-l` list (`"0"`, `"1,0"`, `"0-3"`) against this machine's online CPUs: the first lcore that is
-    /// not one, as the tail of a one-line error. Forms it does not parse, and a machine whose CPU list cannot be
-    /// read, are not judged (EAL says what it thinks of them).
+    /// not one, as the tail of a one-line error. A list that is not one (`""`, `"1@2"`, `"a"`) or has a range
+    /// running backwards (`"3-1"`) is refused as such: EAL said only "invalid core list syntax", naming no key. A
+    /// machine whose CPU list cannot be read is not judged.
     pub fn check_lcores(&self, list: &str) -> Result<(), String> {
-        if let (Some(want), Some((online, cpus))) = (lcore_ranges(list), self.online_cpus()) {
+        let Some(want) = lcore_ranges(list) else {
+            return Err(format!(
+                "{list:?} is not an lcore list (EAL's -l: lcore numbers and low-high ranges, e.g. \"1\", \"0,1\", \"2-3\")"
+            ));
+        };
+        if let Some(r) = want.iter().find(|r| r.is_empty()) {
+            return Err(format!("{list:?}: the range {}-{} runs backwards (write it low-high)", r.start(), r.end()));
+        }
+        if let Some((online, cpus)) = self.online_cpus() {
             // Lazily: each range stops at its first offline lcore, after at most as many as there are CPUs.
             if let Some(l) = want.into_iter().flatten().find(|l| !cpus.contains(l)) {
                 return Err(format!("lcore {l} is not an online CPU here (online: {online})"));
@@ -1213,6 +1254,85 @@ mod tests {
             let e = err(&text);
             assert!(e.starts_with(want) && !e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn eal_extra_may_not_take_the_lcores_or_the_runtime_directory() {
+        let with = |a: &str| Profile::parse("t.toml", &format!("{BASE}[eal]\nextra = [{a:?}]\n")).map_err(|e| e.0);
+        for a in ["-l", "-l0", "-c", "-c0x3", "--lcores", "--lcores=0@1"] {
+            assert_eq!(
+                with(a),
+                Err(format!(
+                    "t.toml: eal.extra: {a:?} sets the lcores, which are the tools' own: give them in eal.lcores (or \
+                     --lcore)"
+                ))
+            );
+        }
+        for a in ["--file-prefix", "--file-prefix=x"] {
+            assert!(with(a).unwrap_err().starts_with(&format!("t.toml: eal.extra: {a:?} sets the runtime directory")));
+        }
+        // What the README suggests, and other EAL options, stay.
+        for a in ["--log-level=pmd.net.memif:info", "--legacy-mem", "--log-level", "-d"] {
+            assert!(with(a).is_ok(), "{a}");
+        }
+    }
+
+    #[test]
+    fn an_lcore_list_eal_cannot_read_names_its_key() {
+        // EAL refused these in rte_eal_init with "invalid core list syntax", naming no key or flag.
+        let host = HostView::default();
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        assert!(host.check_lcores("0").is_ok(), "{online}");
+        for list in ["", " ", "1@2", "a", "1,", "-1", "0-"] {
+            let p = Profile::parse("t.toml", &format!("{BASE}[eal]\nlcores = {list:?}\n"))
+                .expect("syntax is the host check's");
+            let e = p.check_host("t.toml", None, &host).unwrap_err().0;
+            assert_eq!(
+                e,
+                format!(
+                    "t.toml: eal.lcores: {list:?} is not an lcore list (EAL's -l: lcore numbers and low-high ranges, \
+                     e.g. \"1\", \"0,1\", \"2-3\")"
+                )
+            );
+        }
+        let p = Profile::parse("t.toml", &format!("{BASE}[eal]\nlcores = \"1-0\"\n")).unwrap();
+        assert_eq!(
+            p.check_host("t.toml", None, &host).unwrap_err().0,
+            "t.toml: eal.lcores: \"1-0\": the range 1-0 runs backwards (write it low-high)"
+        );
+        // A tool's override is judged the same way, under its own name.
+        let p = Profile::parse("t.toml", BASE).unwrap();
+        let e = p.check_host("t.toml", Some(("--lcore", "x")), &host).unwrap_err().0;
+        assert!(e.starts_with("t.toml: --lcore: \"x\" is not an lcore list"), "{e}");
+    }
+
+    #[test]
+    fn a_loopback_address_is_no_ports_own() {
+        // A port on 127.0.0.1 or ::1 was taken: its GID is one every peer refuses (the perftest tools' record check,
+        // roce-dpd's RTR), so nothing could ever connect to it.
+        let e = err(&BASE.replace("10.0.0.1", "127.0.0.1"));
+        assert_eq!(
+            e,
+            "t.toml: net.ipv4: \"127.0.0.1\" is not a host's own address on a network (unspecified, broadcast, \
+             multicast or loopback)"
+        );
+        let e = err(&BASE.replace("[net]\n", "[net]\nipv6 = \"::1\"\n"));
+        assert_eq!(
+            e,
+            "t.toml: net.ipv6: \"::1\" is not a host's own address on a network (unspecified, multicast or loopback)"
+        );
+        assert_eq!(check_own_ipv4(Ipv4Addr::new(127, 1, 2, 3)).map_err(|e| e.contains("loopback")), Err(true));
+    }
+
+    #[test]
+    fn an_empty_socket_or_interface_override_is_refused() {
+        // A tool's `--socket ''` / `--iface ''` passed these checks and reached DPDK (`socket=`, `iface=`).
+        assert_eq!(check_socket(""), Err("\"\" is empty: memif needs the path of its control socket".into()));
+        assert_eq!(
+            check_iface(""),
+            Err(format!("\"\" is not a Linux interface name (at most {MAX_IFACE} bytes, no '/' or ':')"))
+        );
+        assert_eq!((check_socket("/run/m.sock"), check_iface("vp0")), (Ok(()), Ok(())));
     }
 
     #[test]

@@ -1196,3 +1196,36 @@ fn a_qp_destroy_refused_as_busy_and_retried_settles_its_records_with_the_retrys_
     t.join().unwrap();
     let _ = std::fs::remove_file(path);
 }
+
+/// `Qp::to_rtr` with a GID that is no host's: `::`, and IPv4-mapped 0.0.0.0, 255.255.255.255, 224.0.0.1 and
+/// 127.0.0.1. The daemon solicited each with ARP on the port's network for its 3 s resolution timeout and then said
+/// "no ARP/ND answer from the peer" (`::`: "IPv6 GID but the port has no IPv6 address"); now each is refused at once,
+/// naming the GID and why, and the QP stays in INIT for a good RTR.
+#[test]
+fn an_rtr_to_a_gid_that_is_no_hosts_is_refused_at_once() {
+    let d = daemon("gid");
+    let dev = Device::open(d.path()).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(64).unwrap();
+    let qp = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    qp.to_init(AccessFlags::ALL).unwrap();
+    let v4 = |a: [u8; 4]| std::net::Ipv4Addr::from(a).to_ipv6_mapped().octets();
+    for (gid, want) in [
+        ([0; 16], "peer GID :: is unspecified"),
+        (v4([0, 0, 0, 0]), "peer GID ::ffff:0.0.0.0 is unspecified"),
+        (v4([255, 255, 255, 255]), "peer GID ::ffff:255.255.255.255 is the broadcast address"),
+        (v4([224, 0, 0, 1]), "peer GID ::ffff:224.0.0.1 is a multicast address"),
+        (v4([127, 0, 0, 1]), "peer GID ::ffff:127.0.0.1 is a loopback address"),
+    ] {
+        let t0 = Instant::now();
+        for mac in [None, Some([2, 0, 0, 0, 0, 9])] {
+            let e = qp.to_rtr(&Remote { qpn: 0x200, psn: 0, gid, mac }, 1024).unwrap_err();
+            assert_eq!(e.to_string(), format!("roce-dpd refused: {want}, not the address of a RoCE port"));
+        }
+        assert!(t0.elapsed() < Duration::from_secs(1), "{want}: refused after {:?}", t0.elapsed());
+        assert_eq!(state(&qp), QpState::Init);
+    }
+    // The QP still connects to a real peer.
+    let peer = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    qp.to_rtr(&Remote { qpn: peer.qpn(), psn: 0, gid: dev.gid(), mac: None }, 1024).unwrap();
+}

@@ -62,6 +62,36 @@ pub fn connect_rc(e: &mut Engine, c: &RcConnect, peer: PeerAddr) -> Result<(), S
     e.modify_qp(c.qpn, &rts).map_err(|x| format!("modify_qp RTS: {x}"))
 }
 
+/// Writes `args` to stdout for a tool's report ([`out!`], [`outln!`]), never panicking as `print!` does when stdout
+/// cannot be written: a reader that went away (`roce-stat --json | head -c 100`) ends the process quietly with status
+/// 141, as SIGPIPE's default action would (the tools keep Rust's ignored SIGPIPE: a write to a socket whose peer went
+/// must be an error, not a death), and any other error (`> /dev/full`) with one line naming stdout and status 2.
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(128 + libc::SIGPIPE);
+        }
+        let exe = std::env::args_os().next().map(std::path::PathBuf::from).unwrap_or_default();
+        let tool = exe.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "roce-dp".into());
+        eprintln!("{tool}: writing to stdout: {e}");
+        std::process::exit(2);
+    }
+}
+
+/// `print!` through [`write_stdout`].
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => { $crate::write_stdout(format_args!($($t)*)) };
+}
+
+/// `println!` through [`write_stdout`].
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::write_stdout(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::write_stdout(format_args!("{}\n", format_args!($($t)*))) };
+}
+
 /// The longest wait or run a tool's `--timeout`/`--seconds` may ask for: a year. Larger values would overflow the
 /// deadline (`Instant + Duration` panics past the clock's range) and mean "never" anyway.
 pub const MAX_SECONDS: u64 = 365 * 24 * 3600;
@@ -250,7 +280,7 @@ pub fn parse_cli<C: clap::Parser>(tool: &str) -> Result<C, std::process::ExitCod
 /// [`parse_cli`], also returning clap's matches (which flags were given on the command line).
 pub fn parse_cli_matches<C: clap::Parser>(tool: &str) -> Result<(C, clap::ArgMatches), std::process::ExitCode> {
     use clap::error::ErrorKind;
-    let parsed = C::command()
+    let parsed = negative_numbers(C::command())
         .try_get_matches()
         .and_then(|m| C::from_arg_matches(&m).map(|c| (c, m)).map_err(|e| e.format(&mut C::command())));
     match parsed {
@@ -264,6 +294,12 @@ pub fn parse_cli_matches<C: clap::Parser>(tool: &str) -> Result<(C, clap::ArgMat
             Err(std::process::ExitCode::from(2))
         }
     }
+}
+
+/// `cmd` and its subcommands taking `-1` as a flag's value (`--size -1`: "invalid value '-1' for '--size <SIZE>'"),
+/// not as an unknown flag (clap's "unexpected argument '-1' found" named no flag); the setting is per command.
+fn negative_numbers(cmd: clap::Command) -> clap::Command {
+    cmd.allow_negative_numbers(true).mut_subcommands(negative_numbers)
 }
 
 /// A clap error as one line, without clap's `error: ` prefix: its first line, with the arguments clap lists on the

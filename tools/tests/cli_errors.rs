@@ -98,6 +98,76 @@ fn roce_dump_and_roce_stat_usage_errors_are_one_line() {
     );
 }
 
+/// `rdp-sim ... | head -1` and `rdp-sim > /dev/full`: `println!` panicked (exit 101, a backtrace) when stdout could
+/// not be written. A reader that went away ends the run quietly with SIGPIPE's status, any other error in one line.
+#[test]
+fn rdp_sim_with_a_stdout_that_cannot_be_written_does_not_panic() {
+    let sim = env!("CARGO_BIN_EXE_rdp-sim");
+    let args = ["--msgs", "10"];
+    let (r, w) = std::io::pipe().expect("pipe");
+    drop(r);
+    let o = Command::new(sim).args(args).stdout(w).output().expect("run rdp-sim");
+    assert_eq!((o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned()), (Some(141), String::new()));
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+    let o = Command::new(sim).args(args).stdout(full).output().expect("run rdp-sim");
+    one_line(&o, "rdp-sim: writing to stdout: No space left on device (os error 28)");
+}
+
+/// A socket path longer than a Unix socket address holds was reported as a daemon that went away ("roce-dpd on ...
+/// is gone (connect: path must be shorter than SUN_LEN): every QP of this process is lost; reopen the device").
+#[test]
+fn a_daemon_socket_path_no_socket_can_have_is_named() {
+    let stat = env!("CARGO_BIN_EXE_roce-stat");
+    let long = format!("/tmp/{}", "s".repeat(195));
+    one_line(
+        &run(stat, &["--socket", &long]),
+        &format!(
+            "roce-stat: {long} is 200 bytes long: a Unix socket path holds at most 107, so no roce-dpd listens there \
+             (give its config's [daemon] socket)"
+        ),
+    );
+}
+
+/// A negative number is refused by the flag it was given to. clap took `-1` for an unknown flag and said only
+/// "unexpected argument '-1' found", naming no flag (rdp-sim was fixed in session 11; the others were not).
+#[test]
+fn a_negative_value_names_its_flag_in_every_tool() {
+    let stat = env!("CARGO_BIN_EXE_roce-stat");
+    one_line(
+        &run(stat, &["--watch", "-1"]),
+        "roce-stat: invalid value '-1' for '--watch <SECS>': not in (0, 31536000] seconds (see --help)",
+    );
+    let client = env!("CARGO_BIN_EXE_rdp-client");
+    one_line(
+        &run(client, &["active", "--oob", "/nonexistent-rdp-dir/x", "--size", "-1"]),
+        "rdp-client: invalid value '-1' for '--size <SIZE>': -1 is not in 1..=1048576 (see --help)",
+    );
+    one_line(
+        &run(client, &["passive", "--timeout", "-5"]),
+        "rdp-client: invalid value '-5' for '--timeout <TIMEOUT>': invalid digit found in string (see --help)",
+    );
+}
+
+/// An atomic run moves 8 bytes per operation whatever `--size` says (`--help`: "atomics always 8"), but its report
+/// said `Atomic 4096 B` (the default --size) and its JSON `"size":4096`.
+#[test]
+fn rdp_sim_reports_the_size_an_atomic_run_moves() {
+    let sim = env!("CARGO_BIN_EXE_rdp-sim");
+    for extra in [&[][..], &["--size", "65536"][..]] {
+        let mut args = vec!["--op", "atomic", "--msgs", "10"];
+        args.extend_from_slice(extra);
+        let o = run(sim, &args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.starts_with("rdp-sim: Atomic 8 B x 10 msgs x 1 QPs,"), "{out}");
+        args.push("--json");
+        let o = run(sim, &args);
+        let first = String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or_default().to_owned();
+        let j: serde_json::Value = serde_json::from_str(&first).expect("JSON report");
+        assert_eq!(j["size"], 8, "{first}");
+    }
+}
+
 #[test]
 fn rdp_sim_refuses_a_run_of_no_messages() {
     let sim = env!("CARGO_BIN_EXE_rdp-sim");
@@ -282,6 +352,214 @@ mod dpdk_tools {
         );
         // A typo is still clap's line.
         one_line(&run(bw, &["--sise", "8"]), "rdp_write_bw: unexpected argument '--sise' found (see --help)");
+    }
+
+    /// Output files no tool can create, and why: `NAME` in a directory that does not exist, and a directory.
+    fn unwritable_files(name: &str) -> [(String, &'static str); 2] {
+        [
+            (format!("/nonexistent-rdp-dir/{name}"), "No such file or directory (os error 2)"),
+            (std::env::temp_dir().to_str().unwrap().to_owned(), "Is a directory (os error 21)"),
+        ]
+    }
+
+    /// `--out_json_file` in a directory that does not exist, or naming a directory: the run went to its end (a
+    /// whole benchmark) and then failed with exit 1 on a line that named no flag. Refused before it starts now.
+    #[test]
+    fn an_out_json_file_that_cannot_be_created_fails_before_the_run() {
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        for (file, why) in unwritable_files("r.json") {
+            let file = file.as_str();
+            // No daemon listens on the socket: the old code reached that refusal first, without a word about the file.
+            one_line(
+                &run(bw, &["--daemon", "/nonexistent-rdp-dir/d.sock", "--out_json_file", file]),
+                &format!("rdp_write_bw: --out_json_file {file}: {why}"),
+            );
+        }
+    }
+
+    /// `--daemon ''`: "roce-dpd on  is gone (connect: Invalid argument (os error 22)): every QP of this process is
+    /// lost; reopen the device", before any QP existed; `--port-conf ''`: ": cannot read: No such file or directory".
+    /// An empty value is no value, as for clap's flags.
+    #[test]
+    fn an_empty_value_of_our_perftest_flags_is_named() {
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        for flag in ["--daemon", "--port-conf", "--socket", "--lcore", "--timeout"] {
+            one_line(&run(bw, &[flag, ""]), &format!("rdp_write_bw: {flag} needs a value (see --help)"));
+            one_line(&run(bw, &[&format!("{flag}=")]), &format!("rdp_write_bw: {flag} needs a value (see --help)"));
+        }
+    }
+
+    /// `rdp-nic client` checked its profile against the machine (net_ring, lcores, devices) only once its server
+    /// had answered: without one it waited `--timeout` and then said "127.0.0.1:18515: Connection refused (os
+    /// error 111)", whatever was wrong with the profile. The profile is checked first now, and a server that never
+    /// comes is named with what to start.
+    #[test]
+    fn rdp_nic_client_checks_its_profile_before_waiting_for_its_server() {
+        let nic = env!("CARGO_BIN_EXE_rdp-nic");
+        let oob = temp("rdp-nic-oob.sock");
+        let oob_s = oob.to_str().unwrap();
+        let ring = profile("nic-ring.toml", "[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 4096\n");
+        let t0 = std::time::Instant::now();
+        one_line(
+            &run(nic, &["client", "--profile", &ring, "--oob-unix", oob_s, "--timeout", "3"]),
+            &format!("rdp-nic: {ring}: net_ring profiles are for the ring mode"),
+        );
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        let memif = profile(
+            "nic-memif.toml",
+            "[port]\ndriver = \"memif\"\nrole = \"client\"\nsocket = \"/run/rdp-cli-test.sock\"\n[net]\n\
+             ipv4 = \"10.9.0.2\"\nmtu = 4096\n[eal]\nlcores = \"0\"\n",
+        );
+        one_line(
+            &run(nic, &["client", "--profile", &memif, "--lcore", "999", "--oob-unix", oob_s, "--timeout", "3"]),
+            &format!("rdp-nic: {memif}: --lcore: lcore 999 is not an online CPU here (online: {})", online.trim()),
+        );
+        assert!(t0.elapsed() < std::time::Duration::from_secs(3), "{:?}: waited for a server", t0.elapsed());
+        one_line(
+            &run(nic, &["client", "--profile", &memif, "--oob-unix", oob_s, "--timeout", "1"]),
+            &format!(
+                "rdp-nic: no rdp-nic server on {oob_s} within --timeout 1 s (No such file or directory (os error 2)): \
+                 start `rdp-nic server --profile FILE` first with the same --oob-unix"
+            ),
+        );
+        let _ = std::fs::remove_file(&ring);
+        let _ = std::fs::remove_file(&memif);
+    }
+
+    /// `rdp-porttest --dpdk-log FILE` that cannot be opened: "open DPDK log file failed: No such file or directory
+    /// (EAL args: -l 0 --no-huge ...)", naming no flag.
+    #[test]
+    fn rdp_porttest_names_a_dpdk_log_it_cannot_open() {
+        let pt = env!("CARGO_BIN_EXE_rdp-porttest");
+        for (file, why) in unwritable_files("dpdk.log") {
+            one_line(&run(pt, &["ring", "--dpdk-log", &file]), &format!("rdp-porttest: --dpdk-log {file}: {why}"));
+        }
+    }
+
+    /// `roce-dpd --config FILE --check`: a configuration checked on the machine it is for without taking the port
+    /// (there was no way to check one short of starting the daemon).
+    #[test]
+    fn roce_dpd_check_validates_a_config_and_starts_nothing() {
+        let dpd = env!("CARGO_BIN_EXE_roce-dpd");
+        let sock = temp("check.sock");
+        let sock_s = sock.to_str().unwrap();
+        let base = "[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.9.0.1\"\nmtu = 1024\n[eal]\nlcores = \"0\"\n";
+        let good = profile("check-good.toml", &format!("{base}[daemon]\nsocket = \"{sock_s}\"\nsocket_mode = 0o660\n"));
+        let t0 = std::time::Instant::now();
+        let o = run(dpd, &["--config", &good, "--check"]);
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            format!(
+                "roce-dpd: {good}: ok: would serve {sock_s} (mode 660) on net_ring 10.9.0.1 mtu 1024 (memfd backing), \
+                 worker lcore 0; nothing started\n"
+            )
+        );
+        assert!(o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(!sock.exists(), "--check created the socket");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{:?}", t0.elapsed());
+        // --socket is checked as a start checks it.
+        one_line(
+            &run(dpd, &["--config", &good, "--check", "--socket", "/nonexistent-rdp-dir/d.sock"]),
+            "roce-dpd: socket /nonexistent-rdp-dir/d.sock: the directory /nonexistent-rdp-dir does not exist (create it, \
+             or give a socket path in one that does)",
+        );
+        // What the machine lacks, as a start says it.
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+        let bad = profile(
+            "check-bad.toml",
+            &format!(
+                "{base}[worker]\nworkers = 2\nidle = \"sleep\"\n[daemon]\nsocket = \"{sock_s}\"\nworker_lcores = \"0,997\"\n"
+            ),
+        );
+        one_line(
+            &run(dpd, &["--config", &bad, "--check"]),
+            &format!(
+                "roce-dpd: {bad}: daemon.worker_lcores: lcore 997 is not an online CPU here (online: {})",
+                online.trim()
+            ),
+        );
+        let _ = std::fs::remove_file(&good);
+        let _ = std::fs::remove_file(&bad);
+    }
+
+    /// `rdp-nic --socket ''` and `--iface ''` passed the override checks and went to DPDK as `socket=` / `iface=`
+    /// (a server started EAL and waited for a link). The client checks its profile before looking for its server,
+    /// so this runs no DPDK on the old checks either.
+    #[test]
+    fn rdp_nic_refuses_an_empty_socket_or_interface_override() {
+        let nic = env!("CARGO_BIN_EXE_rdp-nic");
+        let oob = temp("rdp-nic-empty-oob.sock");
+        let oob_s = oob.to_str().unwrap();
+        let memif = profile(
+            "nic-empty-memif.toml",
+            "[port]\ndriver = \"memif\"\nrole = \"client\"\nsocket = \"/run/rdp-cli-test.sock\"\n[net]\n\
+             ipv4 = \"10.9.0.2\"\nmtu = 4096\n[eal]\nlcores = \"0\"\n",
+        );
+        let base = ["client", "--profile", memif.as_str(), "--oob-unix", oob_s, "--timeout", "1"];
+        one_line(
+            &run(nic, &[&base[..], &["--socket", ""]].concat()),
+            "rdp-nic: --socket \"\" is empty: memif needs the path of its control socket",
+        );
+        one_line(
+            &run(nic, &[&base[..], &["--iface", ""]].concat()),
+            "rdp-nic: --iface \"\" is not a Linux interface name (at most 15 bytes, no '/' or ':')",
+        );
+        let _ = std::fs::remove_file(&memif);
+    }
+
+    /// The DPDK tools' side of a_negative_value_names_its_flag_in_every_tool.
+    #[test]
+    fn a_negative_value_names_its_flag_in_the_dpdk_tools() {
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        one_line(
+            &run(bw, &["--daemon", "/nonexistent.sock", "-s", "-1"]),
+            "rdp_write_bw: invalid value '-1' for '--size <SIZE>': \"-1\" is not a message size (bytes, or with a K or \
+             M suffix) (see --help)",
+        );
+        one_line(
+            &run(bw, &["--daemon", "/nonexistent.sock", "-D", "-1"]),
+            "rdp_write_bw: invalid value '-1' for '--duration <DURATION>': -1 is not in 1..=4294967295 (see --help)",
+        );
+        let nic = env!("CARGO_BIN_EXE_rdp-nic");
+        one_line(
+            &run(nic, &["client", "--profile", "/nonexistent.toml", "--size", "-1"]),
+            "rdp-nic: invalid value '-1' for '--size <SIZE>': -1 is not in 1..=16777216 (see --help)",
+        );
+        let pt = env!("CARGO_BIN_EXE_rdp-porttest");
+        one_line(
+            &run(pt, &["ring", "--seconds", "-0.5"]),
+            "rdp-porttest: invalid value '-0.5' for '--seconds <SECONDS>': not in (0, 31536000] seconds (see --help)",
+        );
+    }
+
+    /// Arguments that are not UTF-8 (a file name in another encoding): `std::env::args` panicked with a backtrace.
+    #[test]
+    fn perftest_tools_take_arguments_that_are_not_utf8() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        let bw = env!("CARGO_BIN_EXE_rdp_write_bw");
+        let run_os = |args: &[&OsStr]| Command::new(bw).args(args).output().expect("run rdp_write_bw");
+        let path = OsStr::from_bytes(b"/nonexistent-rdp-dir/\xff.toml");
+        // A path is a path: the profile or the daemon's socket is looked for under that name.
+        let o = run_os(&[OsStr::new("--port-conf"), path]);
+        one_line(
+            &o,
+            "rdp_write_bw: /nonexistent-rdp-dir/\u{fffd}.toml: cannot read: No such file or directory (os error 2)",
+        );
+        let mut eq = b"--daemon=".to_vec();
+        eq.extend_from_slice(b"/nonexistent-rdp-dir/\xff.sock");
+        let o = run_os(&[OsStr::from_bytes(&eq)]);
+        one_line(
+            &o,
+            "rdp_write_bw: no roce-dpd listening on /nonexistent-rdp-dir/\u{fffd}.sock: start it with `roce-dpd \
+             --config conf/NAME.toml` (its [daemon] socket)",
+        );
+        // Any other value is refused by name; perftest's own flags and the host by clap's line.
+        let o = run_os(&[OsStr::new("--timeout"), OsStr::from_bytes(b"\xff")]);
+        one_line(&o, "rdp_write_bw: --timeout \"\\xFF\": not valid UTF-8 (see --help)");
+        let o = run_os(&[OsStr::new("--port-conf"), OsStr::new("x.toml"), OsStr::from_bytes(b"\xff")]);
+        one_line(&o, "rdp_write_bw: invalid UTF-8 was detected in one or more arguments (see --help)");
     }
 
     #[test]

@@ -443,3 +443,35 @@ fn the_readme_example_is_what_roce_stat_prints() {
         }
     }
 }
+
+/// `roce-stat | head` and `roce-stat > /dev/full`: a stdout that cannot be written panicked (`println!`: exit 101 and
+/// a backtrace). A reader that went away now ends it quietly with SIGPIPE's status, any other error with one line.
+#[test]
+fn a_stdout_that_cannot_be_written_is_no_panic() {
+    let d = daemon("stdout");
+    let path = d.path().to_str().unwrap().to_owned();
+    for json in [false, true] {
+        let (r, w) = std::io::pipe().expect("pipe");
+        drop(r);
+        let mut args = vec!["--socket", path.as_str()];
+        if json {
+            args.push("--json");
+        }
+        let o = Command::new(env!("CARGO_BIN_EXE_roce-stat"))
+            .args(&args)
+            .stdout(w)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run roce-stat");
+        assert_eq!((o.status.code(), text(&o.stderr)), (Some(141), String::new()), "--json {json}");
+    }
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+    let o = Command::new(env!("CARGO_BIN_EXE_roce-stat"))
+        .args(["--socket", &path])
+        .stdout(full)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run roce-stat");
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(text(&o.stderr), "roce-stat: writing to stdout: No space left on device (os error 28)\n");
+}

@@ -1,23 +1,44 @@
 //! The client library: what an application links to use the soft NIC that `roce-dpd` runs, as it would use a NIC
 //! through libibverbs (re-exported as `roce_dp::client`).
 //!
-//! ```no_run
+//! A whole application: a SEND of "hello" between two QPs, checked on arrival. It runs as a doctest against the
+//! in-process daemon of [`loopback`](super::loopback); against `roce-dpd --config conf/daemon-ring.toml` it runs as
+//! it is with `socket = "/run/roce-dpd.sock"` (the two QPs meet through the daemon's port). Two applications do the
+//! same with one QP each, exchanging QPN, PSN and [`Device::gid`] out of band (perftest's tools do it over TCP).
+//!
+//! ```
 //! use roce_dp::client::{Device, QpInit, Remote};
-//! use roce_dp::{AccessFlags, SendWr, WrOpcode};
+//! use roce_dp::{AccessFlags, Cqe, SendWr, WcStatus, WrOpcode};
 //! # fn main() -> Result<(), roce_dp::client::Error> {
-//! let dev = Device::open("/run/roce-dpd.sock")?;           // ABI version checked here
+//! # let socket = std::env::temp_dir().join(format!("roce-dp-doc-{}.sock", std::process::id()));
+//! # let _daemon = roce_dp::ctrl::loopback::LoopbackDaemon::start(
+//! #     roce_dp::ctrl::loopback::LoopbackConfig::new(&socket)).expect("loopback daemon");
+//! let dev = Device::open(&socket)?;                             // the config's [daemon] socket; ABI checked here
 //! let pd = dev.alloc_pd()?;
 //! let mut mr = pd.reg_mr(1 << 20, AccessFlags::ALL)?;         // a buffer in shared memory the daemon maps too
 //! let mut cq = dev.create_cq(256)?;
-//! let mut qp = dev.create_qp(&pd, &cq, &cq, QpInit::default())?;
-//! qp.to_init(AccessFlags::ALL)?;
-//! # let peer = Remote { qpn: 0, psn: 0, gid: [0; 16], mac: None };
-//! qp.to_rtr(&peer, 4096)?;                                    // peer QPN, PSN and GID from your exchange
-//! qp.to_rts(0x1234)?;
+//! let mut a = dev.create_qp(&pd, &cq, &cq, QpInit::default())?;
+//! let mut b = dev.create_qp(&pd, &cq, &cq, QpInit::default())?;
+//! // Each side gives the other its QPN, first PSN and GID (here both sides are ours).
+//! let (psn_a, psn_b) = (0x1234, 0x5678);
+//! for (qp, peer_qpn, peer_psn, psn) in [(&a, b.qpn(), psn_b, psn_a), (&b, a.qpn(), psn_a, psn_b)] {
+//!     qp.to_init(AccessFlags::ALL)?;
+//!     let peer = Remote { qpn: peer_qpn, psn: peer_psn, gid: dev.gid(), mac: None };   // MAC: ARP
+//!     qp.to_rtr(&peer, dev.info().mtu)?;                        // path MTU: the port's
+//!     qp.to_rts(psn)?;
+//! }
+//! b.post_recv(7, &[mr.sge(4096, 64)])?;                        // the receive first: a SEND needs one
 //! mr.as_mut_slice()[..5].copy_from_slice(b"hello");
-//! qp.post_send(&SendWr::new(1, WrOpcode::Send), &[mr.sge(0, 5)])?;   // an index publish, no system call
-//! let mut wc = [roce_dp::Cqe::EMPTY; 16];
-//! while cq.poll(&mut wc)? == 0 {}
+//! a.post_send(&SendWr::new(1, WrOpcode::Send), &[mr.sge(0, 5)])?;   // an index publish, no system call
+//! let mut wc = [Cqe::EMPTY; 2];
+//! let mut n = 0;
+//! while n < 2 {
+//!     n += cq.poll(&mut wc[n..])?;                              // the send's and the receive's completions
+//! }
+//! assert!(wc.iter().all(|c| c.status == WcStatus::Success), "{wc:?}");
+//! let recv = wc.iter().find(|c| c.wr_id == 7).expect("the receive completed");
+//! assert_eq!(recv.byte_len, 5);
+//! assert_eq!(&mr.as_slice()[4096..4101], b"hello");
 //! # Ok(()) }
 //! ```
 //!
@@ -131,6 +152,11 @@ pub enum Error {
         /// The path.
         path: PathBuf,
     },
+    /// The path can name no Unix socket: empty, or longer than a socket address holds ([`MAX_SOCKET_PATH`]).
+    BadSocketPath {
+        /// The path.
+        path: PathBuf,
+    },
     /// The socket exists but this user may not connect to it.
     PermissionDenied {
         /// The socket path.
@@ -197,6 +223,16 @@ impl fmt::Display for Error {
                 "{} is not a socket: give the socket roce-dpd listens on (its config's [daemon] socket)",
                 path.display()
             ),
+            Error::BadSocketPath { path } if path.as_os_str().is_empty() => f.write_str(
+                "the socket path is empty: give the socket roce-dpd listens on (its config's [daemon] socket)",
+            ),
+            Error::BadSocketPath { path } => write!(
+                f,
+                "{} is {} bytes long: a Unix socket path holds at most {MAX_SOCKET_PATH}, so no roce-dpd listens there \
+                 (give its config's [daemon] socket)",
+                path.display(),
+                path.as_os_str().len()
+            ),
             Error::PermissionDenied { path } => write!(
                 f,
                 "permission denied on {}: the daemon's socket is owner-only by default; run as its user or set \
@@ -241,6 +277,7 @@ impl fmt::Debug for Error {
             let variant = match self {
                 Error::DaemonAbsent { .. } => "DaemonAbsent",
                 Error::NotASocket { .. } => "NotASocket",
+                Error::BadSocketPath { .. } => "BadSocketPath",
                 Error::PermissionDenied { .. } => "PermissionDenied",
                 Error::AbiMismatch(_) => "AbiMismatch",
                 Error::DaemonGone { .. } => "DaemonGone",
@@ -276,6 +313,10 @@ fn wq_err(e: WqError) -> Error {
         e => Error::BadRequest(e),
     }
 }
+
+/// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its terminating NUL); `roce-dpd`
+/// refuses a longer `[daemon] socket` too.
+pub const MAX_SOCKET_PATH: usize = 107;
 
 /// How long a control call waits for the daemon's answer unless the application says otherwise
 /// ([`Device::open_with_timeout`], [`Device::set_call_timeout`]). A `ModifyQp` that resolves the peer's MAC takes up
@@ -640,6 +681,11 @@ impl Device {
 
     fn open_inner(path: &Path, abi: u32, timeout: Duration) -> Result<Device, Error> {
         let timeout = timeout.max(Duration::from_millis(1));
+        // connect(2) refuses these with EINVAL, which said "roce-dpd on  is gone ... reopen the device".
+        let len = path.as_os_str().len();
+        if len == 0 || len > MAX_SOCKET_PATH {
+            return Err(Error::BadSocketPath { path: path.to_owned() });
+        }
         let sock = UnixStream::connect(path).map_err(|e| match e.raw_os_error() {
             Some(libc::EACCES | libc::EPERM) => Error::PermissionDenied { path: path.to_owned() },
             Some(libc::ENOENT | libc::ECONNREFUSED | libc::ENOTSOCK) => match std::fs::metadata(path) {
@@ -1555,5 +1601,29 @@ mod tests {
         drop((pd, dev));
         daemon.join().unwrap();
         let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_path_that_can_name_no_socket_says_so() {
+        // connect(2) refuses both with EINVAL, which was reported as a daemon that went away ("roce-dpd on  is gone
+        // (connect: Invalid argument (os error 22)): every QP of this process is lost; reopen the device").
+        let e = Device::open("").unwrap_err();
+        assert_eq!(
+            format!("{e:#?}"),
+            "BadSocketPath: the socket path is empty: give the socket roce-dpd listens on (its config's [daemon] \
+             socket)"
+        );
+        let long = format!("/tmp/{}", "s".repeat(MAX_SOCKET_PATH - 4));
+        let e = Device::open(&long).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{long} is 108 bytes long: a Unix socket path holds at most 107, so no roce-dpd listens there (give \
+                 its config's [daemon] socket)"
+            )
+        );
+        // The longest path a socket can have is still looked up (nothing listens there).
+        let e = Device::open(&long[..MAX_SOCKET_PATH]).unwrap_err();
+        assert!(matches!(e, Error::DaemonAbsent { .. }), "{e:#?}");
     }
 }

@@ -424,6 +424,13 @@ pub const VENDOR_ENGINE_REFUSED: u32 = 0x100;
 pub const VENDOR_RING_CORRUPT: u32 = 0x101;
 
 fn gid_addrs(gid: [u8; 16], local: crate::qp::LocalIp) -> Result<(IpAddrs, NeighIp), Response> {
+    // A GID that is no host's (`::`, a broadcast, multicast or loopback address) was solicited with ARP/ND on the
+    // port's network for the 3 s resolution timeout, then refused as "no ARP/ND answer" (`::` as "IPv6 GID but
+    // the port has no IPv6 address"); given with a MAC, the QP sent its frames to that IP address.
+    if let Some(why) = crate::wire::gid_not_unicast(gid) {
+        let why = format!("peer GID {} is {why}, not the address of a RoCE port", std::net::Ipv6Addr::from(gid));
+        return Err(err(ErrorCode::Invalid, why));
+    }
     if gid[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
         let dst: [u8; 4] = gid[12..].try_into().expect("4 bytes");
         let src = local.v4.ok_or_else(|| err(ErrorCode::Invalid, "IPv4 GID but the port has no IPv4 address"))?;
@@ -1628,8 +1635,7 @@ pub struct ServerConfig {
     pub stats_page_bytes: usize,
 }
 
-/// The longest path a Unix socket address holds (`sun_path`'s 108 bytes with its NUL).
-const MAX_SOCKET_PATH: usize = 107;
+use super::client::MAX_SOCKET_PATH;
 
 /// What makes `path` unusable as the daemon's socket before anything is tried, as one line naming the path and what
 /// to do: a directory that does not exist (bind's bare "No such file or directory" named neither), a path longer

@@ -63,6 +63,24 @@ mod roce;
 pub mod template;
 pub mod udp;
 
+/// Why a GID (an IPv4-mapped or IPv6 address, as RoCEv2 carries it) names no RoCE port a QP can be connected to:
+/// unspecified, broadcast, multicast or loopback; `None` for a unicast address. The perftest tools' check of a
+/// peer's QP record and `roce-dpd`'s of a client's RTR both use it.
+pub fn gid_not_unicast(gid: [u8; 16]) -> Option<&'static str> {
+    let gid = std::net::Ipv6Addr::from(gid);
+    match gid.to_ipv4_mapped() {
+        Some(v4) if v4.is_unspecified() => Some("unspecified"),
+        Some(v4) if v4.is_broadcast() => Some("the broadcast address"),
+        Some(v4) if v4.is_multicast() => Some("a multicast address"),
+        Some(v4) if v4.is_loopback() => Some("a loopback address"),
+        Some(_) => None,
+        None if gid.is_unspecified() => Some("unspecified"),
+        None if gid.is_multicast() => Some("a multicast address"),
+        None if gid.is_loopback() => Some("a loopback address"),
+        None => None,
+    }
+}
+
 pub use bth::{Packet as BthPacket, TxBth};
 pub use ethernet::{Frame as EthernetFrame, HEADER_LEN as ETHERNET_HEADER_LEN};
 pub use ext::{

@@ -18,6 +18,7 @@ use roce_dp::sim::incast::{Incast, IncastConfig};
 use roce_dp::sim::{ppm, run_workload, LinkConfig, Sim, SimOp, Workload};
 use roce_dp::{CcAlgorithm, CcConfig, DcqcnConfig, Duration, EngineConfig};
 use roce_dp_tools::incast::{plot_svg, trace_csv};
+use roce_dp_tools::outln;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -304,7 +305,7 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
     }
     let (sample_ns, buffer_kb) = (cfg.sample_every.as_nanos(), a.buffer_kb);
     let d = &cfg.cc.dcqcn;
-    println!(
+    outln!(
         "rdp-sim: incast {n}:1 at {} Gb/s, {} ms, DCQCN {}, RED Kmin {} KiB Kmax {} KiB Pmax {} ({}), buffer {} KiB, seed {}",
         a.link_gbps,
         a.duration_ms,
@@ -316,7 +317,7 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
         a.buffer_kb,
         a.seed
     );
-    println!("dcqcn: {d:?}");
+    outln!("dcqcn: {d:?}");
     let measure_ms = cfg.measure_from.as_nanos() as f64 / 1e6;
     let inc = match Incast::new(cfg) {
         Ok(i) => i,
@@ -327,7 +328,7 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
     };
     let r = inc.run();
     for (i, f) in r.flows.iter().enumerate() {
-        println!(
+        outln!(
             "flow {i}: goodput_gbps={:.3} completed={} cnps_rcvd={} rate_decreases={} rate_gbps_min={:.3} rate_gbps_max={:.3} retransmits={}",
             f.goodput_gbps,
             f.completed,
@@ -338,7 +339,7 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
             f.retransmits
         );
     }
-    println!(
+    outln!(
         "after {measure_ms} ms: jain={:.4} util={:.4} drops={}; switch: max_queue_kb={:.1} mean_queue_kb={:.1} marked={} drops={}; receiver: cnps_sent={}",
         r.jain,
         r.util,
@@ -350,7 +351,7 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
         r.cnps_sent
     );
     if let Some(f) = &r.failure {
-        println!("failure: {f} (reproduce with --seed {})", a.seed);
+        outln!("failure: {f} (reproduce with --seed {})", a.seed);
     }
     let mut io_ok = true;
     if let Some(p) = &a.trace {
@@ -366,7 +367,7 @@ fn run_incast(a: &Args, n: u32) -> ExitCode {
             io_ok = false;
         }
     }
-    println!("{}", r.result_line());
+    outln!("{}", r.result_line());
     if !io_ok {
         ExitCode::from(2)
     } else if r.ok {
@@ -527,14 +528,17 @@ fn main() -> ExitCode {
     };
     let mut sim = Sim::new(cfg, [link, link], a.seed);
     let r = run_workload(&mut sim, &w);
+    // What each message moves: an atomic's 8 bytes whatever --size says (the report said "Atomic 4096 B", the
+    // default --size, of 8-byte operations).
+    let size = if matches!(a.op, Op::Atomic) { 8 } else { a.size };
     let l0 = sim.link_stats(0);
     let l1 = sim.link_stats(1);
     let c0 = sim.nodes[0].qp_totals();
     let c1 = sim.nodes[1].qp_totals();
     if a.json {
-        println!(
+        outln!(
             "{{\"op\":\"{:?}\",\"size\":{},\"msgs\":{},\"qps\":{},\"mtu\":{},\"seed\":{},\"status\":\"{}\",\"completed\":{},\"expected\":{},\"verified_bytes\":{},\"retransmits\":{},\"naks\":{},\"timeouts\":{},\"goodput_gbps\":{:.3},\"sim_time_us\":{},\"frames\":[{},{}],\"lost\":[{},{}],\"duplicated\":[{},{}],\"reordered\":[{},{}],\"corrupted\":[{},{}],\"failure\":{}}}",
-            op, a.size, a.msgs, a.qps, a.mtu, a.seed,
+            op, size, a.msgs, a.qps, a.mtu, a.seed,
             if r.ok { "ok" } else { "FAIL" },
             r.completed, r.expected, r.verified_bytes, r.retransmits, r.naks, r.timeouts, r.goodput_gbps, r.sim_time_us,
             l0.frames, l1.frames, l0.lost, l1.lost, l0.duplicated, l1.duplicated, l0.reordered, l1.reordered,
@@ -545,30 +549,44 @@ fn main() -> ExitCode {
             }
         );
     } else {
-        println!(
+        outln!(
             "rdp-sim: {op:?} {} B x {} msgs x {} QPs, MTU {}, {} Gb/s, {} us one way, seed {}",
-            a.size, a.msgs, a.qps, a.mtu, a.gbps, a.delay_us, a.seed
+            size,
+            a.msgs,
+            a.qps,
+            a.mtu,
+            a.gbps,
+            a.delay_us,
+            a.seed
         );
-        println!(
+        outln!(
             "link  node0->node1: frames={} lost={} dup={} reordered={} corrupted={}",
-            l0.frames, l0.lost, l0.duplicated, l0.reordered, l0.corrupted
+            l0.frames,
+            l0.lost,
+            l0.duplicated,
+            l0.reordered,
+            l0.corrupted
         );
-        println!(
+        outln!(
             "link  node1->node0: frames={} lost={} dup={} reordered={} corrupted={}",
-            l1.frames, l1.lost, l1.duplicated, l1.reordered, l1.corrupted
+            l1.frames,
+            l1.lost,
+            l1.duplicated,
+            l1.reordered,
+            l1.corrupted
         );
         for (n, c) in [(0, c0), (1, c1)] {
             let nz: Vec<String> = c.iter().filter(|(_, v)| *v != 0).map(|(k, v)| format!("{k}={v}")).collect();
-            println!("node{n} qp counters: {}", nz.join(" "));
+            outln!("node{n} qp counters: {}", nz.join(" "));
             let e = sim.nodes[n].stats();
             let nz: Vec<String> = e.iter().filter(|(_, v)| *v != 0).map(|(k, v)| format!("{k}={v}")).collect();
-            println!("node{n} engine counters: {}", nz.join(" "));
+            outln!("node{n} engine counters: {}", nz.join(" "));
         }
         if let Some(f) = &r.failure {
-            println!("failure: {f} (reproduce with --seed {})", a.seed);
+            outln!("failure: {f} (reproduce with --seed {})", a.seed);
         }
     }
-    println!("{}", r.result_line());
+    outln!("{}", r.result_line());
     if r.ok {
         ExitCode::SUCCESS
     } else {

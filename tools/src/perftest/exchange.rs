@@ -250,18 +250,7 @@ pub fn check_peer_record(d: &Dest) -> Result<(), ExchangeError> {
         return bad(format!("QPN {:#x} is a management QP (QP0/QP1), not an RC QP", d.qpn));
     }
     let gid = std::net::Ipv6Addr::from(d.gid);
-    let why = match gid.to_ipv4_mapped() {
-        Some(v4) if v4.is_unspecified() => Some("unspecified"),
-        Some(v4) if v4.is_broadcast() => Some("the broadcast address"),
-        Some(v4) if v4.is_multicast() => Some("a multicast address"),
-        Some(v4) if v4.is_loopback() => Some("a loopback address"),
-        Some(_) => None,
-        None if gid.is_unspecified() => Some("unspecified"),
-        None if gid.is_multicast() => Some("a multicast address"),
-        None if gid.is_loopback() => Some("a loopback address"),
-        None => None,
-    };
-    match why {
+    match roce_dp::wire::gid_not_unicast(d.gid) {
         Some(why) => bad(format!("GID {gid} is {why}, not the address of a RoCE port")),
         None => Ok(()),
     }

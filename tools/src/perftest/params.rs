@@ -63,6 +63,7 @@ const ROCE_DP_FLAGS: &str = "roce-dp options (one of the first two is required):
 #[derive(Parser, Debug, Clone)]
 #[command(
     version,
+    allow_negative_numbers = true,
     about = "perftest-compatible RoCEv2 test (server without HOST, client with HOST)",
     after_help = ROCE_DP_FLAGS
 )]

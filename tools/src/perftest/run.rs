@@ -30,7 +30,9 @@
 //! sink starts zeroed): WRITE, the server checks its region after the run; READ, the client checks what it read;
 //! SEND, the server checks every receive; FETCH_AND_ADD latency, the client checks every returned value.
 
+use std::ffi::{OsStr, OsString};
 use std::net::TcpStream;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -55,14 +57,21 @@ pub(super) struct Ours {
     moderation: Option<(u16, u16)>,
 }
 
-fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
+/// Takes our flags out of the command line (the rest goes to perftest's parser). Arguments are taken as the OS
+/// gave them: a path that is not UTF-8 is a path (`--port-conf`, `--daemon`), and any other value that is not
+/// UTF-8 is refused in one line (`std::env::args` panicked on it).
+fn split_ours(args: Vec<OsString>) -> Result<(Ours, Vec<OsString>), String> {
     let mut ours = Ours::default();
     let mut rest = Vec::new();
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
-        let (name, inline) = match a.split_once('=') {
-            Some((n, v)) if n.starts_with("--") => (n.to_owned(), Some(v.to_owned())),
-            _ => (a.clone(), None),
+        // `--name=VALUE` splits at the first `=` whatever VALUE's bytes are.
+        let bytes = a.as_bytes();
+        let (name, inline) = match bytes.iter().position(|&b| b == b'=') {
+            Some(i) if bytes.starts_with(b"--") => {
+                (String::from_utf8_lossy(&bytes[..i]).into_owned(), Some(OsStr::from_bytes(&bytes[i + 1..]).to_owned()))
+            }
+            _ => (String::from_utf8_lossy(bytes).into_owned(), None),
         };
         if !matches!(
             name.as_str(),
@@ -78,13 +87,23 @@ fn split_ours(args: Vec<String>) -> Result<(Ours, Vec<String>), String> {
             rest.push(a);
             continue;
         }
-        let v = match inline.or_else(|| it.next()) {
-            Some(v) => v,
-            None => return Err(format!("{name} needs a value")),
+        // An empty value is no value (as clap's own flags take it): `--port-conf ''` said ": cannot read: No such
+        // file or directory", naming neither the flag nor the file.
+        let raw = match inline.or_else(|| it.next()) {
+            Some(v) if !v.is_empty() => v,
+            _ => return Err(format!("{name} needs a value")),
         };
+        if let "--port-conf" | "--daemon" = name.as_str() {
+            let path = Some(PathBuf::from(raw));
+            if name == "--port-conf" {
+                ours.port_conf = path;
+            } else {
+                ours.daemon = path;
+            }
+            continue;
+        }
+        let v = raw.into_string().map_err(|v| format!("{name} {v:?}: not valid UTF-8"))?;
         match name.as_str() {
-            "--port-conf" => ours.port_conf = Some(PathBuf::from(v)),
-            "--daemon" => ours.daemon = Some(PathBuf::from(v)),
             "--lcore" => ours.lcore = Some(v),
             "--file-prefix" => {
                 roce_dp::dpdk::check_file_prefix(&v).map_err(|e| format!("--file-prefix {e}"))?;
@@ -129,7 +148,7 @@ fn parse_moderation(v: &str) -> Result<(u16, u16), String> {
 
 /// The main of one tool: never returns.
 pub fn main(test: TestKind) -> ! {
-    let args: Vec<String> = std::env::args().collect();
+    let args: Vec<OsString> = std::env::args_os().collect();
     let name = test.tool_name();
     let (ours, rest) = match split_ours(args) {
         Ok(v) => v,
@@ -154,6 +173,12 @@ pub fn main(test: TestKind) -> ! {
 fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail> {
     roce_dp::dpdk::signal::stop_on_signals();
     let timeout = Duration::from_secs(ours.timeout.unwrap_or(60));
+    // A JSON file that cannot be created fails now, not after the whole run (as rdp-sim's --trace and --plot), once
+    // the command line is known to be good.
+    let json_file = || match &p.out_json_file {
+        Some(f) => std::fs::File::create(f).map(drop).map_err(|e| bad(format!("--out_json_file {}: {e}", f.display()))),
+        None => Ok(()),
+    };
     match (&ours.port_conf, &ours.daemon) {
         (Some(_), Some(_)) => Err(bad("--daemon SOCKET and --port-conf FILE exclude each other: give one")),
         (Some(_), None) if ours.poll_sleep.is_some() => {
@@ -172,10 +197,14 @@ fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str) -> Result<(), Fail
         }
         (None, Some(sock)) => {
             let nap = Duration::from_micros(ours.poll_sleep.unwrap_or(0));
+            json_file()?;
             super::daemon::run(test, p, sock, timeout, nap, ours.moderation)
         }
         (None, None) => Err(bad("--port-conf FILE.toml or --daemon SOCKET is required (see --help)")),
-        (Some(_), None) => super::embedded::run(test, p, ours, prefix, timeout),
+        (Some(_), None) => {
+            json_file()?;
+            super::embedded::run(test, p, ours, prefix, timeout)
+        }
     }
 }
 
@@ -532,7 +561,7 @@ pub(super) fn out_json(p: &Params, banner: &Banner, results: &Results) -> Result
     if p.out_json || p.out_json_file.is_some() {
         let j = report::json(banner, results, p.report_gbits);
         match &p.out_json_file {
-            Some(f) => std::fs::write(f, &j).map_err(|e| err(format!("{}: {e}", f.display())))?,
+            Some(f) => std::fs::write(f, &j).map_err(|e| err(format!("--out_json_file {}: {e}", f.display())))?,
             None => print!("{j}"),
         }
     }

@@ -1054,7 +1054,10 @@ fn load_profile(o: &Opts, profile: &std::path::Path) -> Result<Profile, SetupErr
     Ok(prof)
 }
 
-pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> Result<Setup, SetupError> {
+/// The profile of a two-process side with the overrides applied, and checked against this machine: everything a
+/// bad profile or flag can fail on, before the client waits for its server (it waited `--timeout` and then said
+/// only "Connection refused") or either side starts DPDK.
+fn checked_profile(o: &Opts, profile: &std::path::Path) -> Result<Profile, SetupError> {
     let prof = load_profile(o, profile)?;
     if prof.port.driver == Driver::NetRing {
         return Err(SetupError(format!("{}: net_ring profiles are for the ring mode", profile.display())));
@@ -1062,6 +1065,12 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, profile: &std::path::Path, clie
     let lcore = o.lcore.map(|l| l.to_string());
     let lcores = lcore.as_deref().map(|l| ("--lcore", l));
     prof.check_host(&profile.display().to_string(), lcores, &HostView::default()).map_err(|e| SetupError(e.0))?;
+    Ok(prof)
+}
+
+/// EAL, the mempool and the started port of a two-process side, on a profile [`checked_profile`] returned.
+pub(crate) fn setup_peer(o: &Opts, prefix: &str, prof: Profile, client: bool) -> Result<Setup, SetupError> {
+    let lcore = o.lcore.map(|l| l.to_string());
     let args = prof.eal_args("rdp-nic", lcore.as_deref(), prefix);
     let eal = init_eal(args, o.verbose)?;
     let room = prof.pool_data_room();
@@ -1104,7 +1113,7 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
     }
     // Check the profile (and the overrides) before touching DPDK or the peer so bad input fails fast with its own
     // line.
-    let prof = load_profile(o, profile)?;
+    let prof = checked_profile(o, profile)?;
     let max_mtu = prof.net.mtu;
     let mtu = match o.mtu {
         Some(m) => check_mtu(m, max_mtu)?,
@@ -1114,10 +1123,17 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
     // The server listens once its port is started (memif: its socket exists), so a connected client can start its
     // own port at once.
     let (mut s, mut oob) = if client {
-        let oob = Oob::connect(o.oob_port, o.oob_unix.as_deref(), deadline).ctx(|| oob_name(o))?;
-        (setup_peer(o, prefix, profile, client)?, oob)
+        let oob = Oob::connect(o.oob_port, o.oob_unix.as_deref(), deadline).map_err(|e| {
+            SetupError(format!(
+                "no rdp-nic server on {} within --timeout {} s ({e}): start `rdp-nic server --profile FILE` first{}",
+                oob_name(o),
+                o.timeout,
+                if o.oob_unix.is_some() { " with the same --oob-unix" } else { " (same --oob-port)" }
+            ))
+        })?;
+        (setup_peer(o, prefix, prof, client)?, oob)
     } else {
-        let s = setup_peer(o, prefix, profile, client)?;
+        let s = setup_peer(o, prefix, prof, client)?;
         let listener = Oob::listen(o.oob_port, o.oob_unix.as_deref()).ctx(|| format!("listen on {}", oob_name(o)))?;
         (s, listener.accept(deadline)?)
     };

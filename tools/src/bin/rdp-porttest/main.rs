@@ -230,6 +230,15 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
     args.extra = o.eal.clone();
     let argv = args.to_vec();
     let shown = argv[1..].join(" ");
+    // Named by its flag, before EAL: DPDK's step said only "open DPDK log file failed: No such file or directory
+    // (EAL args: ...)".
+    if let (Some(path), false) = (&o.dpdk_log, o.verbose) {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(|e| SetupError(format!("--dpdk-log {}: {e}", path.display())))?;
+    }
     let eal = dpdk_step(|| match (&o.dpdk_log, o.verbose) {
         (_, true) => Eal::init(argv),
         (Some(path), false) => Eal::init_with_log(argv, path),

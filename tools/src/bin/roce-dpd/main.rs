@@ -27,7 +27,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use clap::Parser;
-use roce_dp::config::{DaemonBacking, Driver, HostView, Profile};
+use roce_dp::config::{DaemonBacking, DaemonSection, Driver, HostView, Profile};
 use roce_dp::ctrl::daemon::{job_channel, socket_path_problem, Appliance, JobReceiver, Server, ServerConfig};
 use roce_dp::ctrl::proto::{DeviceInfo, StatRecord};
 use roce_dp::ctrl::shm::Backing;
@@ -58,6 +58,11 @@ struct Cli {
     /// Let DPDK print to the terminal.
     #[arg(short, long)]
     verbose: bool,
+    /// Check the configuration against this machine (every key, the socket path, lcores, devices, hugepages: all
+    /// that is checked before DPDK starts), print what would be served, and exit (0: good; 2: one line naming the
+    /// problem). Nothing is started or created.
+    #[arg(long)]
+    check: bool,
 }
 
 /// Set by SIGINT/SIGTERM.
@@ -105,6 +110,62 @@ fn main() -> ExitCode {
     }
 }
 
+/// What the profile names, checked against this machine (lcores, devices, interfaces, hugepages; warnings on stderr),
+/// and the socket not held by a running daemon: the last checks before DPDK starts.
+fn host_checks(cli: &Cli, prof: &Profile, d: &DaemonSection, path: &std::path::Path) -> Result<(), Fail> {
+    let worker_lcores = d.worker_lcores.as_deref().map(|l| ("daemon.worker_lcores", l));
+    let host = HostView::default();
+    prof.check_host(&cli.config.display().to_string(), worker_lcores, &host).map_err(|e| Fail(e.0))?;
+    for w in prof.host_warnings(&cli.config.display().to_string(), &host) {
+        eprintln!("roce-dpd: warning: {w}");
+    }
+    if path.exists() && std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(Fail(format!(
+            "socket {} is in use by a running daemon (stop it, or set [daemon] socket to another path)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `--check`: every check a start makes before DPDK, then one line saying what would be served.
+fn check_only(
+    cli: &Cli,
+    prof: &Profile,
+    d: &DaemonSection,
+    path: &std::path::Path,
+    lcores: &[u32],
+) -> Result<(), Fail> {
+    host_checks(cli, prof, d, path)?;
+    let nw = prof.worker.workers;
+    let where_ = match lcores {
+        [] => format!(
+            "worker lcore {}",
+            prof.eal.lcores.as_deref().and_then(|l| l.split([',', '-']).next()).unwrap_or("0")
+        ),
+        [l] => format!("worker lcore {l}"),
+        l => {
+            let l: Vec<String> = l.iter().map(u32::to_string).collect();
+            format!("{nw} workers on lcores {} (idle {})", l.join(","), prof.worker.idle)
+        }
+    };
+    let addr = match (prof.ipv4(), prof.ipv6()) {
+        (Some(a), _) => std::net::Ipv4Addr::from(a).to_string(),
+        (None, Some(a)) => std::net::Ipv6Addr::from(a).to_string(),
+        (None, None) => String::new(),
+    };
+    println!(
+        "roce-dpd: {}: ok: would serve {} (mode {:o}) on {} {addr} mtu {} ({} backing), {where_}; nothing started",
+        cli.config.display(),
+        path.display(),
+        d.socket_mode,
+        prof.port.driver.name(),
+        prof.net.mtu,
+        if d.backing == DaemonBacking::Hugetlbfs { "hugetlbfs" } else { "memfd" },
+    );
+    Ok(())
+}
+
 fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     let prof = Profile::load(&cli.config).map_err(|e| Fail(e.0))?;
     let Some(d) = prof.daemon.clone() else {
@@ -144,6 +205,9 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     };
     // The control threads start from a thread made before EAL pins this one (worker 0) to its lcore, so they run
     // on any core; the server itself starts once the port's MAC is known.
+    if cli.check {
+        return check_only(cli, &prof, &d, &path, &lcores);
+    }
     let (cfg_tx, cfg_rx) = mpsc::channel::<ServerConfig>();
     let (srv_tx, srv_rx) = mpsc::channel();
     std::thread::Builder::new().name("roce-dpd-ctl".into()).spawn(move || {
@@ -153,20 +217,9 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     })?;
     // Port and EAL next. EAL gets worker 0's lcore (its main lcore); the other workers are threads pinned to theirs.
     let lcore = lcores.first().map(u32::to_string);
-    let worker_lcores = d.worker_lcores.as_deref().map(|l| ("daemon.worker_lcores", l));
-    let host = HostView::default();
-    prof.check_host(&cli.config.display().to_string(), worker_lcores, &host).map_err(|e| Fail(e.0))?;
-    for w in prof.host_warnings(&cli.config.display().to_string(), &host) {
-        eprintln!("roce-dpd: warning: {w}");
-    }
+    host_checks(cli, &prof, &d, &path)?;
     let args = prof.eal_args("roce-dpd", lcore.as_deref(), prefix);
     let shown = args.to_vec()[1..].join(" ");
-    if path.exists() && std::os::unix::net::UnixStream::connect(&path).is_ok() {
-        return Err(Fail(format!(
-            "socket {} is in use by a running daemon (stop it, or set [daemon] socket to another path)",
-            path.display()
-        )));
-    }
     let eal = dpdk_step(|| {
         if cli.verbose {
             Eal::init(args.to_vec())

@@ -19,6 +19,7 @@
 // The clap help texts are these doc comments, and `[daemon]` in them is the config's TOML section, not a link.
 #![allow(rustdoc::broken_intra_doc_links)]
 
+use roce_dp_tools::{out, outln};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -264,15 +265,15 @@ fn run(cli: &Cli) -> Result<(), String> {
     let mut prev = snapshot(dev.stats().map_err(|e| e.to_string())?);
     let Some(secs) = cli.watch else {
         if cli.json {
-            println!("{}", json_snapshot(&prev, &dev, &socket));
+            outln!("{}", json_snapshot(&prev, &dev, &socket));
         } else {
-            print!("{}", print_snapshot(&prev, cli.all));
+            out!("{}", print_snapshot(&prev, cli.all));
         }
         return Ok(());
     };
     if !cli.json {
-        println!("roce-stat: roce-dpd pid {} on {socket}, every {secs} s (Ctrl-C stops)", dev.info().pid);
-        print!("{}", print_snapshot(&prev, cli.all));
+        outln!("roce-stat: roce-dpd pid {} on {socket}, every {secs} s (Ctrl-C stops)", dev.info().pid);
+        out!("{}", print_snapshot(&prev, cli.all));
     }
     if STOP.load(Ordering::SeqCst) {
         return Ok(());
@@ -294,10 +295,10 @@ fn run(cli: &Cli) -> Result<(), String> {
         let t = Instant::now();
         let dt = (t - t_prev).as_secs_f64();
         if cli.json {
-            println!("{}", json_delta(&prev, &now_snap, dt));
+            outln!("{}", json_delta(&prev, &now_snap, dt));
         } else {
-            println!("--- {dt:.3} s");
-            print!("{}", print_delta(&prev, &now_snap, dt, cli.all));
+            outln!("--- {dt:.3} s");
+            out!("{}", print_delta(&prev, &now_snap, dt, cli.all));
         }
         prev = now_snap;
         t_prev = t;
