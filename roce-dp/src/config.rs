@@ -793,6 +793,14 @@ impl Profile {
                 return Err(("mempool.data_room", format!("{room} exceeds 65535")));
             }
         }
+        // A descriptor count DPDK's queue setup refuses (0, 1000 on memif, 65535) failed inside DPDK, naming no key.
+        // Powers of two from 64 suit every PMD here (ice: multiples of 32; mlx5 and memif: powers of two);
+        // `rte_eth_dev_adjust_nb_rx_tx_desc` then clamps to the device's own limits.
+        for (key, n) in [("port.rx_desc", port.rx_desc), ("port.tx_desc", port.tx_desc)] {
+            if let Some(n) = n.filter(|n| !(n.is_power_of_two() && (64..=16384).contains(n))) {
+                return Err((key, format!("{n} is not a power of two from 64 to 16384 (default 1024)")));
+            }
+        }
         if let Some(m) = self.mempool.mbufs {
             let (rx, tx) = (u32::from(port.rx_desc.unwrap_or(1024)), u32::from(port.tx_desc.unwrap_or(1024)));
             let least = rx + tx + 2 * 32;
@@ -1274,6 +1282,23 @@ mod tests {
         // What the README suggests, and other EAL options, stay.
         for a in ["--log-level=pmd.net.memif:info", "--legacy-mem", "--log-level", "-d"] {
             assert!(with(a).is_ok(), "{a}");
+        }
+    }
+
+    #[test]
+    fn a_descriptor_count_dpdk_refuses_names_its_key() {
+        for key in ["rx_desc", "tx_desc"] {
+            for n in [0, 1, 32, 1000, 32768, 65535] {
+                let text = BASE.replace("[net]", &format!("{key} = {n}\n[net]"));
+                assert_eq!(
+                    err(&text),
+                    format!("t.toml: port.{key}: {n} is not a power of two from 64 to 16384 (default 1024)")
+                );
+            }
+            for n in [64, 512, 4096, 16384] {
+                let text = BASE.replace("[net]", &format!("{key} = {n}\n[net]"));
+                Profile::parse("t.toml", &text).unwrap();
+            }
         }
     }
 
