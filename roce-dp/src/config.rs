@@ -745,9 +745,21 @@ impl Profile {
         if n.ipv4.is_none() && n.ipv6.is_none() {
             return Err(("net.ipv4", "missing (the port needs an IPv4 or IPv6 address)".into()));
         }
-        for nb in &n.neighbours {
-            if nb.ip.parse::<std::net::IpAddr>().is_err() {
+        let own = [n.ipv4.as_deref(), n.ipv6.as_deref()].map(|a| a.and_then(|a| a.parse::<std::net::IpAddr>().ok()));
+        for (i, nb) in n.neighbours.iter().enumerate() {
+            let Ok(ip) = nb.ip.parse::<std::net::IpAddr>() else {
                 return Err(("net.neighbours.ip", format!("{:?} is not an IP address", nb.ip)));
+            };
+            // Taken without a word before: the port's own address (its frames to itself would go out to that MAC)
+            // and an address listed twice (the later entry silently won).
+            if own.contains(&Some(ip)) {
+                return Err((
+                    "net.neighbours.ip",
+                    format!("{:?} is this port's own address, not a neighbour's", nb.ip),
+                ));
+            }
+            if n.neighbours[..i].iter().any(|o| o.ip.parse::<std::net::IpAddr>() == Ok(ip)) {
+                return Err(("net.neighbours.ip", format!("{:?} is listed twice", nb.ip)));
             }
             match parse_mac(&nb.mac) {
                 None => return Err(("net.neighbours.mac", format!("{:?} is not a MAC aa:bb:cc:dd:ee:ff", nb.mac))),
@@ -1283,6 +1295,23 @@ mod tests {
         for a in ["--log-level=pmd.net.memif:info", "--legacy-mem", "--log-level", "-d"] {
             assert!(with(a).is_ok(), "{a}");
         }
+    }
+
+    #[test]
+    fn a_neighbour_at_the_ports_own_address_or_listed_twice_is_refused() {
+        let nb = |list: &str| format!("{BASE}neighbours = [{list}]\n");
+        let m2 = "mac = \"02:00:00:00:00:02\"";
+        let m3 = "mac = \"02:00:00:00:00:03\"";
+        assert_eq!(
+            err(&nb(&format!("{{ ip = \"10.0.0.1\", {m2} }}"))),
+            "t.toml: net.neighbours.ip: \"10.0.0.1\" is this port's own address, not a neighbour's"
+        );
+        assert_eq!(
+            err(&nb(&format!("{{ ip = \"10.0.0.2\", {m2} }}, {{ ip = \"10.0.0.2\", {m3} }}"))),
+            "t.toml: net.neighbours.ip: \"10.0.0.2\" is listed twice"
+        );
+        Profile::parse("t.toml", &nb(&format!("{{ ip = \"10.0.0.2\", {m2} }}, {{ ip = \"10.0.0.3\", {m3} }}")))
+            .unwrap();
     }
 
     #[test]
