@@ -62,6 +62,19 @@ fn rdp_client_timeout_out_of_range_is_one_line() {
     }
 }
 
+/// `rdp-client active --inline 99999` waited for its passive side (up to --timeout), connected to the daemon and
+/// was refused only when it created its QP; now it is refused at once, naming the flag and the limit.
+#[test]
+fn rdp_client_inline_beyond_the_wqe_is_refused_before_anything() {
+    let exe = env!("CARGO_BIN_EXE_rdp-client");
+    let oob = temp("never-inline.oob");
+    let t0 = std::time::Instant::now();
+    let o = run_bounded(exe, &["active", "--oob", oob.to_str().unwrap(), "--timeout", "10", "--inline", "99999"], 20);
+    let e = one_line_error(&o, "rdp-client: ");
+    assert!(e.contains("--inline 99999: more than the 1024 bytes a send WQE can carry inline"), "{e}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5), "refused after {:?}", t0.elapsed());
+}
+
 /// A passive and an active rdp-client on `d`, with `args` for the active side; their outputs.
 fn rdp_client_pair(d: &LoopbackDaemon, tag: &str, timeout: &str, args: &[&str]) -> (Output, Output) {
     let exe = env!("CARGO_BIN_EXE_rdp-client");

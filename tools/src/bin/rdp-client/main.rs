@@ -428,6 +428,11 @@ fn passive(c: &Common) -> Result<bool, Fail> {
 
 fn active(c: &Common, op: Op, size: u32, iters: u64, inline: u32) -> Result<bool, Fail> {
     let path = oob_path(c)?;
+    // Checked before the passive side is waited for: the daemon refused it only at QP creation.
+    if inline > roce_dp::ctrl::abi::MAX_INLINE_DATA {
+        let max = roce_dp::ctrl::abi::MAX_INLINE_DATA;
+        return Err(Fail(format!("--inline {inline}: more than the {max} bytes a send WQE can carry inline")));
+    }
     if inline > 0 && size > inline {
         return Err(Fail(format!("--inline {inline}: --size {size} does not fit (give --inline >= --size)")));
     }
