@@ -831,7 +831,8 @@ fn inline_data_is_copied_at_post_time() {
 /// opcodes (SEND, with immediate, with invalidate, WRITE, with immediate, READ), lengths (0 to 3 MTUs), SE,
 /// fences, windows, max_rd_atomic, AckReq spacing and a start near the PSN wrap, with ACKs at random PSNs sent
 /// (READs passed over: re-requested), sequence NAKs (go-back-N into messages the fast path sent), first READ
-/// responses (a READ then resumed mid-message) and local ACK timeouts in between.
+/// responses (a READ then resumed mid-message), local ACK timeouts and the region deregistered and registered
+/// again (WRs posted with its old key fail, later ones read the new one) in between.
 #[test]
 fn one_sge_fast_paths_send_what_the_general_path_sends_over_random_wrs() {
     use roce_dp::sim::SimRng;
@@ -904,6 +905,15 @@ fn one_sge_fast_paths_send_what_the_general_path_sends_over_random_wrs() {
                     let pkt = pkt.aeth(AethRepr::ACK_UNLIMITED, msn);
                     a.rx(pkt.clone());
                     b.rx(pkt);
+                }
+                // The data region deregistered and registered again (its slot's next generation, zeroed): the
+                // WRs posted with the old key fail, the later ones read the new region.
+                7 if rng.below(3) == 0 => {
+                    for p in [&mut a, &mut b] {
+                        assert!(p.eng.dereg_mr(p.data.lkey));
+                        p.data = p.eng.reg_mr(p.pd, DATA_VA, DATA_LEN, roce_dp::AccessFlags::ALL).unwrap();
+                    }
+                    assert_eq!(a.data, b.data);
                 }
                 _ => {
                     if let Some(t) = a.deadline() {
