@@ -122,6 +122,20 @@ fn expect_fatal(p: &mut Peer, psn: u32, code: NakCode, before: &[u8]) {
     p.tx_nothing();
 }
 
+/// `before_it` (from the first expected PSN on), then `bad`: a NAK invalid request at `bad`'s PSN (no remote
+/// access NAK), the QP in the error state, nothing placed.
+fn expect_invalid_request_after(mut p: Peer, before_it: Vec<Pkt>, bad: Pkt, what: &str) {
+    let psn = R + before_it.len() as u32;
+    for pkt in before_it {
+        p.rx(pkt);
+    }
+    let before = p.data().to_vec();
+    p.rx(bad);
+    expect_fatal(&mut p, psn, NakCode::InvalidRequest, &before);
+    let c = p.counters();
+    assert_eq!((c.nak_inv_req_sent, c.nak_rem_access_sent), (1, 0), "{what}");
+}
+
 #[test]
 fn op_sequence_error_gets_invalid_request_nak() {
     // A MIDDLE with no FIRST before it.
@@ -172,15 +186,7 @@ fn write_only_and_write_middle_keep_the_op_sequence_and_length_checks() {
         ("MIDDLE longer than the MTU", vec![first()], Pkt::new(Opcode::RC_RDMA_WRITE_MIDDLE, R + 1).fill(1024, 1028)),
     ];
     for (what, before_it, bad) in cases {
-        let mut p = Peer::new();
-        let psn = R + before_it.len() as u32;
-        for pkt in before_it {
-            p.rx(pkt);
-        }
-        let before = p.data().to_vec();
-        p.rx(bad);
-        expect_fatal(&mut p, psn, NakCode::InvalidRequest, &before);
-        assert_eq!(p.counters().nak_inv_req_sent, 1, "{what}");
+        expect_invalid_request_after(Peer::new(), before_it, bad, what);
     }
     let mut p = Peer::new();
     let want: Vec<u8> = (0..4096).map(pattern).collect();
@@ -194,6 +200,52 @@ fn write_only_and_write_middle_keep_the_op_sequence_and_length_checks() {
     assert_eq!(&p.data()[..4096], &want[..]);
     assert_eq!(&p.data()[8192..8256], &(8192..8256).map(pattern).collect::<Vec<u8>>()[..]);
     assert_eq!(p.counters().rx_packets, 5);
+}
+
+/// The WRITE_ONLY/WRITE_MIDDLE short-cut of the responder's checks (ab796ef) against what the generic checks
+/// answer, in the cases where their order shows: a WRITE_ONLY longer than the MTU whose rkey is also bad, or whose
+/// QP does not grant REMOTE_WRITE while its zero length needs no rkey (C9-88), is an invalid request (the length
+/// and right come before the rkey), not a remote access error; a WRITE_ONLY or WRITE_MIDDLE inside a SEND is an
+/// invalid request (op sequence), with nothing placed. A zero-length WRITE_ONLY with a bad
+/// rkey on a QP that grants the right is ACKed (C9-88).
+#[test]
+fn write_only_and_write_middle_short_cut_answers_what_the_generic_checks_do() {
+    let send_first = || Pkt::new(Opcode::RC_SEND_FIRST, R).fill(0, 1024);
+    let cases: [(&str, AccessFlags, Vec<Pkt>, Pkt); 4] = [
+        (
+            "ONLY longer than the MTU, bad rkey",
+            AccessFlags::ALL,
+            vec![],
+            Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R).ack_req().reth(0, 0xdead_0000, 1025).fill(0, 1025),
+        ),
+        (
+            "zero-length ONLY, bad rkey, no REMOTE_WRITE",
+            AccessFlags::REMOTE_READ | AccessFlags::LOCAL_WRITE,
+            vec![],
+            Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R).ack_req().reth(0, 0xdead_0000, 0),
+        ),
+        (
+            "ONLY inside a SEND",
+            AccessFlags::ALL,
+            vec![send_first()],
+            Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R + 1).ack_req().reth(DATA_VA, 0xdead_0000, 8).fill(0, 8),
+        ),
+        (
+            "MIDDLE inside a SEND",
+            AccessFlags::ALL,
+            vec![send_first()],
+            Pkt::new(Opcode::RC_RDMA_WRITE_MIDDLE, R + 1).fill(0, 1024),
+        ),
+    ];
+    for (what, access, before_it, bad) in cases {
+        let mut p = Peer::with(PeerCfg { access, ..PeerCfg::default() });
+        p.post_recv(1, 0x8000, 4096);
+        expect_invalid_request_after(p, before_it, bad, what);
+    }
+    let mut p = Peer::new();
+    p.rx(Pkt::new(Opcode::RC_RDMA_WRITE_ONLY, R).ack_req().reth(0, 0xdead_0000, 0));
+    p.expect_ack(R, ACK, 1);
+    p.no_cqes();
 }
 
 #[test]

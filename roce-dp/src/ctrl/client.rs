@@ -1555,16 +1555,23 @@ mod tests {
         assert_eq!(format!("{e:#?}"), "Refused(Exhausted): roce-dpd refused: x");
     }
 
-    /// Session 17 review: a call whose thread looked at the socket only past its deadline (descheduled while the
-    /// answers came) found the late answer to an earlier, timed-out request first and returned `Timeout`, though
-    /// its own answer was already there behind it. Played without timing: the daemon sends the late answer to
-    /// AllocPd #2 and the answer to #3 before #3 is sent, and #3's deadline is its start (a timeout of 0, which
-    /// only this test can set). Now it reads what is already there and takes its answer. Old code: `Timeout`.
-    #[test]
-    fn a_call_past_its_deadline_takes_its_answer_already_there_behind_a_late_one() {
+    /// A fake daemon for the late-answer tests: AllocPd #2 goes unanswered until the test says go (the sender
+    /// returned); then the `late` answers (`Pd { pd: seq }` each, in that order) go out together and the receiver
+    /// returned hears it. An AllocPd whose sequence number is in `late` is not answered again; any other at once.
+    #[allow(clippy::type_complexity)]
+    fn late_answers_daemon(
+        tag: &str,
+        late: &'static [u32],
+    ) -> (
+        Device,
+        std::path::PathBuf,
+        std::sync::mpsc::Sender<()>,
+        std::sync::mpsc::Receiver<()>,
+        std::thread::JoinHandle<()>,
+    ) {
         use std::os::unix::net::UnixListener;
         use std::sync::mpsc;
-        let path = std::env::temp_dir().join(format!("roce-dp-client-late-{}.sock", std::process::id()));
+        let path = std::env::temp_dir().join(format!("roce-dp-client-{tag}-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
         let l = UnixListener::bind(&path).unwrap();
         let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -1577,19 +1584,31 @@ mod tests {
                         let info = DeviceInfo { abi: ABI_VERSION, pid: 1, mtu: 1024, ..NO_INFO };
                         c.send_response(f.seq, &Response::Hello(info), &[]).unwrap();
                     }
-                    // #2: answered late, with #3's answer (#3 is then read and not answered again).
                     Request::AllocPd if f.seq == 2 => {
                         go_rx.recv().unwrap();
-                        c.send_response(2, &Response::Pd { pd: 2 }, &[]).unwrap();
-                        c.send_response(3, &Response::Pd { pd: 3 }, &[]).unwrap();
+                        for &seq in late {
+                            c.send_response(seq, &Response::Pd { pd: seq }, &[]).unwrap();
+                        }
                         sent_tx.send(()).unwrap();
                     }
-                    Request::AllocPd => {}
+                    Request::AllocPd if late.contains(&f.seq) => {}
+                    Request::AllocPd => c.send_response(f.seq, &Response::Pd { pd: f.seq }, &[]).unwrap(),
                     _ => c.send_response(f.seq, &Response::Ok, &[]).unwrap(),
                 }
             }
         });
         let dev = Device::open(&path).unwrap();
+        (dev, path, go_tx, sent_rx, daemon)
+    }
+
+    /// Session 17 review: a call whose thread looked at the socket only past its deadline (descheduled while the
+    /// answers came) found the late answer to an earlier, timed-out request first and returned `Timeout`, though
+    /// its own answer was already there behind it. Played without timing: the daemon sends the late answer to
+    /// AllocPd #2 and the answer to #3 before #3 is sent, and #3's deadline is its start (a timeout of 0, which
+    /// only this test can set). Now it reads what is already there and takes its answer. Old code: `Timeout`.
+    #[test]
+    fn a_call_past_its_deadline_takes_its_answer_already_there_behind_a_late_one() {
+        let (dev, path, go_tx, sent_rx, daemon) = late_answers_daemon("late", &[2, 3]);
         dev.set_call_timeout(Duration::from_millis(1));
         assert!(matches!(dev.alloc_pd(), Err(Error::Timeout { request: "AllocPd", .. })));
         go_tx.send(()).unwrap();
@@ -1625,5 +1644,29 @@ mod tests {
         // The longest path a socket can have is still looked up (nothing listens there).
         let e = Device::open(&long[..MAX_SOCKET_PATH]).unwrap_err();
         assert!(matches!(e, Error::DaemonAbsent { .. }), "{e:#?}");
+    }
+
+    /// The bookkeeping of the oldest unanswered request against a daemon that answers out of order, twice, and
+    /// to a request never sent: a call past its deadline reads a late answer to an earlier request, then a
+    /// duplicate of it, and ends with `Timeout` there (not reading on, not taking the answer to a request never
+    /// sent, not hanging); the next call skips the stale frames still buffered and takes its own answer only.
+    #[test]
+    fn answers_out_of_order_twice_or_to_requests_never_sent_are_not_taken() {
+        // #2 times out; its answer comes late, twice, then an answer to #9 (never sent), then #3's.
+        let (dev, path, go_tx, sent_rx, daemon) = late_answers_daemon("hostile", &[2, 2, 9, 3]);
+        dev.set_call_timeout(Duration::from_millis(1));
+        assert!(matches!(dev.alloc_pd(), Err(Error::Timeout { request: "AllocPd", .. })));
+        go_tx.send(()).unwrap();
+        sent_rx.recv().unwrap();
+        // #3 looks only past its deadline: #2's late answer (in order), then its duplicate (not): Timeout.
+        dev.inner.timeout_us.store(0, Ordering::Relaxed);
+        assert!(matches!(dev.alloc_pd(), Err(Error::Timeout { request: "AllocPd", .. })));
+        // #4 reads the answers to #9 and #3 still buffered, discards them, and takes its own.
+        dev.set_call_timeout(Duration::from_secs(5));
+        let pd = dev.alloc_pd().expect("its own answer");
+        assert_eq!(pd.handle(), 4);
+        drop((pd, dev));
+        daemon.join().unwrap();
+        let _ = std::fs::remove_file(path);
     }
 }
