@@ -865,7 +865,7 @@ impl Engine {
             return;
         }
         // Moved out of the Result, not borrowed in it: stored for the out-of-line callees after the ICRC's check.
-        let parsed = wire::parse_rx_prepared(frame, prep);
+        let parsed = wire::parse_rx_own(frame, prep);
         let f = match parsed {
             Ok(f) => f,
             Err(e) => {

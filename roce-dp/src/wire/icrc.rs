@@ -261,6 +261,9 @@ pub struct RxPrepared {
     saved: [u8; 4],
     /// The end of the bytes the ICRC covers (the stored ICRC's offset in the frame).
     end: usize,
+    /// The frame is Ethernet II without a tag carrying IPv4 without options (else IPv6), its total length at least
+    /// a UDP header, a BTH and an ICRC past the IP header and within the frame: what the preparation checked.
+    v4: bool,
 }
 
 impl RxPrepared {
@@ -269,6 +272,13 @@ impl RxPrepared {
     #[inline(always)]
     pub fn covers(&self, ip_len: usize) -> bool {
         self.end + hdr_len::ICRC == RX_L3 + ip_len
+    }
+
+    /// For a frame prepared as untagged IPv4 without options: its IPv4 total length, as the preparation read and
+    /// checked it (at least the headers up to the BTH and an ICRC, within the frame).
+    #[inline(always)]
+    pub(crate) fn v4_total_len(&self) -> Option<usize> {
+        self.v4.then_some(self.end + hdr_len::ICRC - RX_L3)
     }
 }
 
@@ -295,6 +305,7 @@ pub fn rx_prepare(frame: &mut [u8]) -> Option<RxPrepared> {
     let h: &[u8; V4] = frame.first_chunk()?;
     let mac = rx_unshift::<0>(h[10]) ^ rx_unshift::<1>(h[11]);
     let ip_len;
+    let v4;
     let sum = match (u16::from_be_bytes([h[12], h[13]]), h[RX_L3]) {
         (super::ethernet::ethertype::IPV4, 0x45) => {
             let ip = &h[RX_L3..];
@@ -302,6 +313,7 @@ pub fn rx_prepare(frame: &mut [u8]) -> Option<RxPrepared> {
             if ip_len < V4_HEAD + hdr_len::ICRC {
                 return None;
             }
+            v4 = true;
             RX_ETHERTYPE_V4
                 ^ rx_unshift::<2>(ip[ipv4::field::DSCP_ECN])
                 ^ rx_unshift::<3>(ip[V4_AT[0]])
@@ -318,6 +330,7 @@ pub fn rx_prepare(frame: &mut [u8]) -> Option<RxPrepared> {
             if ip_len < V6_HEAD + hdr_len::ICRC {
                 return None;
             }
+            v4 = false;
             RX_ETHERTYPE_V6
                 ^ rx_unshift::<RX_V6_FIRST>(ip[0])
                 ^ rx_unshift::<10>(ip[1])
@@ -337,7 +350,7 @@ pub fn rx_prepare(frame: &mut [u8]) -> Option<RxPrepared> {
     let w: &mut [u8; 4] = frame.get_mut(RX_START..RX_START + 4)?.try_into().ok()?;
     let saved = *w;
     *w = (!(sum ^ mac)).to_le_bytes();
-    Some(RxPrepared { saved, end })
+    Some(RxPrepared { saved, end, v4 })
 }
 
 /// True if the frame that [`rx_prepare`] prepared (`p`) holds the right ICRC: one pass of the prototype hasher

@@ -57,7 +57,7 @@ pub fn checksum(data: &[u8]) -> u16 {
 /// machine's byte order, without a byte swap per word: the one's-complement sum of the words with their bytes
 /// swapped is the sum with its bytes swapped (RFC 1071 §2 (B), byte order independence), and the good sum,
 /// 0xFFFF, is the same either way round.
-#[inline]
+#[inline(always)]
 pub fn header_checksum_ok(h: &[u8; HEADER_LEN]) -> bool {
     let w = |i: usize| u64::from(u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]));
     let mut sum = w(0) + w(4) + w(8) + w(12) + w(16);

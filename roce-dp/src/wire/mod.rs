@@ -91,6 +91,7 @@ pub use ipv4::{Packet as Ipv4Packet, Repr as Ipv4Repr, HEADER_LEN as IPV4_HEADER
 pub use ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr, HEADER_LEN as IPV6_HEADER_LEN};
 pub use opcode::{flags as op, hdr_len, OpInfo, Opcode};
 pub use psn::Psn;
+pub(crate) use roce::parse_rx_own;
 pub use roce::{
     emit_frame, frame_len, parse_frame, parse_frame_checked, parse_rx, parse_rx_prepared, rxe_ud_udp_sport,
     rxe_udp_sport, RxFrame,

@@ -28,20 +28,37 @@ struct Core<'a> {
 /// first 54 bytes: every check of [`parse_core`] on the same values, without a bounds check per field. None when
 /// the frame is of another shape or fails any check; [`parse_core`] then runs the general path, which names the
 /// error.
+///
+/// `known_total`: the IPv4 total length when [`icrc::rx_prepare`] prepared this frame as that shape (it checked
+/// the EtherType, the version and header length byte, and that the total length covers the headers to the BTH and
+/// an ICRC within the frame): those checks are not made again.
 #[inline(always)]
-fn parse_core_ipv4(frame: &[u8]) -> Option<Core<'_>> {
+fn parse_core_ipv4(frame: &[u8], known_total: Option<usize>) -> Option<Core<'_>> {
     const L3: usize = ETHERNET_HEADER_LEN;
     const L4: usize = L3 + ipv4::HEADER_LEN;
     const TP: usize = L4 + udp::HEADER_LEN;
     let h = frame.first_chunk::<{ TP + hdr_len::BTH }>()?;
     let ip: &[u8; ipv4::HEADER_LEN] = h[L3..L4].try_into().ok()?;
-    if cfg!(fuzzing) || u16::from_be_bytes([h[12], h[13]]) != ethertype::IPV4 || ip[0] != 0x45 {
+    if cfg!(fuzzing) {
         return None;
     }
-    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let total = match known_total {
+        Some(t) => t,
+        None => {
+            if u16::from_be_bytes([h[12], h[13]]) != ethertype::IPV4 || ip[0] != 0x45 {
+                return None;
+            }
+            let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            // Room for UDP and a BTH.
+            if total < TP + hdr_len::BTH - L3 || frame.len() - L3 < total {
+                return None;
+            }
+            total
+        }
+    };
     let flg = u16::from_be_bytes([ip[6], ip[7]]);
-    // Room for UDP and a BTH, no fragment, UDP, a good checksum.
-    if total < TP + hdr_len::BTH - L3 || frame.len() - L3 < total || flg & 0x3fff != 0 || ip[9] != ipv4::PROTO_UDP {
+    // No fragment, UDP, a good checksum.
+    if flg & 0x3fff != 0 || ip[9] != ipv4::PROTO_UDP {
         return None;
     }
     if !ipv4::header_checksum_ok(ip) {
@@ -71,7 +88,7 @@ fn parse_core_ipv4(frame: &[u8]) -> Option<Core<'_>> {
 /// The checks of [`parse_frame`] up to (not including) the ICRC.
 #[inline(always)]
 fn parse_core(frame: &[u8]) -> Result<Core<'_>, Error> {
-    match parse_core_ipv4(frame) {
+    match parse_core_ipv4(frame, None) {
         Some(c) => Ok(c),
         None => parse_core_general(frame),
     }
@@ -170,6 +187,25 @@ pub fn parse_rx(frame: &[u8]) -> Result<RxFrame<'_>, Error> {
 #[inline(always)]
 pub fn parse_rx_prepared<'a>(frame: &'a [u8], prep: Option<&icrc::RxPrepared>) -> Result<RxFrame<'a>, Error> {
     let c = parse_core(frame)?;
+    rx_icrc(frame, prep, c)
+}
+
+/// [`parse_rx_prepared`] for a caller that passes only the preparation of `frame` itself (the engine's in-place
+/// receive path): the checks [`icrc::rx_prepare`] made of an IPv4 frame are not made again.
+#[inline(always)]
+pub(crate) fn parse_rx_own<'a>(frame: &'a [u8], prep: Option<&icrc::RxPrepared>) -> Result<RxFrame<'a>, Error> {
+    if let Some(p) = prep {
+        if let Some(c) = p.v4_total_len().and_then(|total| parse_core_ipv4(frame, Some(total))) {
+            // The span is the one the preparation covers (same total length): no `covers` test.
+            return if icrc::rx_check(frame, p) { Ok(c.rx) } else { Err(Error::BadIcrc) };
+        }
+    }
+    parse_rx_prepared(frame, prep)
+}
+
+/// The ICRC check of a frame that parsed as `c`, prepared by `prep` (if any).
+#[inline(always)]
+fn rx_icrc<'a>(frame: &'a [u8], prep: Option<&icrc::RxPrepared>, c: Core<'a>) -> Result<RxFrame<'a>, Error> {
     let ok = match prep {
         Some(p) if p.covers(c.ip_pkt.len()) => icrc::rx_check(frame, p),
         _ => icrc::verify(c.ip_pkt)?,
@@ -692,7 +728,7 @@ mod tests {
     #[test]
     fn ipv4_fast_path_equals_general_path() {
         let same = |b: &[u8], what: &str| {
-            let Some(c) = parse_core_ipv4(b) else { return false };
+            let Some(c) = parse_core_ipv4(b, None) else { return false };
             let g = parse_core_general(b).unwrap_or_else(|e| panic!("{what}: fast path took a frame rejected: {e}"));
             assert_eq!((c.rx.bth(), c.rx.ip(), c.rx.info.name), (g.rx.bth(), g.rx.ip(), g.rx.info.name), "{what}");
             assert_eq!((c.rx.hdrs, c.rx.payload, c.ip_pkt, c.udp_src), (g.rx.hdrs, g.rx.payload, g.ip_pkt, g.udp_src));
@@ -711,6 +747,35 @@ mod tests {
                 });
             }
         }
+    }
+
+    /// The engine's in-place receive parse (`parse_rx_own`, which skips the checks `rx_prepare` made of an IPv4
+    /// frame) gives what `parse_rx_prepared` gives for the same prepared frame: every opcode and layout, every
+    /// truncation and single-bit flip (both verdicts, the same error, the same fields and bytes).
+    #[test]
+    fn own_prepared_parse_equals_prepared_parse() {
+        let mut checked = 0;
+        let mut fast = 0;
+        let mut same = |b: &[u8], what: &str| {
+            let mut g = b.to_vec();
+            let prep = icrc::rx_prepare(&mut g);
+            let own = format!("{:?}", parse_rx_own(&g, prep.as_ref()));
+            assert_eq!(own, format!("{:?}", parse_rx_prepared(&g, prep.as_ref())), "{what}");
+            checked += 1;
+            fast += usize::from(prep.is_some_and(|p| p.v4_total_len().is_some()));
+        };
+        for v in 0..=255u8 {
+            let Some(info) = Opcode(v).info() else { continue };
+            let len = if info.any(f::PAYLOAD) { 61 } else { 0 };
+            for (v6, vlan) in [(false, false), (true, false), (false, true)] {
+                let r = repr(Opcode(v), v6, vlan);
+                let mut buf = vec![0u8; frame_len(&r, len)];
+                let n = emit_frame(&mut buf, &r, len, |p| p.fill(0x3c)).unwrap();
+                same(&buf[..n], info.name);
+                each_mutation(&mut buf[..n], info.name, &mut same);
+            }
+        }
+        assert!(checked > 100_000 && fast > 10_000, "{checked} frames, {fast} prepared as IPv4");
     }
 
     #[test]
