@@ -101,7 +101,8 @@ impl Qp {
                 }
                 break;
             }
-            if !w.wr.signaled && !w.counted {
+            // (`counted` is only ever set on a READ/atomic, which the test above stopped at.)
+            if !w.wr.signaled {
                 self.retire_unsignaled(psn);
                 continue;
             }
@@ -131,7 +132,8 @@ impl Qp {
         let mut last = None;
         while head != self.sq.tail {
             let w = self.sq.get(head);
-            let plain = w.state == WqeState::Started && !w.wr.opcode.is_rd_atomic() && !w.wr.signaled && !w.counted;
+            // Not a READ/atomic, so not counted against max_rd_atomic (the requester counts only those).
+            let plain = w.state == WqeState::Started && !w.wr.opcode.is_rd_atomic() && !w.wr.signaled;
             if !plain || !w.last_psn.before(psn) {
                 break;
             }
