@@ -26,8 +26,8 @@ pub struct HeaderTemplate {
     /// The ICRC of the flow's ACKs by table (None if the template could not be built).
     ack_icrc: Option<icrc::AckIcrc>,
     /// The ICRC's initial-register correction for the fields it masks that the template fixes (IPv4: TOS, TTL,
-    /// UDP checksum, BTH byte 4 without FECN/BECN; IPv6: all of them): the transmit path adds the IPv4 header
-    /// checksum's share from the value it computed ([`icrc::compute_prepared`]) instead of reading the fields back.
+    /// UDP checksum, BTH byte 4 without FECN/BECN; IPv6: all of them). The IPv4 header checksum has no share: its
+    /// bytes hold the masked value (all ones, from `bytes`) during the pass and are written after it.
     icrc_fix: u32,
     /// The flow's BTH words (P_Key, destination QP; opcode, flags and PSN zero): see [`bth`](Self::bth).
     bth: TxBth,
@@ -65,11 +65,15 @@ impl HeaderTemplate {
             for w in h.chunks_exact(2) {
                 csum_partial += u32::from(u16::from_be_bytes([w[0], w[1]]));
             }
+            // The header checksum's bytes hold the ICRC's masked value (all ones) until the pass is done: the
+            // checksum is stored after it, and the pass's correction has no per-frame share for it.
+            h[ipv4::field::CHECKSUM].fill(0xff);
         }
         let ack_icrc = scratch.get(eth_len..n.saturating_sub(hdr_len::ICRC)).and_then(icrc::AckIcrc::new);
         let h = &bytes[eth_len..];
         let udp_csum = |at: usize| [h[at + udp::field::CHECKSUM.start], h[at + udp::field::CHECKSUM.start + 1]];
-        // The checksum bytes are zero here: [0xff, 0xff] leaves their share out (each share is of the complement).
+        // The checksum bytes are all ones during the pass: [0xff, 0xff] leaves their share out (each share is of
+        // the complement).
         let icrc_fix = if v4 {
             icrc::v4_fix(h[ipv4::field::DSCP_ECN], h[ipv4::field::TTL], [0xff; 2], udp_csum(ipv4::HEADER_LEN), 0)
         } else {
@@ -170,7 +174,7 @@ impl HeaderTemplate {
             Some(head) => *head = self.bytes,
             None => copy_prefix(buf, &self.bytes[..prefix]),
         }
-        let mut fix = self.icrc_fix;
+        let fix = self.icrc_fix;
         // The ICRC pass with the template's correction (not an ACK the table gives, nor a frame with FECN/BECN,
         // which the correction leaves out) is prepared as the headers are written, so that the CRC's loads find
         // these stores done: the correction XORed into the IP header's first four bytes, and for a packet 8 bytes
@@ -182,6 +186,7 @@ impl HeaderTemplate {
         // (n - eth_len - ICRC) % 16 == 8, with n - eth_len the covered bytes plus the ICRC.
         let with_lrh = prepared && (n - eth_len) % 16 == (16 - icrc::LRH_LEN + hdr_len::ICRC) % 16;
         let first4: u32;
+        let mut csum = [0xff; 2];
         {
             let ip = &mut buf[eth_len..eth_len + ip_len];
             if self.v4 {
@@ -191,9 +196,7 @@ impl HeaderTemplate {
                 let mut sum = self.csum_partial + u32::from(total) + u32::from(ident);
                 sum = (sum & 0xffff) + (sum >> 16);
                 sum = (sum & 0xffff) + (sum >> 16);
-                let csum = (!(sum as u16)).to_be_bytes();
-                ip[ipv4::field::CHECKSUM].copy_from_slice(&csum);
-                fix ^= icrc::v4_checksum_fix(csum);
+                csum = (!(sum as u16)).to_be_bytes();
             } else {
                 first4 = self.ip_head;
                 ip[ipv6::field::LENGTH].copy_from_slice(&(l4_len as u16).to_be_bytes());
@@ -232,6 +235,10 @@ impl HeaderTemplate {
             }
         };
         buf[at..].copy_from_slice(&v.to_le_bytes());
+        if self.v4 {
+            let c = eth_len + ipv4::field::CHECKSUM.start;
+            buf[c..c + 2].copy_from_slice(&csum);
+        }
         Ok(n)
     }
 }
