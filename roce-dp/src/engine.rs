@@ -857,7 +857,8 @@ impl Engine {
     #[inline(never)]
     fn rx(&mut self, now: Instant, frame: &[u8], prep: Option<&wire::icrc::RxPrepared>, _meta: RxMeta) {
         self.stats.rx_frames += 1;
-        if vlan_id(frame).is_some_and(|vid| vid != 0) {
+        // A prepared frame is untagged (`rx_prepare` takes only EtherType IPv4 or IPv6 at offset 12).
+        if prep.is_none() && vlan_id(frame).is_some_and(|vid| vid != 0) {
             // Tagged for a VLAN: a frame of another network, as for ARP/ND (neigh.rs). The port has no VLAN and every
             // QP sends untagged, so no QP's peer is there (and an answer would leave on the untagged network). A
             // priority tag (VID 0, IEEE 802.1Q: priority only, no VLAN) is the untagged network's and is taken.
