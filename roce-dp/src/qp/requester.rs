@@ -412,7 +412,7 @@ impl Qp {
                 self.timers.set(TimerKind::Retransmit, ctx.now + t);
             }
         }
-        let bth = self.hdr.bth().with(opcode, solicited, ack_req, psn);
+        let bth = self.hdr.packet_bth(opcode, solicited, ack_req, psn);
         ReqOutcome::Packet(TxPlan { bth, ext, payload_len, src, data_frame: true })
     }
 

@@ -574,7 +574,8 @@ impl Qp {
     pub(crate) fn next_response(&mut self, ctx: &mut Ctx<'_>) -> Option<TxPlan> {
         let item = *self.out.front()?;
         let base = self.hdr.bth();
-        let bth = |opcode, psn| base.with(opcode, false, false, psn);
+        // The template's words have opcode, SE, AckReq and PSN zero ([`HeaderTemplate::packet_bth`]).
+        let bth = |opcode, psn| base.with_cleared(opcode, false, false, psn);
         let mut ext = TxExt::None;
         match item {
             RespOut::Ack { psn, syndrome, msn } => {

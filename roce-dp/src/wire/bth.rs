@@ -292,6 +292,16 @@ impl TxBth {
         TxBth { hi, lo }
     }
 
+    /// [`with`](Self::with) of words whose opcode, SE, AckReq and PSN are zero (a header template's, see
+    /// [`HeaderTemplate::packet_bth`](super::HeaderTemplate::packet_bth)): the fields ORed in, nothing to clear.
+    #[inline(always)]
+    pub(crate) fn with_cleared(self, opcode: Opcode, solicited: bool, ack_req: bool, psn: Psn) -> TxBth {
+        debug_assert_eq!(self.with(Opcode(0), false, false, Psn::new(0)), self);
+        let hi = self.hi | (u64::from(opcode.0) << Self::OPCODE_AT) | (u64::from(solicited) * Self::SE_BIT);
+        let lo = self.lo | (u32::from(ack_req) * Self::ACK_REQ_BIT) | (psn.value() & 0xff_ffff);
+        TxBth { hi, lo }
+    }
+
     /// These words with PadCnt `pad` (masked to 2 bits).
     #[inline(always)]
     pub fn with_pad(self, pad: u8) -> TxBth {

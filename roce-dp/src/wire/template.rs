@@ -111,6 +111,13 @@ impl HeaderTemplate {
         self.bth
     }
 
+    /// The BTH words of one packet of the flow: [`bth`](Self::bth)`.with(opcode, solicited, ack_req, psn)`, the
+    /// fields ORed into the template's words (built with them zero).
+    #[inline(always)]
+    pub fn packet_bth(&self, opcode: Opcode, solicited: bool, ack_req: bool, psn: Psn) -> TxBth {
+        self.bth.with_cleared(opcode, solicited, ack_req, psn)
+    }
+
     /// Bytes of Ethernet + IP + UDP.
     #[inline]
     pub fn prefix_len(&self) -> usize {
