@@ -99,7 +99,7 @@ struct Opts {
     #[arg(long, global = true, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=(1 << 24)))]
     size: u32,
     /// Messages per QP.
-    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
+    #[arg(long, global = true, default_value_t = 1000, value_parser = roce_dp_tools::whole_arg::<1, MAX_ITERS>)]
     iters: u64,
     /// QPs.
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -168,7 +168,7 @@ struct Opts {
     idle: Option<IdleArg>,
     /// Give up (exit 1) after this many seconds.
     #[arg(long, global = true, default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
+          value_parser = roce_dp_tools::whole_arg::<1, { roce_dp_tools::MAX_SECONDS }>)]
     timeout: u64,
     /// Raw mode for the benchmark (no RoCE): `bw` streams frames of --size bytes client -> server, `rtt`
     /// ping-pongs one frame; compare with the same sizes over RoCE.
