@@ -238,8 +238,6 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         .mbufs
         .unwrap_or_else(|| dpdk::pool_size(1, rx_desc.into(), u32::from(tx_desc) * nq, nq, 256, 2048 * nq));
     // Each DPDK step from here on quotes what DPDK logged during it when it fails (dpdk_step).
-    let pool = dpdk_step(|| Mempool::new(&eal, "roce_dpd_pool", n, 256, room))
-        .map_err(|e| Fail(format!("mempool of {n} x {room} B ([mempool] mbufs, data_room): {e}")))?;
     let mut port = if prof.port.driver == Driver::NetRing {
         // A loopback port: what the workers send comes back to worker 0 (every QP on this one soft NIC); with several
         // workers their tx queues share the ring (multi-producer).
@@ -257,6 +255,11 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         };
         dpdk_lookup(&name, || Port::by_name(&eal, &name)).map_err(|e| Fail(format!("port {name}: {e}")))?
     };
+    // The mempool after the port: a pool that takes the EAL's last memory then fails itself, in one line. Made
+    // first, it left none for the net_ring port's ethdev data, and DPDK aborted the process (rte_panic "Cannot
+    // allocate ethdev shared data" in rte_eth_dev_allocate, a stack dump, status 134).
+    let pool = dpdk_step(|| Mempool::new(&eal, "roce_dpd_pool", n, 256, room))
+        .map_err(|e| Fail(format!("mempool of {n} x {room} B ([mempool] mbufs, data_room): {e}")))?;
     let pinfo = dpdk_step(|| port.info()).map_err(|e| Fail(format!("port {}: {e}", port.name())))?;
     let (_rx_off, tx_off) = choose_offloads(&pinfo);
     let conf = PortConfig { rx_desc, tx_desc, tx_queues: nw as u16, tx_offloads: tx_off, ..PortConfig::default() };
