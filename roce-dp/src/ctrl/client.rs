@@ -428,6 +428,12 @@ impl Inner {
                 if let Some(why) = notice(&f.msg) {
                     return Err(self.gone(why));
                 }
+                // Its refusal of this very request, sent before it read it: roce-dpd out of descriptors answers a
+                // new session's Hello after waiting for it at most 100 ms, then closes. A client slower than that
+                // to send its Hello got "gone (Broken pipe)" instead of the daemon's line.
+                if let (true, Response::Error { code, msg }) = (f.seq == seq, f.msg) {
+                    return Err(Error::Refused { code, msg });
+                }
             }
             // The socket's send timeout (the call timeout) ran out: a request this small only waits when the
             // daemon has stopped reading.
@@ -707,6 +713,11 @@ impl Device {
             },
             _ => Error::DaemonGone { path: path.to_owned(), reason: format!("connect: {e}") },
         })?;
+        Self::open_on(sock, path, abi, timeout)
+    }
+
+    /// The session on `sock`, connected to the daemon's socket `path`: its Hello.
+    fn open_on(sock: UnixStream, path: &Path, abi: u32, timeout: Duration) -> Result<Device, Error> {
         // Bounds the send of a request too (a daemon that stopped reading); EINTR is retried.
         sock.set_write_timeout(Some(timeout))
             .map_err(|e| Error::DaemonGone { path: path.to_owned(), reason: format!("SO_SNDTIMEO: {e}") })?;
@@ -1657,6 +1668,25 @@ mod tests {
         // The longest path a socket can have is still looked up (nothing listens there).
         let e = Device::open(&long[..MAX_SOCKET_PATH]).unwrap_err();
         assert!(matches!(e, Error::DaemonAbsent { .. }), "{e:#?}");
+    }
+
+    /// Session 18: roce-dpd out of descriptors answers a new session's Hello after waiting for it at most 100 ms,
+    /// then closes the connection. A client slower than that to send its Hello (a loaded machine) found the socket
+    /// closed when it sent, and `Device::open` said "roce-dpd ... is gone (Broken pipe ...)" though the daemon's
+    /// line was already there to read. Played without timing: the daemon's end answers request 1 and closes before
+    /// the Hello goes. Now the refusal is returned. Old code: `DaemonGone`.
+    #[test]
+    fn a_refusal_sent_before_the_hello_was_read_is_returned_not_a_broken_pipe() {
+        let (client, daemon) = UnixStream::pair().unwrap();
+        let c = Conn::new(daemon);
+        let line = "a new session: roce-dpd is out of file descriptors (RLIMIT_NOFILE 128): ...";
+        c.send_response(1, &Response::Error { code: ErrorCode::Exhausted, msg: line.into() }, &[]).unwrap();
+        drop(c);
+        let path = std::path::Path::new("/run/roce-dpd-test.sock");
+        match Device::open_on(client, path, ABI_VERSION, Duration::from_secs(1)) {
+            Err(Error::Refused { code: ErrorCode::Exhausted, msg }) => assert_eq!(msg, line),
+            r => panic!("expected the daemon's refusal, got {:?}", r.map(|_| ())),
+        }
     }
 
     /// The bookkeeping of the oldest unanswered request against a daemon that answers out of order, twice, and
