@@ -584,9 +584,9 @@ impl Inner {
         if in_order {
             self.answered.store(seq.wrapping_add(1), Ordering::Relaxed);
         }
-        // Before: settled whatever was pending at or before `seq` even when `seq` was never sent, so a daemon
-        // answering a request from the future ended a destroyed QP's skipping while it could still write
-        // completions of it.
+        // An answer to a request never sent settles no destroy: settle_destroys takes every destroy sent up to
+        // `seq`, so a daemon answering a request from the future would end a destroyed QP's skipping while it
+        // could still write completions of it.
         if sent {
             self.settle_destroys(seq, msg);
         }
