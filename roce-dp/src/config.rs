@@ -140,6 +140,32 @@ impl DaemonSection {
 }
 
 /// Bounds of `[daemon] session_max_mr_bytes`: 1 MiB, and 64 TiB (half of x86-64's 128 TiB user address space).
+/// The most mbufs a DPDK mempool holds: its ring (the default handler's) has `rte_align32pow2(n + 1)` slots and a
+/// ring at most `RTE_RING_SZ_MASK` (2^31 - 1), so at most 2^30 slots.
+pub const MAX_MBUFS: u32 = (1 << 30) - 1;
+
+/// The least memory one mbuf takes in a DPDK 22.11 pool (`rte_mempool_calc_obj_size`): its object header (one 64 B
+/// cache line), the `rte_mbuf` (two) and the data room, in whole cache lines (DPDK may add lines to spread the
+/// objects over memory channels).
+pub fn mbuf_pool_bytes(data_room: u32) -> u64 {
+    64 + (128 + u64::from(data_room)).div_ceil(64) * 64
+}
+
+/// DPDK's limit for `--no-huge -m`: one 4 KiB memseg per page, in one list of at most `INT_MAX` (2^31 - 1) entries
+/// (`rte_fbarray_init`): "Cannot allocate memseg list" past it.
+pub const MAX_NO_HUGE_MB: u32 = ((i32::MAX as u64 * 4096) >> 20) as u32;
+
+/// The EAL's memory without hugepages when `eal.no_huge_mb` is not given.
+pub const DEFAULT_NO_HUGE_MB: u32 = 512;
+
+/// This machine's memory in MiB (`MemTotal` of /proc/meminfo), if it can be read.
+pub fn machine_mib() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb =
+        m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    Some(kb >> 10)
+}
+
 const MIN_SESSION_MR_BYTES: u64 = 1 << 20;
 const MAX_SESSION_MR_BYTES: u64 = 1 << 46;
 
@@ -814,6 +840,7 @@ impl Profile {
             }
         }
         if let Some(m) = self.mempool.mbufs {
+            self.check_pool_memory(m)?;
             let (rx, tx) = (u32::from(port.rx_desc.unwrap_or(1024)), u32::from(port.tx_desc.unwrap_or(1024)));
             let least = rx + tx + 2 * 32;
             if m < least {
@@ -844,6 +871,25 @@ impl Profile {
         }
         if self.eal.no_huge_mb == Some(0) {
             return Err(("eal.no_huge_mb", "0: EAL needs memory for the mempool (default 512)".into()));
+        }
+        // Before: a value past DPDK's limit failed inside rte_eal_init ("Cannot allocate memseg list"), one past the
+        // machine's memory when the pool was touched, neither naming the key.
+        if let Some(mb) = self.eal.no_huge_mb {
+            if mb > MAX_NO_HUGE_MB {
+                return Err((
+                    "eal.no_huge_mb",
+                    format!(
+                        "{mb} MiB is more than DPDK takes without hugepages ({MAX_NO_HUGE_MB} MiB: one 4 KiB memseg \
+                         per page, at most 2^31 - 1 of them)"
+                    ),
+                ));
+            }
+            if let Some(total) = machine_mib().filter(|&t| u64::from(mb) > t) {
+                return Err((
+                    "eal.no_huge_mb",
+                    format!("{mb} MiB is more than this machine's memory ({total} MiB, MemTotal in /proc/meminfo)"),
+                ));
+            }
         }
         if let Some(a) = self.eal.extra.iter().find(|a| a.chars().any(char::is_control)) {
             return Err(("eal.extra", format!("{a:?} contains a control character")));
@@ -916,6 +962,46 @@ impl Profile {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// `mempool.mbufs = m` against what a DPDK pool holds and the memory it can come from: the EAL's (`--no-huge
+    /// -m`, `eal.no_huge_mb`) or, with hugepages, the machine's. Before, 4294967295 passed and failed inside
+    /// `rte_pktmbuf_pool_create` ("Cannot allocate memory") without naming the key.
+    fn check_pool_memory(&self, m: u32) -> Result<(), (&'static str, String)> {
+        if m > MAX_MBUFS {
+            return Err((
+                "mempool.mbufs",
+                format!(
+                    "{m} is more than a DPDK mempool holds ({MAX_MBUFS}: its ring has a power-of-two number of \
+                     slots, at most 2^30)"
+                ),
+            ));
+        }
+        let room = u32::from(self.pool_data_room());
+        let each = mbuf_pool_bytes(room);
+        let need = u64::from(m) * each;
+        let need_mib = need.div_ceil(1 << 20);
+        let (have, whose) = if self.eal.hugepages {
+            match machine_mib() {
+                Some(t) => (t, format!("this machine's memory ({t} MiB, MemTotal in /proc/meminfo)")),
+                None => return Ok(()),
+            }
+        } else {
+            let mb = self.eal.no_huge_mb.unwrap_or(DEFAULT_NO_HUGE_MB);
+            let given = if self.eal.no_huge_mb.is_some() { "" } else { ", the default" };
+            (u64::from(mb), format!("the EAL's memory (eal.no_huge_mb = {mb} MiB{given})"))
+        };
+        if need > have << 20 {
+            return Err((
+                "mempool.mbufs",
+                format!(
+                    "{m} mbufs of {room} B data room take at least {need_mib} MiB ({each} B each in the pool), more \
+                     than {whose}: lower mempool.mbufs{}",
+                    if self.eal.hugepages { "" } else { " or raise eal.no_huge_mb" }
+                ),
+            ));
         }
         Ok(())
     }
@@ -1225,7 +1311,7 @@ impl Profile {
         if self.eal.hugepages {
             args.in_memory = true;
         } else {
-            args.no_huge_mb = Some(self.eal.no_huge_mb.unwrap_or(512));
+            args.no_huge_mb = Some(self.eal.no_huge_mb.unwrap_or(DEFAULT_NO_HUGE_MB));
             args.no_shconf = true;
         }
         if let Some(a) = self.pci_allow() {

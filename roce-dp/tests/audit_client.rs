@@ -810,10 +810,7 @@ fn a_completion_of_a_reused_qp_number_written_before_the_destroys_answer_is_poll
         };
         fake_daemon::answer(c, seq, &r, fd.as_ref())
     });
-    let dev = Device::open(&path).unwrap();
-    let pd = dev.alloc_pd().unwrap();
-    let mut cq = dev.create_cq(8).unwrap();
-    let x = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    let (dev, pd, mut cq, x) = scripted_qp(&path);
     drop(x);
     let c = wait_cqe(&mut cq, Duration::from_millis(200)).unwrap().map(|c| (c.qpn, c.wr_id));
     assert_eq!(c, Some((0x100, 2)), "the completion after the destroy's tail was skipped, or the one before polled");
@@ -822,6 +819,15 @@ fn a_completion_of_a_reused_qp_number_written_before_the_destroys_answer_is_poll
     drop((cq, pd, dev));
     t.join().unwrap();
     let _ = std::fs::remove_file(path);
+}
+
+/// A session with a scripted daemon on `path`: a PD, a CQ of 8 and a QP on it.
+fn scripted_qp(path: &std::path::Path) -> (Device, roce_dp::client::Pd, Cq, Qp) {
+    let dev = Device::open(path).unwrap();
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(8).unwrap();
+    let qp = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
+    (dev, pd, cq, qp)
 }
 
 /// A scripted daemon for the destroy answer's review: one CQ ring of 8 and two QPs both numbered 0x100 (the second
@@ -1228,4 +1234,147 @@ fn an_rtr_to_a_gid_that_is_no_hosts_is_refused_at_once() {
     // The QP still connects to a real peer.
     let peer = dev.create_qp(&pd, &cq, &cq, QpInit::default()).unwrap();
     qp.to_rtr(&Remote { qpn: peer.qpn(), psn: 0, gid: dev.gid(), mac: None }, 1024).unwrap();
+}
+
+/// Session 18 review of the destroy records. A stalled session (an AllocPd goes unanswered) drops QP 0x100: the drop
+/// only sends its destroy. The daemon then sends one answer before the destroy's: `early` the late answer to the
+/// stalled AllocPd (an honest daemon's order), else an answer to request destroy + 50, never sent (a lying
+/// daemon's). The application's polls read it (a poll looks at the socket every 16384 empty polls); then the daemon
+/// writes a completion of 0x100 (its worker may, until the destroy is handled) and answers the destroy with the
+/// tail after it. The completion must be skipped and the record go with the destroy's answer. Old code: the
+/// records' settling compared sequence numbers the wrong way round, so the late answer to the earlier AllocPd
+/// settled the destroy sent after it, at the ring's tail then, and the completion was polled. (Compared the right
+/// way, an answer to a request never sent would have settled every destroy before it: the settling now also
+/// checks that the request went.)
+fn a_destroy_is_settled_only_by_its_answer_or_a_later_requests(early: bool) {
+    use roce_dp::ctrl::abi;
+    use roce_dp::ctrl::proto::{Request, Response};
+    use roce_dp::ctrl::shm::{Backing as B, DaemonCqRegion, DaemonQpRegion, QpRegionCaps};
+    let tag = if early { "early" } else { "future" };
+    let caps = QpRegionCaps { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    let qp = DaemonQpRegion::create(&format!("audit-client-{tag}-qp"), caps, B::Pages).unwrap();
+    let mut cq = DaemonCqRegion::create(&format!("audit-client-{tag}-cq"), 8, B::Pages).unwrap();
+    let mut qp_fd = Some(qp.fd().try_clone_to_owned().unwrap());
+    let mut cq_fd = Some(cq.fd().try_clone_to_owned().unwrap());
+    let cqe = abi::Cqe { wr_id: 1, qpn: 0x100, opcode: abi::wc_opcode::RECV, ..abi::Cqe::default() };
+    let (sent_tx, sent_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (mut pds, mut stalled) = (0, 0);
+    let (path, t) = fake_daemon::scripted_daemon(sock(tag), move |q, seq, c| {
+        let _keep = &qp;
+        let (r, fd) = match q {
+            Request::AllocPd => {
+                pds += 1;
+                if pds == 2 {
+                    // The stall: no answer now.
+                    stalled = seq;
+                    return true;
+                }
+                (Response::Pd { pd: pds }, None)
+            }
+            Request::CreateCq { .. } => (Response::Cq { cq: 1 }, cq_fd.take()),
+            Request::CreateQp { .. } => (Response::Qp { qpn: 0x100 }, qp_fd.take()),
+            Request::DestroyQp { qpn: 0x100 } => {
+                let sent = match early {
+                    true => fake_daemon::answer(c, stalled, &Response::Pd { pd: 2 }, None),
+                    false => fake_daemon::answer(c, seq + 50, &Response::Ok, None),
+                };
+                if !sent {
+                    return false;
+                }
+                sent_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                cq.cq.push_publish(cqe).unwrap();
+                let tail = cq.cq.next_index();
+                (Response::QpDestroyed { send_tail: tail, recv_tail: tail }, None)
+            }
+            _ => (Response::Ok, None),
+        };
+        fake_daemon::answer(c, seq, &r, fd.as_ref())
+    });
+    let (dev, pd, mut cq, x) = scripted_qp(&path);
+    dev.set_call_timeout(Duration::from_millis(50));
+    assert!(matches!(dev.alloc_pd(), Err(Error::Timeout { .. })));
+    // Stalled: the drop only sends the destroy.
+    drop(x);
+    sent_rx.recv().unwrap();
+    // The polls read the answer sent before the destroy's.
+    let mut out = [Cqe::EMPTY; 4];
+    for _ in 0..2 << 14 {
+        assert_eq!(cq.poll(&mut out).unwrap(), 0, "{tag}");
+    }
+    go_tx.send(()).unwrap();
+    dev.set_call_timeout(Duration::from_secs(5));
+    // Reads the destroy's answer, then its own.
+    let pd3 = dev.alloc_pd().unwrap();
+    let c = wait_cqe(&mut cq, Duration::from_millis(100)).unwrap().map(|c| (c.qpn, c.wr_id));
+    assert_eq!(c, None, "{tag}: a completion of the destroyed QP written before its destroy was polled");
+    assert_eq!(cq.destroyed_qps_pending(), 0, "{tag}: the destroy's answer left its record");
+    drop((pd3, cq, pd, dev));
+    t.join().unwrap();
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn a_late_answer_to_an_earlier_request_does_not_end_a_destroyed_qps_skipping() {
+    a_destroy_is_settled_only_by_its_answer_or_a_later_requests(true);
+}
+
+#[test]
+fn an_answer_to_a_request_never_sent_does_not_end_a_destroyed_qps_skipping() {
+    a_destroy_is_settled_only_by_its_answer_or_a_later_requests(false);
+}
+
+/// Session 18 review: a QP destroy refused as busy only after its call had timed out was never retried (the
+/// retry list took refusals its own call read), so the QP stayed in the daemon and its completions were skipped
+/// for the rest of the session. The busy refusal now joins the retries whichever call reads it. Here the daemon
+/// answers the first DestroyQp with Busy only once the drop has returned (its call timed out), the next call reads
+/// that, and the next destroy that succeeds (a PD's) retries the QP's: the daemon sees two destroys and the record
+/// is settled by the second's answer. Old code: one destroy, the record left.
+#[test]
+fn a_qp_destroy_refused_as_busy_after_its_call_timed_out_is_retried() {
+    use roce_dp::ctrl::proto::{ErrorCode, Request, Response};
+    use roce_dp::ctrl::shm::{Backing as B, DaemonCqRegion, DaemonQpRegion, QpRegionCaps};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let caps = QpRegionCaps { sq_depth: 8, rq_depth: 8, max_send_sge: 2, max_recv_sge: 2, max_inline: 0 };
+    let qp = DaemonQpRegion::create("audit-client-late-busy-qp", caps, B::Pages).unwrap();
+    let cq = DaemonCqRegion::create("audit-client-late-busy-cq", 8, B::Pages).unwrap();
+    let mut qp_fd = Some(qp.fd().try_clone_to_owned().unwrap());
+    let mut cq_fd = Some(cq.fd().try_clone_to_owned().unwrap());
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let destroys = Arc::new(AtomicU32::new(0));
+    let seen = destroys.clone();
+    let (path, t) = fake_daemon::scripted_daemon(sock("late-busy"), move |q, seq, c| {
+        let _keep = (&qp, &cq);
+        let (r, fd) = match q {
+            Request::AllocPd => (Response::Pd { pd: seq }, None),
+            Request::CreateCq { .. } => (Response::Cq { cq: 1 }, cq_fd.take()),
+            Request::CreateQp { .. } => (Response::Qp { qpn: 0x100 }, qp_fd.take()),
+            Request::DestroyQp { qpn: 0x100 } => {
+                let tail = cq.cq.next_index();
+                if seen.fetch_add(1, Ordering::Relaxed) == 0 {
+                    // Answered once the client's call has given up.
+                    go_rx.recv().unwrap();
+                    (Response::Error { code: ErrorCode::Busy, msg: "QP 0x100 is busy".into() }, None)
+                } else {
+                    (Response::QpDestroyed { send_tail: tail, recv_tail: tail }, None)
+                }
+            }
+            _ => (Response::Ok, None),
+        };
+        fake_daemon::answer(c, seq, &r, fd.as_ref())
+    });
+    let (dev, pd, cq, x) = scripted_qp(&path);
+    dev.set_call_timeout(Duration::from_millis(50));
+    drop(x);
+    go_tx.send(()).unwrap();
+    dev.set_call_timeout(Duration::from_secs(5));
+    // Reads the late refusal, then a destroy that succeeds.
+    drop(dev.alloc_pd().unwrap());
+    assert_eq!(destroys.load(Ordering::Relaxed), 2, "the QP's destroy was not retried");
+    assert_eq!(cq.destroyed_qps_pending(), 0, "the retry's answer did not settle the record");
+    drop((cq, pd, dev));
+    t.join().unwrap();
+    let _ = std::fs::remove_file(path);
 }

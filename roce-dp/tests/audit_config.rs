@@ -351,3 +351,68 @@ fn memif_zero_copy_brings_its_eal_argument_and_is_client_only() {
     assert!(err.starts_with("t.toml: port.zero_copy: memif zero-copy is a client-side mode"), "{err}");
     assert!(!err.contains('\n'), "{err}");
 }
+
+/// Session 18: `mempool.mbufs = 4294967295` and `eal.no_huge_mb = 99999999` passed validation and failed inside DPDK
+/// (`rte_pktmbuf_pool_create failed: Cannot allocate memory`; `rte_eal_init failed ... Cannot allocate memseg
+/// list`), naming no key. Now each is one line naming the key and the limit: a pool holds at most 2^30 - 1 mbufs
+/// (its ring), must fit the EAL's memory (no_huge_mb, default 512 MiB; an mbuf of 2176 B data room takes at least
+/// 2368 B in the pool), and no_huge_mb is at most this machine's memory (and DPDK's 2^31 - 1 pages of 4 KiB).
+#[test]
+fn pools_and_eal_memory_past_what_dpdk_or_the_machine_has_are_refused_naming_the_key() {
+    let p = |extra: &str| {
+        Profile::parse(
+            "t.toml",
+            &format!("[port]\ndriver = \"net_ring\"\n[net]\nipv4 = \"10.0.0.1\"\nmtu = 1024\n{extra}"),
+        )
+        .map_err(|e| e.0)
+    };
+    let e = p("[mempool]\nmbufs = 4294967295").unwrap_err();
+    assert_eq!(
+        e,
+        "t.toml: mempool.mbufs: 4294967295 is more than a DPDK mempool holds (1073741823: its ring has a power-of-two \
+         number of slots, at most 2^30)"
+    );
+    // MTU 1024: the data room is 2048 + 128 B, 2368 B in the pool; 512 MiB holds 226719 of them.
+    let e = p("[mempool]\nmbufs = 226720").unwrap_err();
+    assert_eq!(
+        e,
+        "t.toml: mempool.mbufs: 226720 mbufs of 2176 B data room take at least 513 MiB (2368 B each in the pool), \
+         more than the EAL's memory (eal.no_huge_mb = 512 MiB, the default): lower mempool.mbufs or raise \
+         eal.no_huge_mb"
+    );
+    assert!(p("[mempool]\nmbufs = 226719").is_ok());
+    let e = p("[mempool]\nmbufs = 200000\n[eal]\nno_huge_mb = 256").unwrap_err();
+    assert!(e.starts_with("t.toml: mempool.mbufs: 200000 mbufs of 2176 B") && e.contains("= 256 MiB)"), "{e}");
+    assert!(p("[mempool]\nmbufs = 200000\n[eal]\nno_huge_mb = 1024").is_ok());
+    let e = p("[eal]\nno_huge_mb = 99999999").unwrap_err();
+    assert_eq!(
+        e,
+        "t.toml: eal.no_huge_mb: 99999999 MiB is more than DPDK takes without hugepages (8388607 MiB: one 4 KiB memseg \
+         per page, at most 2^31 - 1 of them)"
+    );
+    // This machine's memory, read here from /proc/meminfo.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    let total = kb / 1024;
+    let e = p(&format!("[eal]\nno_huge_mb = {}", total + 1)).unwrap_err();
+    assert_eq!(
+        e,
+        format!(
+            "t.toml: eal.no_huge_mb: {} MiB is more than this machine's memory ({total} MiB, MemTotal in \
+             /proc/meminfo)",
+            total + 1
+        )
+    );
+    assert!(p(&format!("[eal]\nno_huge_mb = {}", total.min(8192))).is_ok());
+    // With hugepages the pool comes from the machine's memory.
+    let e = p("[mempool]\nmbufs = 1000000000\n[eal]\nhugepages = true").unwrap_err();
+    assert!(e.contains("more than this machine's memory") && e.ends_with("lower mempool.mbufs"), "{e}");
+}

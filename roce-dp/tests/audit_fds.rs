@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use roce_dp::client::{Device, Error, QpInit};
+use roce_dp::client::{CompChannel, Cq, Device, Error, Mr, Pd, QpInit};
 use roce_dp::ctrl::loopback::{wait_cqe, LoopPair, LoopbackConfig, LoopbackDaemon};
 use roce_dp::ctrl::proto::ErrorCode;
 use roce_dp::{AccessFlags, SendWr, WcStatus, WrOpcode};
@@ -85,22 +85,14 @@ fn out_of_fds<T>(r: Result<T, Error>, what: &str) {
     }
 }
 
-/// With RLIMIT_NOFILE at 128, one session takes CQs (a memfd each), memory regions (the client's memfd, kept
-/// open by the daemon) and completion channels until the daemon's table is full. From then on each such request
-/// of that session gets one Exhausted line naming the limit (verbs' ENOMEM past a device limit), a new session's
-/// open gets the same line at once, and the daemon and the other session carry on; when the hog goes, its
-/// descriptors are free again. Before: the memory registration that found the table full closed the asking
-/// session (its memfd was lost in recvmsg and the daemon took that for a protocol violation: "the daemon closed
-/// the connection"), a new session waited in the listen backlog until its 10 s call timeout, and a QP region's
-/// failure was reported as Invalid.
-fn a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked() {
-    let mut d = Daemon::start("full");
-    let mut a = LoopPair::open(&d.path, 1 << 16, 16, 1024).expect("session A");
-    transfer(&mut a, 1);
-    let b = Device::open(&d.path).expect("session B");
-    let pd = b.alloc_pd().unwrap();
+/// What a session holds of the daemon's descriptors: CQs (a memfd each), memory regions (the client's memfd) and
+/// completion channels (a socket).
+type Hog = (Vec<Cq>, Vec<Mr>, Vec<CompChannel>);
+
+/// Session `b` fills the daemon's descriptor table: every kind of request in turn until three in a row are refused
+/// (each with the out-of-descriptors line).
+fn fill_the_table(b: &Device, pd: &Pd) -> Hog {
     let (mut cqs, mut mrs, mut chans) = (Vec::new(), Vec::new(), Vec::new());
-    // Fill the table; then every kind of request in turn until three in a row are refused.
     let mut refused_in_a_row = 0;
     let mut refusals = 0;
     for i in 0..1000 {
@@ -123,6 +115,40 @@ fn a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked() {
     }
     assert_eq!(refused_in_a_row, 3, "the table never filled ({} CQs, {} MRs)", cqs.len(), mrs.len());
     assert!(cqs.len() + mrs.len() + chans.len() > 20, "{refusals} refusals");
+    (cqs, mrs, chans)
+}
+
+/// CPU time (user + system) thread `name` of process `pid` has used so far.
+fn thread_cpu(pid: u32, name: &str) -> Duration {
+    // SAFETY: plain sysconf query.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap().max(1);
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        if std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim_end() == name) {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap();
+            // After the ")" closing the name: state is field 3, utime and stime are fields 14 and 15.
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            let f: Vec<u64> = rest.split(' ').skip(11).take(2).map(|v| v.parse().unwrap()).collect();
+            return Duration::from_millis((f[0] + f[1]) * 1000 / hz);
+        }
+    }
+    panic!("process {pid} has no thread {name}")
+}
+
+/// With RLIMIT_NOFILE at 128, one session takes CQs (a memfd each), memory regions (the client's memfd, kept
+/// open by the daemon) and completion channels until the daemon's table is full. From then on each such request
+/// of that session gets one Exhausted line naming the limit (verbs' ENOMEM past a device limit), a new session's
+/// open gets the same line at once, and the daemon and the other session carry on; when the hog goes, its
+/// descriptors are free again. Before: the memory registration that found the table full closed the asking
+/// session (its memfd was lost in recvmsg and the daemon took that for a protocol violation: "the daemon closed
+/// the connection"), a new session waited in the listen backlog until its 10 s call timeout, and a QP region's
+/// failure was reported as Invalid.
+fn a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked() {
+    let mut d = Daemon::start("full");
+    let mut a = LoopPair::open(&d.path, 1 << 16, 16, 1024).expect("session A");
+    transfer(&mut a, 1);
+    let b = Device::open(&d.path).expect("session B");
+    let pd = b.alloc_pd().unwrap();
+    let (cqs, mrs, chans) = fill_the_table(&b, &pd);
     // A QP needs a region (a memfd) too.
     out_of_fds(b.create_qp(&pd, &cqs[0], &cqs[0], QpInit::default()), "CreateQp");
     // B's session is still there and answers what needs no descriptor.
@@ -148,6 +174,43 @@ fn a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked() {
     let _cq = c.create_cq(8).expect("a CQ after the hog left");
     transfer(&mut a, 3);
     assert!(d.alive());
+}
+
+/// Session 18 (a flake of the test above under load: "a new session: ... did not answer Hello within 10.0 s"). The
+/// accept thread took accept(2)'s EMFILE for a connection waiting, but the kernel reserves the new descriptor before
+/// it looks at the queue: with the table full and nobody connecting, the thread spun at full speed giving up its
+/// spare descriptor and opening it again, and each time any other thread of the daemon (a session making a CQ)
+/// could take the slot in between. Then the spare could not be opened again, and no new session was answered while
+/// the table stayed full: it waited in the listen backlog until its call timeout. Now the thread waits for a
+/// connection (poll) before it gives up the spare. Here, with the table full: the accept thread uses next to no CPU
+/// while nobody connects, 300 more requests that need a descriptor are all refused (none gets the spare's slot),
+/// and new sessions are still told at once. Old code: the accept thread used about a core, and requests took the
+/// spare's slot, leaving new sessions unanswered.
+fn a_full_table_keeps_the_spare_descriptor_for_new_sessions() {
+    let mut d = Daemon::start("spare");
+    let b = Device::open(&d.path).expect("session B");
+    let pd = b.alloc_pd().unwrap();
+    let hog = fill_the_table(&b, &pd);
+    let pid = d.child.id();
+    let (t0, cpu0) = (Instant::now(), thread_cpu(pid, "roce-dpd-accept"));
+    std::thread::sleep(Duration::from_millis(1000));
+    let (wall, cpu) = (t0.elapsed(), thread_cpu(pid, "roce-dpd-accept") - cpu0);
+    assert!(cpu < wall / 10, "the accept thread used {cpu:?} of CPU in {wall:?} with nobody connecting");
+    for i in 0..300 {
+        let r = match i % 3 {
+            0 => b.create_cq(8).map(drop),
+            1 => pd.reg_mr(4096, AccessFlags::ALL).map(drop),
+            _ => b.create_comp_channel().map(drop),
+        };
+        out_of_fds(r, &format!("request {i} with the table full"));
+    }
+    for i in 0..3 {
+        let t = Instant::now();
+        out_of_fds(Device::open(&d.path), &format!("new session {i}"));
+        assert!(t.elapsed() < Duration::from_secs(5), "the refusal took {:?}", t.elapsed());
+    }
+    assert!(d.alive(), "the daemon died");
+    drop((hog, pd, b));
 }
 
 /// The client's side (in a child: it lowers its own limit): with its descriptor table full, a CQ, QP or channel
@@ -220,6 +283,10 @@ fn main() {
         (
             "a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked",
             a_full_descriptor_table_is_one_exhausted_line_for_the_session_that_asked,
+        ),
+        (
+            "a_full_table_keeps_the_spare_descriptor_for_new_sessions",
+            a_full_table_keeps_the_spare_descriptor_for_new_sessions,
         ),
         (
             "this_process_out_of_descriptors_is_one_clear_line_and_leaks_nothing",

@@ -106,6 +106,21 @@ pub fn seconds_arg(s: &str) -> Result<f64, String> {
     }
 }
 
+/// clap's parser for a whole number in `LO..=HI` (`--timeout 30`, `--iters 1000`). clap's own for a `u64` said only
+/// "invalid digit found in string" for `-1` (and for `1.5`), not that the value was negative or what it may be.
+pub fn whole_arg<const LO: u64, const HI: u64>(s: &str) -> Result<u64, String> {
+    let range = if HI == u64::MAX { format!("{LO} or more") } else { format!("{LO}..={HI}") };
+    match s.parse::<u64>() {
+        Ok(v) if (LO..=HI).contains(&v) => Ok(v),
+        Ok(v) if HI == u64::MAX => Err(format!("{v} is less than {LO}")),
+        Ok(v) => Err(format!("{v} is not in {range}")),
+        Err(_) if s.starts_with('-') && s[1..].parse::<f64>().is_ok() => {
+            Err(format!("{s} is negative: give a whole number, {range}"))
+        }
+        Err(_) => Err(format!("not a whole number: give one, {range}")),
+    }
+}
+
 /// clap's parser for a percentage (`--inject-loss 5`): a finite number in 0..=100 (out-of-range values were
 /// silently clamped, NaN taken as 0).
 pub fn percent_arg(s: &str) -> Result<f64, String> {

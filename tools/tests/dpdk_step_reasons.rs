@@ -121,3 +121,59 @@ fn a_port_whose_probe_failed_quotes_that_probes_reason() {
         )
     );
 }
+
+/// Session 18: roce-dpd made its mempool before its net_ring port, so a pool that took the EAL's memory up to the
+/// last few hundred KiB left none for the port's ethdev data, and DPDK aborted the process (rte_panic "Cannot
+/// allocate ethdev shared data" in rte_eth_dev_allocate: a stack dump, status 134) instead of one line. Here pools
+/// from 600 mbufs under the largest the profile's validation lets through (256 MiB / the least bytes an mbuf takes)
+/// up to it, in steps of 50: each daemon serves (and is stopped) or fails with one line; none is killed by a
+/// signal. Old code (MTU 4096): 58600 and 58650 aborted.
+#[test]
+fn a_mempool_that_takes_the_eals_last_memory_is_one_line_not_an_abort() {
+    use std::io::Read;
+    let id = std::process::id();
+    let profile = |n: u64| {
+        format!(
+            "[port]\ndriver = \"net_ring\"\n[net]\nmac = \"02:00:00:00:00:01\"\nipv4 = \"10.0.0.1\"\nmtu = 4096\n[eal]\n\
+             lcores = \"0\"\nno_huge_mb = 256\n[worker]\nidle = \"sleep\"\n[mempool]\nmbufs = {n}\n[daemon]\n\
+             socket = \"/tmp/rdp-step-pool-{id}.sock\"\n"
+        )
+    };
+    let room = roce_dp::config::Profile::parse("t.toml", &profile(4096)).unwrap().pool_data_room();
+    let most = (256u64 << 20) / roce_dp::config::mbuf_pool_bytes(room.into());
+    let conf = std::env::temp_dir().join(format!("rdp-step-pool-{id}.toml"));
+    let log = std::env::temp_dir().join(format!("rdp-step-pool-{id}.log"));
+    for n in (most - 600..=most).step_by(50) {
+        std::fs::write(&conf, profile(n)).unwrap();
+        let out = std::fs::File::create(&log).unwrap();
+        let mut d = Command::new(env!("CARGO_BIN_EXE_roce-dpd"))
+            .arg("--config")
+            .arg(&conf)
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = d.try_wait().unwrap() {
+                break s;
+            }
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            if said.contains("roce-dpd: serving") || t0.elapsed() > std::time::Duration::from_secs(30) {
+                // SAFETY: kill with the pid of a child this test started and has not reaped.
+                unsafe { libc::kill(d.id() as i32, libc::SIGTERM) };
+                break d.wait().unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut said = String::new();
+        std::fs::File::open(&log).unwrap().read_to_string(&mut said).unwrap();
+        assert!(status.code().is_some(), "mbufs {n}: roce-dpd was killed ({status}): {said}");
+        if !said.contains("roce-dpd: serving") {
+            assert_eq!(status.code(), Some(2), "mbufs {n}: {said}");
+            assert!(said.starts_with("roce-dpd: ") && said.lines().count() == 1, "mbufs {n}: {said}");
+        }
+    }
+    let _ = std::fs::remove_file(&conf);
+    let _ = std::fs::remove_file(&log);
+}

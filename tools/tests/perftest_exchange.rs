@@ -732,6 +732,14 @@ fn connection_refused_is_one_line_within_the_timeout() {
     let msg = e.to_string();
     assert!(msg.starts_with(&format!("couldn't connect to 127.0.0.1:{port}: ")), "{msg}");
     assert!(msg.to_lowercase().contains("refused"), "{msg}");
+    // Session 18: and what to do about it.
+    assert!(
+        msg.ends_with(
+            ": no server listens there; start the server first (the same command without the host argument), or \
+             give its port with -p"
+        ),
+        "{msg}"
+    );
     assert!(!msg.contains('\n'));
 }
 

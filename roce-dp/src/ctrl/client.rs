@@ -344,22 +344,24 @@ struct Inner {
     /// before its QPs or MRs, a CQ before its QPs, a channel before its CQs: verbs' EBUSY, which a drop cannot
     /// return). Retried after each destroy that succeeds, so the object goes with its last user instead of
     /// staying, and counting against the session's limits, until the session ends. A QP's destroy (which no
-    /// honest daemon refuses as busy) keeps its CQ records, so that the retry's answer settles them too.
+    /// honest daemon refuses as busy) keeps its CQ records, so that the retry's answer settles them too. Put here
+    /// by [`Inner::settle`] whichever call reads the refusal: a refusal that came after its call timed out too.
     deferred: Mutex<Vec<(Request, Destroying)>>,
-    /// QP destroys sent and not answered yet (changed only under `conn`'s lock): each answer's tails settle its
-    /// CQs' records ([`Inner::settle`]), whichever call reads it, before that call lets go of the connection.
+    /// Destroys sent on drop and not answered yet (changed only under `conn`'s lock): each answer settles its QP's
+    /// CQ records with its tails, or defers a busy one ([`Inner::settle`]), whichever call reads it, before that
+    /// call lets go of the connection.
     destroying: Mutex<Vec<PendingDestroy>>,
 }
 
 /// A QP destroy's QP number and its CQs' records (the send CQ's first); `None` for other destroys.
 type Destroying = Option<(u32, Vec<Arc<StaleQps>>)>;
 
-/// A QP destroy waiting for its answer: the request's sequence number, the QP and its CQs' records (the send CQ's
-/// first).
+/// A destroy waiting for its answer: the request's sequence number, the request, and for a QP's its number and its
+/// CQs' records (the send CQ's first).
 struct PendingDestroy {
     seq: u32,
-    qpn: u32,
-    cqs: Vec<Arc<StaleQps>>,
+    q: Request,
+    qp: Destroying,
 }
 
 impl Inner {
@@ -401,13 +403,14 @@ impl Inner {
         self.call_as(q, fds, None)
     }
 
-    /// [`call_fds`](Self::call_fds) of a QP destroy when `destroying` names its QP and CQ records: registered
-    /// under its sequence number before the request goes, so that its answer settles them whenever it comes.
+    /// [`call_fds`](Self::call_fds), of a destroy on drop when `destroying` is `Some` (naming a QP's number and CQ
+    /// records for a QP's): registered under its sequence number once the request went, so that its answer
+    /// settles the records, or defers a busy refusal, whenever it comes.
     fn call_as(
         &self,
         q: &Request,
         fds: &[std::os::fd::BorrowedFd<'_>],
-        destroying: Destroying,
+        destroying: Option<Destroying>,
     ) -> Result<(Response, Vec<OwnedFd>, bool), Error> {
         if let Some(r) = self.gone.lock().expect("gone").clone() {
             return Err(Error::DaemonGone { path: self.path.clone(), reason: r });
@@ -425,6 +428,12 @@ impl Inner {
                 if let Some(why) = notice(&f.msg) {
                     return Err(self.gone(why));
                 }
+                // Its refusal of this very request, sent before it read it: roce-dpd out of descriptors answers a
+                // new session's Hello after waiting for it at most 100 ms, then closes. A client slower than that
+                // to send its Hello got "gone (Broken pipe)" instead of the daemon's line.
+                if let (true, Response::Error { code, msg }) = (f.seq == seq, f.msg) {
+                    return Err(Error::Refused { code, msg });
+                }
             }
             // The socket's send timeout (the call timeout) ran out: a request this small only waits when the
             // daemon has stopped reading.
@@ -437,7 +446,9 @@ impl Inner {
         }
         // Registered once the request went (under the connection's lock, so before any read of its answer): a
         // request that did not go has none to wait for.
-        self.register(seq, destroying);
+        if let Some(d) = destroying {
+            self.register(seq, q, d);
+        }
         // Past the deadline: only what is already here, without waiting (see below).
         let mut late = false;
         loop {
@@ -531,22 +542,20 @@ impl Inner {
             let conn = self.conn.lock().expect("conn");
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
             if conn.send_request(seq, &q, &[]).is_ok() {
-                self.register(seq, destroying);
+                self.register(seq, &q, destroying);
             }
             return;
         }
-        match self.call_as(&q, &[], destroying.clone()) {
-            Err(Error::Refused { code: ErrorCode::Busy, .. }) => self.deferred().push((q, destroying)),
-            Ok(_) => self.retry_deferred(),
-            Err(_) => {}
+        // A busy refusal is deferred by `settle`, which reads it (here, or later if this call times out).
+        if self.call_as(&q, &[], Some(destroying)).is_ok() {
+            self.retry_deferred();
         }
     }
 
-    /// Registers a QP destroy sent as request `seq` (called under `conn`'s lock, before any read of its answer).
-    fn register(&self, seq: u32, destroying: Destroying) {
-        if let Some((qpn, cqs)) = destroying {
-            self.pending_destroys().push(PendingDestroy { seq, qpn, cqs });
-        }
+    /// Registers a destroy sent on drop as request `seq` (called under `conn`'s lock, before any read of its
+    /// answer).
+    fn register(&self, seq: u32, q: &Request, qp: Destroying) {
+        self.pending_destroys().push(PendingDestroy { seq, q: q.clone(), qp });
     }
 
     fn pending_destroys(&self) -> std::sync::MutexGuard<'_, Vec<PendingDestroy>> {
@@ -554,13 +563,14 @@ impl Inner {
     }
 
     /// A frame read from the daemon (called under `conn`'s lock): the answer to a registered QP destroy settles
-    /// its CQs' records with the tails it carries. Any other answer to it (a refusal: the QP was not destroyed;
-    /// it goes when a retry of a busy one succeeds, see `deferred`, else when the session ends) leaves its
-    /// completions skipped. The daemon answers a session's requests in
-    /// order, so an answer to a later request says that an earlier destroy's answer was lost (a daemon that
-    /// answered it under another sequence number, or a frame that could not be read): the QP's completions are
-    /// then those before the rings' tails now, as the daemon wrote none of it after it handled the destroy, and
-    /// its records do not skip a later QP of the same number for the rest of the session.
+    /// its CQs' records with the tails it carries; a busy refusal of a registered destroy (a QP's too) goes to
+    /// `deferred`, to be retried, also when it came after its call timed out. Any other answer to a QP's destroy
+    /// (a refusal: the QP was not destroyed; it goes when the session ends) leaves its completions skipped. The
+    /// daemon answers a session's requests in order, so an answer to a later request says that an earlier
+    /// destroy's answer was lost (a daemon that answered it under another sequence number, or a frame that could
+    /// not be read): the QP's completions are then those before the rings' tails now, as the daemon wrote none of
+    /// it after it handled the destroy, and its records do not skip a later QP of the same number for the rest of
+    /// the session. An answer to a request never sent (a sequence number not given yet) says nothing of any.
     ///
     /// Returns whether the frame answers the oldest request still unanswered or a later one that went (in the
     /// daemon's order: the answers before it were lost), and so moves [`Inner::answered`] on.
@@ -569,33 +579,47 @@ impl Inner {
             return false;
         }
         let oldest = self.answered.load(Ordering::Relaxed);
-        let in_order = !before(seq, oldest) && before(seq, self.seq.load(Ordering::Relaxed));
+        let sent = before(seq, self.seq.load(Ordering::Relaxed));
+        let in_order = !before(seq, oldest) && sent;
         if in_order {
             self.answered.store(seq.wrapping_add(1), Ordering::Relaxed);
         }
-        self.settle_destroys(seq, msg);
+        // An answer to a request never sent settles no destroy: settle_destroys takes every destroy sent up to
+        // `seq`, so a daemon answering a request from the future would end a destroyed QP's skipping while it
+        // could still write completions of it.
+        if sent {
+            self.settle_destroys(seq, msg);
+        }
         in_order
     }
 
-    /// [`settle`](Self::settle)'s part for QP destroys.
+    /// [`settle`](Self::settle)'s part for destroys sent on drop; `seq` is a request that went.
     fn settle_destroys(&self, seq: u32, msg: &Response) {
         let done: Vec<PendingDestroy> = {
             let mut p = self.pending_destroys();
             if p.is_empty() {
                 return;
             }
-            let (done, waiting) = std::mem::take(&mut *p).into_iter().partition(|d| !after(seq, d.seq));
+            // Those sent up to `seq` (before: the test's arguments were swapped, so an answer settled the destroys
+            // sent after it, whose answers were still to come, and kept those before it waiting).
+            let (done, waiting) = std::mem::take(&mut *p).into_iter().partition(|d| !after(d.seq, seq));
             *p = waiting;
             done
         };
         for d in done {
             let tails = match *msg {
                 Response::QpDestroyed { send_tail, recv_tail } if d.seq == seq => [Some(send_tail), Some(recv_tail)],
+                Response::Error { code: ErrorCode::Busy, .. } if d.seq == seq => {
+                    self.deferred().push((d.q, d.qp));
+                    continue;
+                }
                 _ if d.seq == seq => continue,
                 _ => [None, None],
             };
-            for (s, tail) in d.cqs.iter().zip(tails) {
-                s.destroyed(d.qpn, tail);
+            if let Some((qpn, cqs)) = &d.qp {
+                for (s, tail) in cqs.iter().zip(tails) {
+                    s.destroyed(*qpn, tail);
+                }
             }
         }
     }
@@ -609,19 +633,14 @@ impl Inner {
     fn retry_deferred(&self) {
         loop {
             let pending = std::mem::take(&mut *self.deferred());
-            let before = pending.len();
-            if before == 0 {
+            if pending.is_empty() {
                 return;
             }
-            let mut left = Vec::new();
+            let mut progress = false;
             for (q, destroying) in pending {
-                // A QP's destroy registered again: its answer settles the records (a refusal leaves them).
-                if let Err(Error::Refused { code: ErrorCode::Busy, .. }) = self.call_as(&q, &[], destroying.clone()) {
-                    left.push((q, destroying));
-                }
+                // Registered again: its answer settles a QP's records; a busy refusal defers it again (settle).
+                progress |= self.call_as(&q, &[], Some(destroying)).is_ok();
             }
-            let progress = left.len() < before;
-            self.deferred().extend(left);
             if !progress {
                 return;
             }
@@ -694,6 +713,11 @@ impl Device {
             },
             _ => Error::DaemonGone { path: path.to_owned(), reason: format!("connect: {e}") },
         })?;
+        Self::open_on(sock, path, abi, timeout)
+    }
+
+    /// The session on `sock`, connected to the daemon's socket `path`: its Hello.
+    fn open_on(sock: UnixStream, path: &Path, abi: u32, timeout: Duration) -> Result<Device, Error> {
         // Bounds the send of a request too (a daemon that stopped reading); EINTR is retried.
         sock.set_write_timeout(Some(timeout))
             .map_err(|e| Error::DaemonGone { path: path.to_owned(), reason: format!("SO_SNDTIMEO: {e}") })?;
@@ -1644,6 +1668,25 @@ mod tests {
         // The longest path a socket can have is still looked up (nothing listens there).
         let e = Device::open(&long[..MAX_SOCKET_PATH]).unwrap_err();
         assert!(matches!(e, Error::DaemonAbsent { .. }), "{e:#?}");
+    }
+
+    /// Session 18: roce-dpd out of descriptors answers a new session's Hello after waiting for it at most 100 ms,
+    /// then closes the connection. A client slower than that to send its Hello (a loaded machine) found the socket
+    /// closed when it sent, and `Device::open` said "roce-dpd ... is gone (Broken pipe ...)" though the daemon's
+    /// line was already there to read. Played without timing: the daemon's end answers request 1 and closes before
+    /// the Hello goes. Now the refusal is returned. Old code: `DaemonGone`.
+    #[test]
+    fn a_refusal_sent_before_the_hello_was_read_is_returned_not_a_broken_pipe() {
+        let (client, daemon) = UnixStream::pair().unwrap();
+        let c = Conn::new(daemon);
+        let line = "a new session: roce-dpd is out of file descriptors (RLIMIT_NOFILE 128): ...";
+        c.send_response(1, &Response::Error { code: ErrorCode::Exhausted, msg: line.into() }, &[]).unwrap();
+        drop(c);
+        let path = std::path::Path::new("/run/roce-dpd-test.sock");
+        match Device::open_on(client, path, ABI_VERSION, Duration::from_secs(1)) {
+            Err(Error::Refused { code: ErrorCode::Exhausted, msg }) => assert_eq!(msg, line),
+            r => panic!("expected the daemon's refusal, got {:?}", r.map(|_| ())),
+        }
     }
 
     /// The bookkeeping of the oldest unanswered request against a daemon that answers out of order, twice, and

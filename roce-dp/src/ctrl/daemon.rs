@@ -1811,6 +1811,20 @@ impl Server {
                     replaced = super::sigbus::poisoned_count();
                     close_poisoned(&sessions, cfg.log);
                 }
+                // Wait for a connection first (poll takes no descriptor; it serves any descriptor, not only a
+                // channel's): accept(2) reserves the new descriptor before it looks at the queue, so its EMFILE
+                // does not mean that a connection waits. Taken as one, a full table with nobody connecting had
+                // this thread spin giving up the spare and opening it again, and any other thread's descriptor
+                // (a client's memfd received with a RegMr) could take the slot in between: the spare was then
+                // gone for as long as the table stayed full, and no new session was answered.
+                match super::shm::channel_wait(listener.as_fd(), Some(Duration::from_millis(20))) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    }
+                }
                 match listener.accept() {
                     Ok((sock, _)) => {
                         let _ = sock.set_nonblocking(false);
@@ -1832,9 +1846,7 @@ impl Server {
                             threads.lock().expect("threads").push(h);
                         }
                     }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(20))
-                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(e) if e.raw_os_error().is_some_and(out_of_fds) && spare.is_some() => {
                         drop(spare.take());
                         if let Ok((sock, _)) = listener.accept() {

@@ -60,7 +60,7 @@ struct Args {
     #[arg(long, value_enum, default_value = "write")]
     op: Op,
     /// Message size in bytes (0 ..= 2^31; atomics always 8).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = roce_dp_tools::whole_arg::<0, { u64::MAX }>)]
     size: u64,
     /// Messages per QP (at least 1: a run of none would prove nothing).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
@@ -108,14 +108,14 @@ struct Args {
     #[arg(long)]
     rxe_retry: bool,
     /// RNG seed (the same seed gives the same run). Also read from ROCE_SIM_SEED.
-    #[arg(long, env = "ROCE_SIM_SEED", default_value_t = 1)]
+    #[arg(long, env = "ROCE_SIM_SEED", default_value_t = 1, value_parser = roce_dp_tools::whole_arg::<0, { u64::MAX }>)]
     seed: u64,
     /// Give up after this much virtual time, ms.
-    #[arg(long, default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 60_000, value_parser = roce_dp_tools::whole_arg::<1, { u64::MAX }>)]
     time_limit_ms: u64,
     /// Give up after this many frames on the two links (retransmissions included): bounds the real time of a run
     /// (~4 million frames a second). A run whose messages alone need more is refused before it starts.
-    #[arg(long, default_value_t = 100_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 100_000_000, value_parser = roce_dp_tools::whole_arg::<1, { u64::MAX }>)]
     frame_limit: u64,
     /// Print the report as one JSON object (before the result line).
     #[arg(long)]

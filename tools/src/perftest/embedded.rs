@@ -62,13 +62,14 @@ fn setup_port(test: TestKind, ours: &Ours, prefix: &str, client: bool, timeout: 
     let room = prof.pool_data_room();
     let (rx_desc, tx_desc) = (prof.port.rx_desc.unwrap_or(1024), prof.port.tx_desc.unwrap_or(1024));
     let n = prof.mempool.mbufs.unwrap_or_else(|| dpdk::pool_size(1, rx_desc.into(), tx_desc.into(), 1, 256, 1024));
-    let pool = Mempool::new(&eal, "rdpp_pool", n, 256, room).map_err(|e| bad(format!("mempool: {e}")))?;
+    let pool = dpdk_step(|| Mempool::new(&eal, "rdpp_pool", n, 256, room))
+        .map_err(|e| bad(format!("mempool of {n} x {room} B ([mempool] mbufs, data_room): {e}")))?;
     let name = match prof.vdev() {
         Some((name, _)) => name,
         None => prof.port.pci.clone().unwrap_or_default(),
     };
     let mut port = dpdk_lookup(&name, || Port::by_name(&eal, &name)).map_err(|e| bad(format!("port {name}: {e}")))?;
-    let info = port.info().map_err(|e| bad(e.to_string()))?;
+    let info = dpdk_step(|| port.info()).map_err(|e| bad(format!("port {name}: {e}")))?;
     let (_rx, tx_offloads) = choose_offloads(&info);
     let conf = PortConfig { rx_desc, tx_desc, tx_offloads, ..PortConfig::default() };
     dpdk_step(|| port.configure(&conf, &pool)).map_err(|e| bad(format!("configure {name}: {e}")))?;
@@ -96,7 +97,7 @@ fn setup_port(test: TestKind, ours: &Ours, prefix: &str, client: bool, timeout: 
     crate::claim_lcores(test.tool_name(), [eal.main_lcore()]);
     let mac = match prof.mac() {
         Some(m) => m,
-        None => MacAddr(port.mac().map_err(|e| bad(e.to_string()))?),
+        None => MacAddr(dpdk_step(|| port.mac()).map_err(|e| bad(format!("port {name}: {e}")))?),
     };
     Ok(Port_ { port, pool, _eal: eal, profile: prof, mac, memif })
 }
@@ -183,8 +184,8 @@ impl<'p> Embedded<'p> {
         };
         let q = s.port.queue_pair(0).ok_or_else(|| err("port has no queue 0"))?;
         let mtu = s.profile.net.mtu;
-        let mut w =
-            Worker::new(Engine::new(ecfg), q, &s.pool, mtu, WorkerConfig::default()).map_err(|e| err(e.to_string()))?;
+        let mut w = dpdk_step(|| Worker::new(Engine::new(ecfg), q, &s.pool, mtu, WorkerConfig::default()))
+            .map_err(|e| err(format!("worker: {e}")))?;
         for nb in &s.profile.net.neighbours {
             if let (Ok(ip), Some(mac)) = (nb.ip.parse::<std::net::Ipv4Addr>(), roce_dp::config::parse_mac(&nb.mac)) {
                 w.neigh.add_static(NeighIp::V4(ip.octets()), mac);

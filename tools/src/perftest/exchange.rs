@@ -492,6 +492,12 @@ pub enum ExchangeError {
 impl fmt::Display for ExchangeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // perftest's "Couldn't connect to HOST:PORT", and what to do: a refusal means nothing listens there.
+            ExchangeError::Connect { addr, err } if err.kind() == io::ErrorKind::ConnectionRefused => write!(
+                f,
+                "couldn't connect to {addr}: {err}: no server listens there; start the server first (the same \
+                 command without the host argument), or give its port with -p"
+            ),
             ExchangeError::Connect { addr, err } => write!(f, "couldn't connect to {addr}: {err}"),
             ExchangeError::Listen { port, err } => write!(f, "couldn't listen for a client on TCP port {port}: {err}"),
             ExchangeError::Timeout { step, after } => {

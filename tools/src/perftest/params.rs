@@ -97,7 +97,7 @@ struct Cli {
     #[arg(short = 'a', long = "all")]
     all: bool,
     /// Iterations (default 5000 in write BW, 1000 in the others).
-    #[arg(short = 'n', long = "iters", conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(MIN_ITERS..=MAX_ITERS))]
+    #[arg(short = 'n', long = "iters", conflicts_with = "duration", value_parser = crate::whole_arg::<MIN_ITERS, MAX_ITERS>)]
     iters: Option<u64>,
     /// Number of QPs.
     #[arg(short = 'q', long = "qp", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16384))]

@@ -57,7 +57,7 @@ enum Mode {
         #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=(1 << 20)))]
         size: u32,
         /// Messages per operation.
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+        #[arg(long, default_value_t = 100, value_parser = roce_dp_tools::whole_arg::<1, { u64::MAX }>)]
         iters: u64,
         /// SEND and WRITE payloads go inline (copied into the send ring at post time from a buffer that is not
         /// registered, and overwritten right after posting); the QP asks for this many inline bytes (>= --size).
@@ -75,7 +75,7 @@ struct Common {
     #[arg(long)]
     oob: Option<PathBuf>,
     /// Give up after this many seconds without progress (no peer, no answer, no completion), 1 s to a year.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
+    #[arg(long, default_value_t = 30, value_parser = roce_dp_tools::whole_arg::<1, { roce_dp_tools::MAX_SECONDS }>)]
     timeout: u64,
     /// Bytes of the registered buffer (at least the default: a 1 MiB message slot and the atomics' words). With a
     /// daemon on hugetlbfs backing it is rounded up to 2 MiB pages.

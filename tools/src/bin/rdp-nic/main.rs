@@ -99,7 +99,7 @@ struct Opts {
     #[arg(long, global = true, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=(1 << 24)))]
     size: u32,
     /// Messages per QP.
-    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=MAX_ITERS))]
+    #[arg(long, global = true, default_value_t = 1000, value_parser = roce_dp_tools::whole_arg::<1, MAX_ITERS>)]
     iters: u64,
     /// QPs.
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
@@ -168,7 +168,7 @@ struct Opts {
     idle: Option<IdleArg>,
     /// Give up (exit 1) after this many seconds.
     #[arg(long, global = true, default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
+          value_parser = roce_dp_tools::whole_arg::<1, { roce_dp_tools::MAX_SECONDS }>)]
     timeout: u64,
     /// Raw mode for the benchmark (no RoCE): `bw` streams frames of --size bytes client -> server, `rtt`
     /// ping-pongs one frame; compare with the same sizes over RoCE.
@@ -306,7 +306,7 @@ fn configure_and_start(
     conf: &PortConfig,
     client_retry: Option<Duration>,
 ) -> Result<(), SetupError> {
-    let info = port.info()?;
+    let info = dpdk_step(|| port.info()).ctx(|| format!("port {}", port.name()))?;
     // Rx scatter stays off: the pool holds every frame in one segment (a multi-segment frame would still be
     // linearized by the worker).
     let (_rx_off, tx_off) = choose_offloads(&info);
@@ -414,7 +414,8 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
     let room = dpdk::data_room_for(frame.max(2048)).expect("fits");
     let conf = PortConfig { rx_desc: 512, tx_desc: 512, tx_queues: o.workers as u16, ..PortConfig::default() };
     let n = dpdk::pool_size(2 * o.workers, 512, 512, 2 * o.workers + 1, 128, 2048 + 1024 * o.workers);
-    let pool = Mempool::new(&eal, "rdpn_pool", n, 128, room).ctx(|| format!("mempool of {n} x {room} B"))?;
+    let pool =
+        dpdk_step(|| Mempool::new(&eal, "rdpn_pool", n, 128, room)).ctx(|| format!("mempool of {n} x {room} B"))?;
     let mut ports = if let Some(br) = bridge {
         let mk = |i: usize| {
             dpdk_step(|| Port::vdev(&eal, &format!("net_tap{i}"), &format!("iface={}", TAP_IFACE[i])))
@@ -428,13 +429,16 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
     } else {
         // Each port has one rx queue and one tx queue per worker; with several workers their tx queues share the
         // ring to the peer (multi-producer), and worker 0 dispatches received RoCE frames to the others.
-        let mk = |name: &str| if nw > 1 { Ring::new_mp(&eal, name, 2048) } else { Ring::new(&eal, name, 2048) };
+        let mk = |name: &str| {
+            dpdk_step(|| if nw > 1 { Ring::new_mp(&eal, name, 2048) } else { Ring::new(&eal, name, 2048) })
+                .ctx(|| format!("ring {name}"))
+        };
         let ab = mk("rdpn_ab")?;
         let ba = mk("rdpn_ba")?;
-        [
-            Port::from_rings_tx(&eal, "net_ring_a", &ba, &ab, nw as u16).ctx(|| "net_ring port a".into())?,
-            Port::from_rings_tx(&eal, "net_ring_b", &ab, &ba, nw as u16).ctx(|| "net_ring port b".into())?,
-        ]
+        let port = |name: &str, rx: &Ring, tx: &Ring| {
+            dpdk_step(|| Port::from_rings_tx(&eal, name, rx, tx, nw as u16)).ctx(|| format!("{name} port"))
+        };
+        [port("net_ring_a", &ba, &ab)?, port("net_ring_b", &ab, &ba)?]
     };
     let rx_queues = |m: SteeringMode| if tap && m != SteeringMode::Software { nw as u16 } else { 1 };
     for port in &mut ports {
@@ -492,11 +496,12 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
         let dispatch_rings: Vec<Option<Ring>> = (0..nw)
             .map(|w| {
                 let name = format!("rdpn_d{node}{w}");
-                match (hw, w) {
-                    (false, 0) => Ok(None),
-                    (true, _) if nw > 2 => Ring::new_mp(&eal, &name, 2048).map(Some),
-                    _ => Ring::new(&eal, &name, 2048).map(Some),
-                }
+                let ring = match (hw, w) {
+                    (false, 0) => return Ok(None),
+                    (true, _) if nw > 2 => dpdk_step(|| Ring::new_mp(&eal, &name, 2048)),
+                    _ => dpdk_step(|| Ring::new(&eal, &name, 2048)),
+                };
+                ring.map(Some).ctx(|| format!("node {node}'s ring to worker {w} (2048 frames)"))
             })
             .collect::<Result<_, _>>()?;
         for (w, share) in shares.iter().enumerate() {
@@ -515,7 +520,7 @@ fn run_ring(o: &Opts, prefix: &str, bridge: Option<&str>) -> Result<bool, SetupE
                 // 2 x workers threads on 2 cores: never two busy-pollers on one core.
                 wc.idle = Idle::Sleep { after: 256, us: 20 };
             }
-            let mut wk = Worker::new(e, q, &pool, mtu, wc)?;
+            let mut wk = dpdk_step(|| Worker::new(e, q, &pool, mtu, wc)).ctx(|| format!("node {node} worker {w}"))?;
             if hw {
                 let mut out = dispatch_rings.clone();
                 out[w] = None;
@@ -1076,7 +1081,8 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, prof: Profile, client: bool) ->
     let room = prof.pool_data_room();
     let (rx_desc, tx_desc) = (prof.port.rx_desc.unwrap_or(1024), prof.port.tx_desc.unwrap_or(1024));
     let n = prof.mempool.mbufs.unwrap_or_else(|| dpdk::pool_size(1, rx_desc.into(), tx_desc.into(), 1, 256, 1024));
-    let pool = Mempool::new(&eal, "rdpn_pool", n, 256, room).ctx(|| format!("mempool of {n} x {room} B"))?;
+    let pool = dpdk_step(|| Mempool::new(&eal, "rdpn_pool", n, 256, room))
+        .ctx(|| format!("mempool of {n} x {room} B ([mempool] mbufs, data_room)"))?;
     let name = match prof.vdev() {
         Some((name, _)) => name,
         None => prof.port.pci.clone().unwrap_or_default(),
@@ -1088,7 +1094,10 @@ pub(crate) fn setup_peer(o: &Opts, prefix: &str, prof: Profile, client: bool) ->
     configure_and_start(&mut port, &pool, &conf, retry)?;
     // Started: this thread polls the port on EAL's main lcore.
     roce_dp_tools::claim_lcores("rdp-nic", [eal.main_lcore()]);
-    let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
+    let mac = match prof.mac() {
+        Some(m) => m,
+        None => MacAddr(dpdk_step(|| port.mac()).ctx(|| format!("port {}", port.name()))?),
+    };
     Ok(Setup { profile: prof, pool, port, mac, in_use_before: 0, memif })
 }
 
@@ -1173,7 +1182,8 @@ fn run_peer(o: &Opts, prefix: &str, profile: &std::path::Path, client: bool) -> 
     let idle = (s.profile.worker.idle.as_str(), s.profile.worker.idle_after, s.profile.worker.sleep_us);
     let seed = o.seed.wrapping_add(u64::from(client));
     let q = s.port.queue_pair(0).expect("queue 0");
-    let mut w = Worker::new(engine, q, &s.pool, max_mtu, worker_config(o, Some(idle), seed))?;
+    let wc = worker_config(o, Some(idle), seed);
+    let mut w = dpdk_step(|| Worker::new(engine, q, &s.pool, max_mtu, wc)).ctx(|| "worker".into())?;
     for nb in &s.profile.net.neighbours {
         if let (Ok(ip), Some(mac)) = (nb.ip.parse::<std::net::IpAddr>(), roce_dp::config::parse_mac(&nb.mac)) {
             let ip = match ip {

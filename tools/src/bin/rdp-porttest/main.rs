@@ -85,24 +85,24 @@ struct Opts {
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
     queues: u16,
     /// Frames per size and direction (per queue pair).
-    #[arg(long, global = true, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
+    #[arg(long, global = true, default_value_t = 1000, value_parser = roce_dp_tools::whole_arg::<1, 1_000_000_000_000>)]
     frames: u64,
     /// Send for this many seconds instead of a fixed number of frames (throughput runs).
     #[arg(long, global = true, value_parser = roce_dp_tools::seconds_arg)]
     seconds: Option<f64>,
     /// Most unacknowledged frames in flight.
-    #[arg(long, global = true, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    #[arg(long, global = true, default_value_t = 256, value_parser = roce_dp_tools::whole_arg::<1, 65536>)]
     window: u64,
     /// Resend from the first unacknowledged frame after this many milliseconds without ACK progress (go-back-N).
-    #[arg(long, global = true, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    #[arg(long, global = true, default_value_t = 200, value_parser = roce_dp_tools::whole_arg::<1, 3_600_000>)]
     rto_ms: u64,
     /// Give up (exit 1) if the exchange has not finished after this many seconds.
     #[arg(long, global = true, default_value_t = 30,
-          value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
+          value_parser = roce_dp_tools::whole_arg::<1, { roce_dp_tools::MAX_SECONDS }>)]
     timeout: u64,
     /// Wait this long for the link (memif: the peer) to come up (exit 2 after).
     #[arg(long, global = true, default_value_t = 10,
-          value_parser = clap::value_parser!(u64).range(1..=roce_dp_tools::MAX_SECONDS))]
+          value_parser = roce_dp_tools::whole_arg::<1, { roce_dp_tools::MAX_SECONDS }>)]
     link_timeout: u64,
     /// EAL main lcore (default: 1 for the memif server, else 0).
     #[arg(long, global = true)]
@@ -121,7 +121,7 @@ struct Opts {
     mtu: Option<u16>,
     /// Milliseconds to wait after the stop handshake before stopping the port (default: 1500 for the memif client,
     /// else 0; the memif server waits for the client to disconnect instead).
-    #[arg(long, global = true, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    #[arg(long, global = true, value_parser = roce_dp_tools::whole_arg::<0, 600_000>)]
     stop_grace_ms: Option<u64>,
     /// Append DPDK's own output to this file (default: a temporary file, quoted from when a setup step fails).
     #[arg(long, global = true)]

@@ -237,14 +237,16 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         .mempool
         .mbufs
         .unwrap_or_else(|| dpdk::pool_size(1, rx_desc.into(), u32::from(tx_desc) * nq, nq, 256, 2048 * nq));
-    let pool = Mempool::new(&eal, "roce_dpd_pool", n, 256, room)
-        .map_err(|e| Fail(format!("mempool of {n} x {room} B: {e}")))?;
+    // Each DPDK step from here on quotes what DPDK logged during it when it fails (dpdk_step).
     let mut port = if prof.port.driver == Driver::NetRing {
         // A loopback port: what the workers send comes back to worker 0 (every QP on this one soft NIC); with several
         // workers their tx queues share the ring (multi-producer).
-        let ring =
-            if nw > 1 { Ring::new_mp(&eal, "roce_dpd_lo", 4096)? } else { Ring::new(&eal, "roce_dpd_lo", 4096)? };
-        Port::from_rings_tx(&eal, "net_ring_lo", &ring, &ring, nw as u16)
+        let ring = dpdk_step(|| match nw {
+            1 => Ring::new(&eal, "roce_dpd_lo", 4096),
+            _ => Ring::new_mp(&eal, "roce_dpd_lo", 4096),
+        })
+        .map_err(|e| Fail(format!("net_ring loopback ring: {e}")))?;
+        dpdk_step(|| Port::from_rings_tx(&eal, "net_ring_lo", &ring, &ring, nw as u16))
             .map_err(|e| Fail(format!("net_ring loopback port: {e}")))?
     } else {
         let name = match prof.vdev() {
@@ -253,7 +255,12 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
         };
         dpdk_lookup(&name, || Port::by_name(&eal, &name)).map_err(|e| Fail(format!("port {name}: {e}")))?
     };
-    let pinfo = port.info()?;
+    // The mempool after the port: a pool that takes the EAL's last memory then fails itself, in one line. Made
+    // first, it left none for the net_ring port's ethdev data, and DPDK aborted the process (rte_panic "Cannot
+    // allocate ethdev shared data" in rte_eth_dev_allocate, a stack dump, status 134).
+    let pool = dpdk_step(|| Mempool::new(&eal, "roce_dpd_pool", n, 256, room))
+        .map_err(|e| Fail(format!("mempool of {n} x {room} B ([mempool] mbufs, data_room): {e}")))?;
+    let pinfo = dpdk_step(|| port.info()).map_err(|e| Fail(format!("port {}: {e}", port.name())))?;
     let (_rx_off, tx_off) = choose_offloads(&pinfo);
     let conf = PortConfig { rx_desc, tx_desc, tx_queues: nw as u16, tx_offloads: tx_off, ..PortConfig::default() };
     dpdk_step(|| port.configure(&conf, &pool))
@@ -284,7 +291,10 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     // Started: what DPDK says while running (a link going down, a memif peer leaving) is shown from now on, and its
     // capture file stops growing (with -v, DPDK prints to the terminal already).
     eal.log_to_stderr("roce-dpd: DPDK: ");
-    let mac = prof.mac().unwrap_or(MacAddr(port.mac()?));
+    let mac = match prof.mac() {
+        Some(m) => m,
+        None => MacAddr(dpdk_step(|| port.mac()).map_err(|e| Fail(format!("port {}: {e}", port.name())))?),
+    };
     info.mac = mac.0;
     let idle = match prof.worker.idle.as_str() {
         "pause" => Idle::Pause { after: prof.worker.idle_after },
@@ -296,7 +306,14 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
     // Worker 0 receives from the port and, with several workers, forwards each RoCE frame to the worker owning its
     // BTH destination QP (worker w's engine numbers its QPs from QPN_BASE + w * QPN_STRIDE) over an SPSC ring.
     let dispatch: Vec<Option<Ring>> = (0..nw)
-        .map(|w| (w > 0).then(|| Ring::new(&eal, &format!("roce_dpd_d{w}"), 2048)).transpose())
+        .map(|w| {
+            (w > 0)
+                .then(|| {
+                    dpdk_step(|| Ring::new(&eal, &format!("roce_dpd_d{w}"), 2048))
+                        .map_err(|e| Fail(format!("worker 0's ring to worker {w} (2048 frames): {e}")))
+                })
+                .transpose()
+        })
         .collect::<Result<_, _>>()?;
     let clock = Clock::new(dpdk::tsc_hz());
     let mut workers = Vec::new();
@@ -308,7 +325,9 @@ fn run(cli: &Cli, prefix: &str) -> Result<(), Fail> {
             ..EngineConfig::default()
         };
         let q = port.queue_pair(w as u16).ok_or_else(|| Fail(format!("port has no queue {w}")))?;
-        let mut wk = Worker::new(Engine::new(ecfg), q, &pool, prof.net.mtu, wcfg)?.with_clock(clock);
+        let mut wk = dpdk_step(|| Worker::new(Engine::new(ecfg), q, &pool, prof.net.mtu, wcfg))
+            .map_err(|e| Fail(format!("worker {w}: {e}")))?
+            .with_clock(clock);
         if nw > 1 {
             wk = match &dispatch[w] {
                 None => wk.with_dispatch(Dispatch::new(QPN_BASE, 0, dispatch.clone())),
