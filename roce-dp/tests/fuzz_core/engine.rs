@@ -24,8 +24,9 @@ impl Src {
             Src::Seeded(r) => r.next_u64(),
             Src::Bytes { data, at } => {
                 let mut b = [0u8; 8];
-                let n = data.len().saturating_sub(*at).min(8);
-                b[..n].copy_from_slice(&data[*at..*at + n]);
+                let rest = data.get(*at..).unwrap_or(&[]);
+                let n = rest.len().min(8);
+                b[..n].copy_from_slice(&rest[..n]);
                 *at += 8;
                 u64::from_le_bytes(b)
             }
@@ -124,7 +125,7 @@ fn peer_addr(me: usize) -> PeerAddr {
 }
 
 impl Node {
-    fn new(me: usize, dcqcn: bool) -> Node {
+    fn new(me: usize, dcqcn: bool, knobs: [u64; 3]) -> Node {
         let mut cc = roce_dp::cc::CcConfig::default();
         if dcqcn {
             // A slow line so that pacing holds frames back.
@@ -135,8 +136,12 @@ impl Node {
             cc,
             local_mac: MACS[me],
             local_ip: LocalIp { v4: Some(IPS[me]), v6: None },
-            max_unacked_psns: 64,
-            ack_req_every: 16,
+            max_unacked_psns: [64, 1, 2, 8, 256, 1 << 23][knobs[0] as usize % 6],
+            ack_req_every: [16, 1, 3, 64][knobs[1] as usize % 4],
+            ack: roce_dp::AckPolicy {
+                max_pkts: [1, 1, 2, 8][knobs[2] as usize % 4],
+                max_delay: Duration::from_nanos([0, 0, 5_000, 100_000][(knobs[2] / 4) as usize % 4]),
+            },
             ..EngineConfig::default()
         };
         let mut eng = Engine::new(cfg);
@@ -219,10 +224,11 @@ fn check_tx(frame: &[u8], from: usize) -> Result<(), String> {
 impl Fuzz {
     fn new(mut rng: Src) -> Fuzz {
         let dcqcn = rng.below(3) == 0;
+        let knobs = [rng.below(6), rng.below(4), rng.below(16)];
         let mtu = [256, 512, 1024, 4096][rng.below(4) as usize];
         let mut f = Fuzz {
             rng,
-            n: [Node::new(0, dcqcn), Node::new(1, dcqcn)],
+            n: [Node::new(0, dcqcn, knobs), Node::new(1, dcqcn, knobs)],
             wire: [VecDeque::new(), VecDeque::new()],
             now: Instant::ZERO,
             next_wr: 1,
