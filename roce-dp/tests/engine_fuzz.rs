@@ -12,6 +12,12 @@
 //! hostility (how often a value is bad rather than valid: 1 % to 60 %), its path MTU, DCQCN or line rate, and
 //! sometimes CQs of a few entries.
 //!
+//! A quarter of the runs are clean: the wire only drops, duplicates and reorders, the WRs are valid (SEND and WRITE
+//! from a static source area, READ of the peer's, FetchAdd on a counter of the peer's), and their data is checked:
+//! every receive holds the bytes of its SEND (and its length), every completed WRITE's bytes are at the peer (and
+//! still are at the end: no late duplicate re-executed an older one), every READ's bytes are the peer's, every
+//! FetchAdd returned the counter's value after exactly the FetchAdds before it, and the counter ends at their sum.
+//!
 //! Invariants, checked as it runs and in a final phase where the wire is honest and time runs on:
 //! - nothing panics (debug build, and the long runs in release with overflow checks: integer overflow included);
 //! - every send WR that `post_send` took completes at most once, in posting order; a signaled one exactly once
@@ -27,8 +33,9 @@
 //! - per QP, without CQ overflow, the completion counters equal the completions polled.
 //!
 //! Seeded: `ROCE_HOSTILE_SEED`, `ROCE_HOSTILE_ITERS` (runs, default 150), `ROCE_FUZZ_STEPS` (steps per run,
-//! default 2000), `ROCE_HOSTILE_SOAK=1` (100x the runs), `ROCE_FUZZ_VERBOSE=1` (a line of counters per run). A
-//! failure prints its seed and the last actions.
+//! default 2000), `ROCE_HOSTILE_SOAK=1` (100x the runs), `ROCE_FUZZ_CLEAN=1` (every run clean),
+//! `ROCE_FUZZ_VERBOSE=1` (a line of counters per run), `ROCE_FUZZ_TRACE=1` (every frame delivered, every
+//! completion). A failure prints its seed and the last actions.
 
 mod fuzz_core;
 mod seeded;
@@ -39,6 +46,12 @@ use seeded::Seeds;
 fn engine_fuzz_seeded() {
     let seeds = Seeds::from_env(0x5eed_f022, 150);
     let steps = std::env::var("ROCE_FUZZ_STEPS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let failures = seeds.run("engine_fuzz", 10, |s| fuzz_core::engine::run(fuzz_core::engine::Src::seeded(s), steps));
+    let verbose = std::env::var_os("ROCE_FUZZ_VERBOSE").is_some();
+    let failures = seeds.run("engine_fuzz", 10, |s| {
+        if verbose {
+            eprintln!("seed {s}");
+        }
+        fuzz_core::engine::run(fuzz_core::engine::Src::seeded(s), steps)
+    });
     seeded::assert_none(&failures);
 }

@@ -54,7 +54,18 @@ use std::collections::{HashMap, HashSet, VecDeque};
 const MACS: [MacAddr; 2] = [MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2])];
 const IPS: [[u8; 4]; 2] = [[10, 0, 0, 1], [10, 0, 0, 2]];
 const BASE: u64 = 0x10_0000;
-const DATA_LEN: usize = 16 * 1024;
+/// Two pairs' areas of the clean mode (see [`Flow`]); the hostile mode uses the region as one.
+const DATA_LEN: usize = 2 * PAIR_AREA;
+/// Clean mode, per QP pair in each node's data region: `src` (32 KiB, never written: the source of SENDs and
+/// WRITEs and what the peer READs), `wdst` (8 slots of 4 KiB the peer WRITEs), `rdst` (8 slots: READ and atomic
+/// results), `recv` (8 receive buffers), and the counter the peer's FetchAdds hit.
+const PAIR_AREA: usize = 160 * 1024;
+const SRC: u64 = 0;
+const WDST: u64 = 32 * 1024;
+const RDST: u64 = 64 * 1024;
+const RECV: u64 = 96 * 1024;
+const COUNTER: u64 = 128 * 1024;
+const SLOT: u64 = 4096;
 const RO_LEN: usize = 4096;
 const GUARD_LEN: usize = 4096;
 const FOREIGN_VA: u64 = 0x9000_0000;
@@ -87,6 +98,36 @@ struct Track {
     cqes: u64,
 }
 
+/// What the clean mode expects of one WR.
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    Send { off: u64, len: u32 },
+    Write { slot: u64, off: u64, len: u32 },
+    Read { slot: u64, off: u64, len: u32 },
+    Add { slot: u64, orig: u64 },
+}
+
+/// Clean mode: the data one QP (node `d`, pair `p`) sends its peer, and what must have arrived.
+#[derive(Default)]
+struct Flow {
+    /// An error completion on the pair: its data checks stop (the structural ones go on).
+    broken: bool,
+    /// WRs in flight by wr_id.
+    pending: HashMap<u64, Expect>,
+    /// SENDs not yet matched with a receive completion at the peer, in order.
+    sends: VecDeque<(u64, u32)>,
+    /// Busy slots: wdst (at the peer), rdst (here), recv (at the peer: receives this flow's SENDs land in).
+    wdst_busy: [bool; 8],
+    rdst_busy: [bool; 8],
+    recv_busy: [bool; 8],
+    /// Receive WRs posted at the peer for this flow: (wr_id, slot), in order.
+    recvs: VecDeque<(u64, u64)>,
+    /// The last completed WRITE into each wdst slot: (src offset, length).
+    last_write: [Option<(u64, u32)>; 8],
+    /// The counter's value after every FetchAdd posted so far (None before the first).
+    counter: Option<u64>,
+}
+
 struct Node {
     eng: Engine,
     pd: Pd,
@@ -115,6 +156,13 @@ struct Fuzz {
     log: Vec<String>,
     /// Per-run hostility: how often (per mille) a value is chosen to be bad rather than valid.
     bad_pm: u64,
+    /// Only drops, duplicates, reordering and time: data is checked (flows[pair][requester node]).
+    clean: bool,
+    /// ROCE_FUZZ_TRACE: every frame delivered, every completion.
+    trace: bool,
+    /// Clean mode: completions whose data was checked.
+    checked: u64,
+    flows: [[Flow; 2]; 2],
     /// CQs of a few entries: completions may be lost to a full CQ (counted), so "exactly once" becomes "at most
     /// once, in order".
     small_cq: bool,
@@ -235,10 +283,17 @@ impl Fuzz {
             mtu: [mtu; 2],
             log: Vec::new(),
             bad_pm: 0,
+            clean: false,
+            trace: std::env::var_os("ROCE_FUZZ_TRACE").is_some(),
+            checked: 0,
+            flows: Default::default(),
             small_cq: false,
         };
         f.bad_pm = [10, 50, 200, 600][f.rng.below(4) as usize];
-        if f.rng.below(8) == 0 {
+        if f.rng.below(4) == 0 || std::env::var_os("ROCE_FUZZ_CLEAN").is_some() {
+            f.clean = true;
+            f.bad_pm = 0;
+        } else if f.rng.below(8) == 0 {
             f.small_cq = true;
             for n in &mut f.n {
                 n.eng.set_cq_depth(n.scq, 2 + f.rng.below(14) as u32);
@@ -247,6 +302,12 @@ impl Fuzz {
         }
         for i in 0..2 {
             f.create_pair(i);
+        }
+        if std::env::var_os("ROCE_FUZZ_VERBOSE").is_some() {
+            eprintln!(
+                "run: clean {} bad {} small_cq {} mtu {mtu} dcqcn {dcqcn} knobs {knobs:?}",
+                f.clean, f.bad_pm, f.small_cq
+            );
         }
         f
     }
@@ -288,8 +349,9 @@ impl Fuzz {
             n.track.insert(q, Track::default());
         }
         let psns = [self.rand_psn(), self.rand_psn()];
+        let rds = self.rd_pair();
         for d in 0..2 {
-            self.bring_up(d, i, psns[d], psns[1 - d]);
+            self.bring_up(d, i, psns[d], psns[1 - d], rds[d]);
         }
     }
 
@@ -302,12 +364,25 @@ impl Fuzz {
         }
     }
 
-    fn bring_up(&mut self, d: usize, i: usize, sq_psn: u32, rq_psn: u32) {
+    /// Each node's max_rd_atomic and max_dest_rd_atomic for a pair: the same on both (as connection setup makes
+    /// them), or, when the run says bad, independent (a requester allowed more than the responder keeps: its
+    /// retried READs may find no record and it runs out of retries, an error the application asked for).
+    fn rd_pair(&mut self) -> [u8; 2] {
+        let a = 1 + self.rng.below(4) as u8;
+        if self.bad() {
+            [a, 1 + self.rng.below(4) as u8]
+        } else {
+            [a, a]
+        }
+    }
+
+    fn bring_up(&mut self, d: usize, i: usize, sq_psn: u32, rq_psn: u32, rd: u8) {
         let dest = self.n[1 - d].qpns[i];
         let timeout = if self.bad() { 1 + self.rng.below(10) as u8 } else { 8 + self.rng.below(6) as u8 };
-        let retry = self.rng.below(4) as u8;
-        let rnr = self.rng.below(4) as u8;
-        let rd = 1 + self.rng.below(4) as u8;
+        let (retry, rnr) = if self.clean { (6, 6) } else { (self.rng.below(4) as u8, self.rng.below(4) as u8) };
+        if self.trace {
+            eprintln!("bring_up n{d} pair {i}: max_rd_atomic = max_dest_rd_atomic = {rd}");
+        }
         let mtu = self.mtu[d];
         let n = &mut self.n[d];
         let q = n.qpns[i];
@@ -318,7 +393,8 @@ impl Fuzz {
             dest_qpn: Some(dest),
             rq_psn: Some(rq_psn),
             max_dest_rd_atomic: Some(rd),
-            min_rnr_timer: Some(1),
+            // Clean mode: receive buffers come slower than SENDs at times; an RNR NAK waits ~1 ms then.
+            min_rnr_timer: Some(if self.clean { 14 } else { 1 }),
             peer: Some(peer_addr(d)),
             ..QpAttr::default()
         };
@@ -356,6 +432,22 @@ impl Fuzz {
     }
 
     fn rx(&mut self, to: usize, frame: &[u8]) {
+        if self.trace {
+            if let Ok(p) = parse_frame(frame) {
+                let b = p.repr.bth;
+                eprintln!(
+                    "{:?} -> n{to} qp {:#x} {} psn {:#x}{} aeth {:?} reth {:?} +{}",
+                    self.now,
+                    b.dest_qp,
+                    b.opcode.name(),
+                    b.psn.value(),
+                    if b.ack_req { " A" } else { "" },
+                    p.repr.ext.aeth,
+                    p.repr.ext.reth,
+                    p.payload.len()
+                );
+            }
+        }
         let mut f = frame.to_vec();
         if self.rng.below(2) == 0 {
             self.n[to].eng.handle_rx_mut(self.now, &mut f, RxMeta::default());
@@ -756,8 +848,9 @@ impl Fuzz {
             self.reset_track(d, q);
         }
         let psns = [self.rand_psn(), self.rand_psn()];
+        let rds = self.rd_pair();
         for d in 0..2 {
-            self.bring_up(d, i, psns[d], psns[1 - d]);
+            self.bring_up(d, i, psns[d], psns[1 - d], rds[d]);
         }
         self.log.push(format!("revive pair {i}"));
     }
@@ -783,6 +876,7 @@ impl Fuzz {
     }
 
     fn poll(&mut self, d: usize) -> Result<(), String> {
+        let mut seen = Vec::new();
         let n = &mut self.n[d];
         for cq in [n.scq, n.rcq] {
             while let Some(c) = n.eng.poll_cq_one(cq) {
@@ -838,6 +932,218 @@ impl Fuzz {
                 if c.status != WcStatus::Success && state.is_some() && state != Some(QpState::Err) {
                     return Err(format!("n{d}: error completion {c:?} with the QP in {state:?}"));
                 }
+                seen.push((c, recv || cq == n.rcq));
+                if self.trace {
+                    eprintln!("{:?} n{d} CQE {c:?}", self.now);
+                }
+            }
+        }
+        if self.clean {
+            for (c, recv) in seen {
+                self.clean_cqe(d, &c, recv)?;
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ clean mode
+
+    fn pair_of(&self, d: usize, qpn: u32) -> Option<usize> {
+        self.n[d].qpns.iter().position(|&q| q == qpn)
+    }
+
+    fn area(p: usize) -> u64 {
+        BASE + (p * PAIR_AREA) as u64
+    }
+
+    fn bytes(&self, d: usize, va: u64, len: u32) -> Vec<u8> {
+        let n = &self.n[d];
+        let b = n.eng.mr_bytes(n.data.lkey).expect("clean mode: the data region stays");
+        let off = (va - BASE) as usize;
+        b[off..off + len as usize].to_vec()
+    }
+
+    /// A WR whose data can be checked: SEND or WRITE from `src`, READ of the peer's `src`, FetchAdd on the peer's
+    /// counter; one SGE, a free slot.
+    fn clean_post_send(&mut self, d: usize) {
+        let p = self.rng.below(2) as usize;
+        let q = self.n[d].qpns[p];
+        let slot = self.rng.below(8);
+        let len = match self.rng.below(4) {
+            0 => self.rng.below(65) as u32,
+            1 => self.mtu[d] * (1 + self.rng.below(3) as u32) + self.rng.below(3) as u32 - 1,
+            _ => self.rng.below(SLOT + 1) as u32,
+        }
+        .min(SLOT as u32);
+        let off = self.rng.below(32 * 1024 - u64::from(len) + 1);
+        let (me, peer) = (Self::area(p), Self::area(p));
+        let lkey = self.n[d].data.lkey;
+        let rkey = self.n[1 - d].data.rkey;
+        let id = self.next_wr;
+        let f = &self.flows[p][d];
+        let (wr, sge, e) = match self.rng.below(4) {
+            0 if !f.wdst_busy[slot as usize] => (
+                SendWr::new(id, WrOpcode::RdmaWrite).remote(peer + WDST + slot * SLOT, rkey),
+                Sge { addr: me + SRC + off, len, lkey },
+                Expect::Write { slot, off, len },
+            ),
+            1 if !f.rdst_busy[slot as usize] => (
+                SendWr::new(id, WrOpcode::RdmaRead).remote(peer + SRC + off, rkey),
+                Sge { addr: me + RDST + slot * SLOT, len, lkey },
+                Expect::Read { slot, off, len },
+            ),
+            2 if !f.rdst_busy[slot as usize] => {
+                let add = self.rng.below(1000) + 1;
+                let now = match f.counter {
+                    Some(v) => v,
+                    None => u64::from_le_bytes(self.bytes(1 - d, peer + COUNTER, 8).try_into().unwrap()),
+                };
+                let mut wr = SendWr::new(id, WrOpcode::AtomicFetchAdd).remote(peer + COUNTER, rkey);
+                wr.compare_add = add;
+                self.flows[p][d].counter = Some(now.wrapping_add(add));
+                (wr, Sge { addr: me + RDST + slot * SLOT, len: 8, lkey }, Expect::Add { slot, orig: now })
+            }
+            _ => (SendWr::new(id, WrOpcode::Send), Sge { addr: me + SRC + off, len, lkey }, Expect::Send { off, len }),
+        };
+        let res = self.n[d].eng.post_send(q, &wr, &[sge]);
+        self.log.push(format!("clean post_send n{d} qp {q:#x} wr {id} {e:?} -> {res:?}"));
+        if res.is_err() {
+            if let Expect::Add { orig, .. } = e {
+                self.flows[p][d].counter = Some(orig);
+            }
+            return;
+        }
+        self.next_wr += 1;
+        self.n[d].track.get_mut(&q).unwrap().sends.push_back((id, true));
+        let f = &mut self.flows[p][d];
+        match e {
+            Expect::Write { slot, .. } => f.wdst_busy[slot as usize] = true,
+            Expect::Read { slot, .. } | Expect::Add { slot, .. } => f.rdst_busy[slot as usize] = true,
+            Expect::Send { off, len } => f.sends.push_back((off, len)),
+        }
+        f.pending.insert(id, e);
+    }
+
+    /// A receive WR at node `d` for the SENDs of its peer on pair `p`: one free 4 KiB buffer.
+    fn clean_post_recv(&mut self, d: usize) {
+        let p = self.rng.below(2) as usize;
+        let q = self.n[d].qpns[p];
+        let slot = self.rng.below(8);
+        if self.flows[p][1 - d].recv_busy[slot as usize] {
+            return;
+        }
+        let id = self.next_wr;
+        let sge = Sge { addr: Self::area(p) + RECV + slot * SLOT, len: SLOT as u32, lkey: self.n[d].data.lkey };
+        if self.n[d].eng.post_recv(q, id, &[sge]).is_ok() {
+            self.next_wr += 1;
+            self.n[d].track.get_mut(&q).unwrap().recvs.push_back(id);
+            let f = &mut self.flows[p][1 - d];
+            f.recv_busy[slot as usize] = true;
+            f.recvs.push_back((id, slot));
+        }
+    }
+
+    /// The data checks of one completion at node `d`.
+    fn clean_cqe(&mut self, d: usize, c: &roce_dp::Cqe, recv: bool) -> Result<(), String> {
+        let Some(p) = self.pair_of(d, c.qpn) else { return Ok(()) };
+        if c.status != WcStatus::Success {
+            self.flows[p][0].broken = true;
+            self.flows[p][1].broken = true;
+        }
+        let (me, peer) = (Self::area(p), Self::area(p));
+        if recv {
+            // A SEND of the peer (flow [p][1 - d]) arrived here.
+            let f = &mut self.flows[p][1 - d];
+            let Some((id, slot)) = f.recvs.pop_front() else {
+                return Err(format!("n{d}: receive CQE {c:?} with no receive posted"));
+            };
+            f.recv_busy[slot as usize] = false;
+            if id != c.wr_id {
+                return Err(format!("n{d}: receive CQE {c:?}, expected wr {id}"));
+            }
+            if f.broken {
+                return Ok(());
+            }
+            let Some((off, len)) = f.sends.pop_front() else {
+                return Err(format!("n{d}: receive CQE {c:?} for a SEND never posted"));
+            };
+            if c.byte_len != len {
+                return Err(format!("n{d}: receive of {} bytes for a SEND of {len}: {c:?}", c.byte_len));
+            }
+            let got = self.bytes(d, me + RECV + slot * SLOT, len);
+            let sent = self.bytes(1 - d, peer + SRC + off, len);
+            if got != sent {
+                return Err(format!("n{d}: SEND of {len} bytes from offset {off} arrived different: {c:?}"));
+            }
+            self.checked += 1;
+            return Ok(());
+        }
+        let f = &mut self.flows[p][d];
+        let Some(e) = f.pending.remove(&c.wr_id) else { return Ok(()) };
+        match e {
+            Expect::Write { slot, .. } => f.wdst_busy[slot as usize] = false,
+            Expect::Read { slot, .. } | Expect::Add { slot, .. } => f.rdst_busy[slot as usize] = false,
+            Expect::Send { .. } => {}
+        }
+        if f.broken || c.status != WcStatus::Success {
+            return Ok(());
+        }
+        match e {
+            Expect::Write { slot, off, len } => {
+                f.last_write[slot as usize] = Some((off, len));
+                let there = self.bytes(1 - d, peer + WDST + slot * SLOT, len);
+                if there != self.bytes(d, me + SRC + off, len) {
+                    return Err(format!(
+                        "n{d}: WRITE wr {} of {len} bytes completed, the peer holds other bytes",
+                        c.wr_id
+                    ));
+                }
+            }
+            Expect::Read { slot, off, len } => {
+                if self.bytes(d, me + RDST + slot * SLOT, len) != self.bytes(1 - d, peer + SRC + off, len) {
+                    return Err(format!("n{d}: READ wr {} of {len} bytes completed with other bytes", c.wr_id));
+                }
+            }
+            Expect::Add { slot, orig } => {
+                let got = u64::from_le_bytes(self.bytes(d, me + RDST + slot * SLOT, 8).try_into().unwrap());
+                if got != orig {
+                    return Err(format!(
+                        "n{d}: FetchAdd wr {} returned {got:#x}, expected {orig:#x} (executed twice or lost?)",
+                        c.wr_id
+                    ));
+                }
+            }
+            Expect::Send { .. } => {}
+        }
+        self.checked += 1;
+        Ok(())
+    }
+
+    /// After settling: the last WRITE into each slot is what the slot holds (no late duplicate re-executed an
+    /// older one), each counter is what the FetchAdds add up to, and every SEND posted was received.
+    fn clean_final(&self) -> Result<(), String> {
+        for p in 0..2 {
+            for d in 0..2 {
+                let f = &self.flows[p][d];
+                if f.broken || !f.pending.is_empty() {
+                    continue;
+                }
+                let (me, peer) = (Self::area(p), Self::area(p));
+                for (slot, w) in f.last_write.iter().enumerate() {
+                    if let Some((off, len)) = *w {
+                        if self.bytes(1 - d, peer + WDST + slot as u64 * SLOT, len)
+                            != self.bytes(d, me + SRC + off, len)
+                        {
+                            return Err(format!("n{d} pair {p}: wdst slot {slot} no longer holds the last WRITE"));
+                        }
+                    }
+                }
+                if let Some(v) = f.counter {
+                    let got = u64::from_le_bytes(self.bytes(1 - d, peer + COUNTER, 8).try_into().unwrap());
+                    if got != v {
+                        return Err(format!("n{d} pair {p}: counter {got:#x} after the FetchAdds, expected {v:#x}"));
+                    }
+                }
             }
         }
         Ok(())
@@ -846,7 +1152,8 @@ impl Fuzz {
     fn advance(&mut self) -> Result<(), String> {
         let r = &mut self.rng;
         let next = [self.n[0].eng.poll_timeout(), self.n[1].eng.poll_timeout()].into_iter().flatten().min();
-        self.now = match (r.below(20), next) {
+        let jump = if self.clean { r.below(60) } else { r.below(20) };
+        self.now = match (jump, next) {
             (0..=2, Some(t)) if t > self.now => t,
             (3, _) => self.now + Duration::from_nanos(r.below(100_000_000)),
             (4 | 5, _) => self.now + Duration::from_nanos(r.below(200_000)),
@@ -871,6 +1178,9 @@ impl Fuzz {
     }
 
     fn step(&mut self) -> Result<(), String> {
+        if self.clean {
+            return self.clean_step();
+        }
         let d = self.rng.below(2) as usize;
         match self.rng.below(100) {
             0..=24 => {
@@ -938,6 +1248,44 @@ impl Fuzz {
                     self.rx(1 - d, &f);
                 }
             }
+            _ => self.poll(d)?,
+        }
+        self.pump()?;
+        if self.rng.below(8) == 0 {
+            self.n[d].check_regions()?;
+        }
+        Ok(())
+    }
+
+    /// A step of the clean mode: the wire only drops, duplicates and reorders.
+    fn clean_step(&mut self) -> Result<(), String> {
+        let d = self.rng.below(2) as usize;
+        match self.rng.below(100) {
+            0..=29 => {
+                for _ in 0..1 + self.rng.below(8) {
+                    if let Some(f) = self.wire[d].pop_front() {
+                        self.rx(1 - d, &f);
+                    }
+                }
+            }
+            30..=33 => match self.rng.below(3) {
+                0 => drop(self.wire[d].pop_front()),
+                1 => {
+                    if let Some(f) = self.wire[d].front().cloned() {
+                        self.rx(1 - d, &f);
+                    }
+                }
+                _ => {
+                    let l = self.wire[d].len();
+                    if l > 1 {
+                        let j = self.rng.below(l as u64) as usize;
+                        self.wire[d].swap(0, j);
+                    }
+                }
+            },
+            34..=50 => self.clean_post_send(d),
+            51..=62 => self.clean_post_recv(d),
+            63..=75 => self.advance()?,
             _ => self.poll(d)?,
         }
         self.pump()?;
@@ -1027,6 +1375,9 @@ impl Fuzz {
 
     /// After settling: signaled send WRs of idle QPs all completed; counters agree with what was seen.
     fn final_checks(&mut self) -> Result<(), String> {
+        if self.clean {
+            self.clean_final()?;
+        }
         for d in 0..2 {
             self.n[d].check_regions()?;
             let n = &self.n[d];
@@ -1096,7 +1447,10 @@ pub fn run(src: Src, steps: u64) -> Result<(), String> {
         let st: Vec<String> = f.n.iter().flat_map(|n| n.qpns.map(|q| format!("{:?}", n.state(q)))).collect();
         let t = f.n[0].eng.qp_totals();
         eprintln!(
-            "seed {seed}: {} posts, {cqes} CQEs, {tx} frames, rx {} dup {} bad_resp {} naks {}/{} at {:?}, states {st:?}",
+            "{seed} clean {} checked {} broken {:?}: {} posts, {cqes} CQEs, {tx} frames, rx {} dup {} bad_resp {} naks {}/{} at {:?}, states {st:?}",
+            f.clean,
+            f.checked,
+            f.flows.iter().map(|x| [x[0].broken, x[1].broken]).collect::<Vec<_>>(),
             f.next_wr,
             t.rx_packets,
             t.duplicate_requests,
