@@ -1197,24 +1197,7 @@ impl Fuzz {
                     }
                 }
             }
-            35..=37 => {
-                // Drop, duplicate, or reorder.
-                match self.rng.below(3) {
-                    0 => drop(self.wire[d].pop_front()),
-                    1 => {
-                        if let Some(f) = self.wire[d].front().cloned() {
-                            self.rx(1 - d, &f);
-                        }
-                    }
-                    _ => {
-                        let l = self.wire[d].len();
-                        if l > 1 {
-                            let j = self.rng.below(l as u64) as usize;
-                            self.wire[d].swap(0, j);
-                        }
-                    }
-                }
-            }
+            35..=37 => self.mischief(d),
             38..=45 if self.bad() => {
                 let f = self.fabricate(1 - d);
                 self.rx(1 - d, &f);
@@ -1257,6 +1240,26 @@ impl Fuzz {
         Ok(())
     }
 
+    /// What a lossy network does to the frames from node `d`: drop the next, deliver it twice (a copy now), or
+    /// swap it with a later one.
+    fn mischief(&mut self, d: usize) {
+        match self.rng.below(3) {
+            0 => drop(self.wire[d].pop_front()),
+            1 => {
+                if let Some(f) = self.wire[d].front().cloned() {
+                    self.rx(1 - d, &f);
+                }
+            }
+            _ => {
+                let l = self.wire[d].len();
+                if l > 1 {
+                    let j = self.rng.below(l as u64) as usize;
+                    self.wire[d].swap(0, j);
+                }
+            }
+        }
+    }
+
     /// A step of the clean mode: the wire only drops, duplicates and reorders.
     fn clean_step(&mut self) -> Result<(), String> {
         let d = self.rng.below(2) as usize;
@@ -1268,21 +1271,7 @@ impl Fuzz {
                     }
                 }
             }
-            30..=33 => match self.rng.below(3) {
-                0 => drop(self.wire[d].pop_front()),
-                1 => {
-                    if let Some(f) = self.wire[d].front().cloned() {
-                        self.rx(1 - d, &f);
-                    }
-                }
-                _ => {
-                    let l = self.wire[d].len();
-                    if l > 1 {
-                        let j = self.rng.below(l as u64) as usize;
-                        self.wire[d].swap(0, j);
-                    }
-                }
-            },
+            30..=33 => self.mischief(d),
             34..=50 => self.clean_post_send(d),
             51..=62 => self.clean_post_recv(d),
             63..=75 => self.advance()?,
