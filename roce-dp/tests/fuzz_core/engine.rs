@@ -208,8 +208,8 @@ impl Node {
         for (i, b) in eng.mr_bytes_mut(data.lkey).unwrap().iter_mut().enumerate() {
             *b = no_guard((i * 7 + 3) as u8);
         }
-        let scq = eng.create_cq(1 << 16).unwrap();
-        let rcq = eng.create_cq(1 << 16).unwrap();
+        let scq = eng.create_cq(4096).unwrap();
+        let rcq = eng.create_cq(4096).unwrap();
         Node {
             eng,
             pd,
