@@ -1,5 +1,6 @@
-//! A seeded hostile client against the loopback daemon (`roce_dp::ctrl::loopback`, no DPDK), mixing the control
-//! socket and the shared-memory rings in one random sequence, while another client holds a region it never uses:
+//! A seeded hostile client against the loopback daemon (`roce_dp::ctrl::loopback`, no DPDK; one to three workers by
+//! seed), mixing the control socket and the shared-memory rings in one random sequence, while another client holds a
+//! region it never uses:
 //!
 //! - control requests with hostile values: handles of its own, of the other client, made up; RegMr with any
 //!   va/len/offset/access and with the memfd, no descriptor, /dev/null, a socket; CreateCq and CreateQp with
@@ -381,7 +382,9 @@ impl Hostile {
 
 fn run(seed: u64, steps: u64) -> Result<(), String> {
     let path = std::env::temp_dir().join(format!("roce-dp-dfuzz-{}-{seed:x}.sock", std::process::id()));
-    let mut d = LoopbackDaemon::start(LoopbackConfig::new(&path)).map_err(|e| e.to_string())?;
+    // One worker, or several (QPs spread over engines; frames for another worker's QP cross over).
+    let cfg = LoopbackConfig { workers: 1 + (seed % 3) as usize, ..LoopbackConfig::new(&path) };
+    let mut d = LoopbackDaemon::start(cfg).map_err(|e| e.to_string())?;
     let mut victim = LoopPair::open(&path, 256 << 10, 16, 1024).map_err(|e| e.to_string())?;
     let mut vault = victim.pd.reg_mr(64 << 10, AccessFlags::ALL).unwrap();
     for (i, b) in vault.as_mut_slice().iter_mut().enumerate() {
