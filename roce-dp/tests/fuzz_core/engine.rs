@@ -160,6 +160,8 @@ struct Fuzz {
     clean: bool,
     /// ROCE_FUZZ_TRACE: every frame delivered, every completion.
     trace: bool,
+    /// A failure noticed where no error can be returned (reported at the end of the step).
+    fault: Option<String>,
     /// Clean mode: completions whose data was checked.
     checked: u64,
     flows: [[Flow; 2]; 2],
@@ -285,6 +287,7 @@ impl Fuzz {
             bad_pm: 0,
             clean: false,
             trace: std::env::var_os("ROCE_FUZZ_TRACE").is_some(),
+            fault: None,
             checked: 0,
             flows: Default::default(),
             small_cq: false,
@@ -451,6 +454,10 @@ impl Fuzz {
         let mut f = frame.to_vec();
         if self.rng.below(2) == 0 {
             self.n[to].eng.handle_rx_mut(self.now, &mut f, RxMeta::default());
+            // The frame's buffer is the caller's: handle_rx_mut may work in it but leaves it as it was.
+            if f != frame && self.fault.is_none() {
+                self.fault = Some(format!("n{to}: handle_rx_mut left the frame changed: {frame:02x?} -> {f:02x?}"));
+            }
         } else {
             self.n[to].eng.handle_rx(self.now, &f, RxMeta::default());
         }
@@ -1179,8 +1186,14 @@ impl Fuzz {
 
     fn step(&mut self) -> Result<(), String> {
         if self.clean {
-            return self.clean_step();
+            self.clean_step()?;
+        } else {
+            self.hostile_step()?;
         }
+        self.fault.take().map_or(Ok(()), Err)
+    }
+
+    fn hostile_step(&mut self) -> Result<(), String> {
         let d = self.rng.below(2) as usize;
         match self.rng.below(100) {
             0..=24 => {
@@ -1305,6 +1318,9 @@ impl Fuzz {
                     self.rx(1 - d, &f);
                     moved = true;
                 }
+            }
+            if let Some(e) = self.fault.take() {
+                return Err(e);
             }
             self.poll(0)?;
             self.poll(1)?;
