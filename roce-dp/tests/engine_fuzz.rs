@@ -9,8 +9,8 @@
 //! next deadline, a little, or far); modify a QP (every target state, MTU, PSNs, timeouts, retry counts, rights);
 //! take a pair through RESET and up again, or destroy and re-create it (frames of the old connection still on the
 //! wire); deregister and re-register a data region; try to destroy a CQ in use; poll the CQs. Each run picks its
-//! hostility (how often a value is bad rather than valid: 1 % to 60 %), its path MTU, DCQCN or line rate, and
-//! sometimes CQs of a few entries.
+//! hostility (how often a value is bad rather than valid: 1 % to 60 %), its path MTU, DCQCN or line rate, IPv4
+//! or IPv6 per pair, and sometimes CQs of a few entries.
 //!
 //! A quarter of the runs are clean: the wire only drops, duplicates and reorders, the WRs are valid (SEND and WRITE
 //! from a static source area, READ of the peer's, FetchAdd on a counter of the peer's), and their data is checked:

@@ -53,6 +53,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 const MACS: [MacAddr; 2] = [MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2])];
 const IPS: [[u8; 4]; 2] = [[10, 0, 0, 1], [10, 0, 0, 2]];
+const IP6S: [[u8; 16]; 2] =
+    [[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1], [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]];
 const BASE: u64 = 0x10_0000;
 /// Two pairs' areas of the clean mode (see [`Flow`]); the hostile mode uses the region as one.
 const DATA_LEN: usize = 2 * PAIR_AREA;
@@ -168,10 +170,21 @@ struct Fuzz {
     /// CQs of a few entries: completions may be lost to a full CQ (counted), so "exactly once" becomes "at most
     /// once, in order".
     small_cq: bool,
+    /// Per pair: IPv6 rather than IPv4 between the nodes.
+    v6: [bool; 2],
 }
 
-fn peer_addr(me: usize) -> PeerAddr {
-    PeerAddr { ip: IpAddrs::V4 { src: IPS[me], dst: IPS[1 - me] }, mac: MACS[1 - me] }
+/// Node `from` -> node `1 - from` over IPv4 or IPv6.
+fn addrs(from: usize, v6: bool) -> IpAddrs {
+    if v6 {
+        IpAddrs::V6 { src: IP6S[from], dst: IP6S[1 - from] }
+    } else {
+        IpAddrs::V4 { src: IPS[from], dst: IPS[1 - from] }
+    }
+}
+
+fn peer_addr(me: usize, v6: bool) -> PeerAddr {
+    PeerAddr { ip: addrs(me, v6), mac: MACS[1 - me] }
 }
 
 impl Node {
@@ -185,7 +198,7 @@ impl Node {
         let cfg = EngineConfig {
             cc,
             local_mac: MACS[me],
-            local_ip: LocalIp { v4: Some(IPS[me]), v6: None },
+            local_ip: LocalIp { v4: Some(IPS[me]), v6: Some(IP6S[me]) },
             max_unacked_psns: [64, 1, 2, 8, 256, 1 << 23][knobs[0] as usize % 6],
             ack_req_every: [16, 1, 3, 64][knobs[1] as usize % 4],
             ack: roce_dp::AckPolicy {
@@ -255,7 +268,7 @@ fn check_tx(frame: &[u8], from: usize) -> Result<(), String> {
     if !f.icrc_ok {
         return Err(format!("node {from} sent a bad ICRC"));
     }
-    if f.repr.ip.addrs != (IpAddrs::V4 { src: IPS[from], dst: IPS[1 - from] }) {
+    if f.repr.ip.addrs != addrs(from, false) && f.repr.ip.addrs != addrs(from, true) {
         return Err(format!("node {from} sent to {:?}", f.repr.ip.addrs));
     }
     let mut run = 0;
@@ -291,7 +304,9 @@ impl Fuzz {
             checked: 0,
             flows: Default::default(),
             small_cq: false,
+            v6: [false; 2],
         };
+        f.v6 = [f.rng.below(3) == 0, f.rng.below(3) == 0];
         f.bad_pm = [10, 50, 200, 600][f.rng.below(4) as usize];
         if f.rng.below(4) == 0 || std::env::var_os("ROCE_FUZZ_CLEAN").is_some() {
             f.clean = true;
@@ -308,8 +323,8 @@ impl Fuzz {
         }
         if std::env::var_os("ROCE_FUZZ_VERBOSE").is_some() {
             eprintln!(
-                "run: clean {} bad {} small_cq {} mtu {mtu} dcqcn {dcqcn} knobs {knobs:?}",
-                f.clean, f.bad_pm, f.small_cq
+                "run: clean {} bad {} small_cq {} v6 {:?} mtu {mtu} dcqcn {dcqcn} knobs {knobs:?}",
+                f.clean, f.bad_pm, f.small_cq, f.v6
             );
         }
         f
@@ -398,7 +413,7 @@ impl Fuzz {
             max_dest_rd_atomic: Some(rd),
             // Clean mode: receive buffers come slower than SENDs at times; an RNR NAK waits ~1 ms then.
             min_rnr_timer: Some(if self.clean { 14 } else { 1 }),
-            peer: Some(peer_addr(d)),
+            peer: Some(peer_addr(d, self.v6[i])),
             ..QpAttr::default()
         };
         let rts = QpAttr {
@@ -645,7 +660,8 @@ impl Fuzz {
             4 => base.wrapping_add(1 << 23),
             _ => r.next_u64() as u32,
         } & 0xff_ffff;
-        let mut repr = base_repr(to, q);
+        let v6 = if r.below(8) == 0 { r.below(2) == 0 } else { self.v6[i] };
+        let mut repr = base_repr(to, q, v6);
         repr.bth.opcode = opc;
         repr.bth.psn = Psn::new(psn);
         repr.bth.ack_req = r.below(2) == 0;
@@ -689,7 +705,7 @@ impl Fuzz {
                 let mut r2 = *repr;
                 r2.bth.opcode = Opcode::RC_SEND_ONLY;
                 let n = emit_frame(&mut buf, &r2, payload.len(), |b| b.copy_from_slice(payload)).unwrap();
-                buf[14 + 20 + 8] = repr.bth.opcode.0;
+                buf[bth_at(repr)] = repr.bth.opcode.0;
                 icrc::fill(&mut buf[14..n]).unwrap();
                 n
             }
@@ -697,7 +713,7 @@ impl Fuzz {
         buf.truncate(n);
         if self.rng.below(10) == 0 {
             // A pad count other than the one the payload needs, ICRC valid.
-            buf[14 + 20 + 8 + 1] ^= (1 + self.rng.below(3) as u8) << 4;
+            buf[bth_at(repr) + 1] ^= (1 + self.rng.below(3) as u8) << 4;
             icrc::fill(&mut buf[14..]).unwrap();
         }
         buf
@@ -830,7 +846,7 @@ impl Fuzz {
             a.dest_qpn = Some(r.below(1 << 24) as u32);
         }
         if a.state == Some(QpState::Rtr) {
-            a.peer = Some(peer_addr(d));
+            a.peer = Some(peer_addr(d, self.v6[i]));
             a.path_mtu.get_or_insert(self.mtu[d]);
             a.dest_qpn.get_or_insert(self.n[1 - d].qpns[i]);
             a.rq_psn.get_or_insert(0);
@@ -1413,17 +1429,26 @@ impl Fuzz {
     }
 }
 
+/// Where the BTH starts in a frame of `repr` (Ethernet, IP, UDP before it).
+fn bth_at(repr: &RoceRepr) -> usize {
+    let ip = match repr.ip.addrs {
+        IpAddrs::V4 { .. } => wire::IPV4_HEADER_LEN,
+        IpAddrs::V6 { .. } => wire::IPV6_HEADER_LEN,
+    };
+    wire::ETHERNET_HEADER_LEN + ip + wire::UDP_HEADER_LEN
+}
+
 fn opcode_has_payload(o: Opcode) -> bool {
     o.info().is_some_and(|i| i.any(wire::op::PAYLOAD))
 }
 
-fn base_repr(to: usize, qpn: u32) -> RoceRepr {
+fn base_repr(to: usize, qpn: u32, v6: bool) -> RoceRepr {
     let mut repr =
         RoceRepr { udp_src: wire::rxe_udp_sport(0x99, qpn), udp_dst: wire::ROCE_UDP_PORT, ..RoceRepr::default() };
     repr.bth.dest_qp = qpn;
     repr.eth.src = MACS[1 - to];
     repr.eth.dst = MACS[to];
-    repr.ip.addrs = IpAddrs::V4 { src: IPS[1 - to], dst: IPS[to] };
+    repr.ip.addrs = addrs(1 - to, v6);
     repr.ip.ttl = 64;
     repr.ip.dont_frag = true;
     repr
