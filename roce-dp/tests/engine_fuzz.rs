@@ -17,6 +17,9 @@
 //! every receive holds the bytes of its SEND (and its length), every completed WRITE's bytes are at the peer (and
 //! still are at the end: no late duplicate re-executed an older one), every READ's bytes are the peer's, every
 //! FetchAdd returned the counter's value after exactly the FetchAdds before it, and the counter ends at their sum.
+//! A third of the clean runs also re-register a node's data region (same bytes, new keys) under traffic: a WR in
+//! flight with the old keys must fail, never complete with bytes other than its own (it did: hostile_regressions.rs
+//! `region_deregistered_under_a_write_in_flight_is_an_error_not_zeros`).
 //!
 //! Invariants, checked as it runs and in a final phase where the wire is honest and time runs on:
 //! - nothing panics (debug build, and the long runs in release with overflow checks: integer overflow included);

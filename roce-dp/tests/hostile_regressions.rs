@@ -137,7 +137,9 @@ fn a_reset_qp_gets_its_retries_back() {
     run_out(&mut p, 2);
 }
 
-/// Found by engine_fuzz.rs (session 18): a region deregistered while a multi-packet WRITE from it was in flight
+/// Found in session 18's fuzzing campaign (reading the transmit path that engine_fuzz.rs's re-registrations under
+/// traffic exercise, whose hostile mode cannot see the data; its clean mode now re-registers too and catches this
+/// on the old code): a region deregistered while a multi-packet WRITE from it was in flight
 /// (one packet sent) made the requester send the rest of the message as zeros (its payload read failed at
 /// transmit time: counted in `tx_local_access_errors`, the bytes zero-filled), and once the peer acknowledged the
 /// zeros the WR completed with SUCCESS: data the application never had sent reported as delivered. Now the packet

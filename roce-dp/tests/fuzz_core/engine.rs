@@ -160,6 +160,8 @@ struct Fuzz {
     bad_pm: u64,
     /// Only drops, duplicates, reordering and time: data is checked (flows[pair][requester node]).
     clean: bool,
+    /// Clean mode: the data regions are re-registered now and then.
+    clean_rereg: bool,
     /// ROCE_FUZZ_TRACE: every frame delivered, every completion.
     trace: bool,
     /// A failure noticed where no error can be returned (reported at the end of the step).
@@ -299,6 +301,7 @@ impl Fuzz {
             log: Vec::new(),
             bad_pm: 0,
             clean: false,
+            clean_rereg: false,
             trace: std::env::var_os("ROCE_FUZZ_TRACE").is_some(),
             fault: None,
             checked: 0,
@@ -311,6 +314,7 @@ impl Fuzz {
         if f.rng.below(4) == 0 || std::env::var_os("ROCE_FUZZ_CLEAN").is_some() {
             f.clean = true;
             f.bad_pm = 0;
+            f.clean_rereg = f.rng.below(3) == 0;
         } else if f.rng.below(8) == 0 {
             f.small_cq = true;
             for n in &mut f.n {
@@ -1304,6 +1308,9 @@ impl Fuzz {
             34..=50 => self.clean_post_send(d),
             51..=62 => self.clean_post_recv(d),
             63..=75 => self.advance()?,
+            // Some clean runs re-register a node's data region (same bytes, new keys) under traffic: WRs in flight
+            // with the old keys must fail, never complete with other bytes than their own.
+            76 if self.clean_rereg && self.rng.below(10) == 0 => self.rereg(d),
             _ => self.poll(d)?,
         }
         self.pump()?;
