@@ -2,8 +2,8 @@
 //! (the input) chose: WQE fields, SGE side-table entries, inline bytes, and the ring tails (honest, or any value).
 //! Heap-backed rings (`ctrl::ring::heap_ring`) stand in for the shared memory; ASan (cargo fuzz's default) catches
 //! any access outside them. The rule: no panic; a request the reader accepts is within the QP's limits (at most
-//! `max_sge` SGEs, at most `max_inline` inline bytes); the reader never yields more entries than were published
-//! without reporting the ring corrupt.
+//! `max_sge` SGEs, at most `max_inline` inline bytes); while the client writes no tail of its own, the reader
+//! takes no more WQEs than were published.
 
 #![no_main]
 
@@ -51,7 +51,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(mut recv) = RecvQueueReader::new(rc, Some(rr), limits.max_sge) else { return };
     let mut inline = vec![0u8; limits.max_inline as usize];
     let (mut published, mut taken) = (0u64, 0u64);
-    let mut corrupt = false;
+    // A tail the client wrote itself may publish any slots (their bytes are whatever the ring holds).
+    let mut raw_tail = false;
     while !inp.0.is_empty() {
         match inp.u8() % 8 {
             0 | 1 => {
@@ -91,6 +92,7 @@ fuzz_target!(|data: &[u8]| {
                 // The client writes any tail.
                 let t = inp.u32();
                 if inp.u8() & 1 == 0 {
+                    raw_tail = true;
                     sp.publish_raw_tail(t);
                 } else {
                     rp.publish_raw_tail(t);
@@ -101,16 +103,15 @@ fuzz_target!(|data: &[u8]| {
                     match send.poll(&mut inline) {
                         Ok(Some(req)) => {
                             taken += 1;
-                            assert!(req.sges.as_slice().len() <= usize::from(limits.max_sge), "{} SGEs accepted", req.sges.as_slice().len());
+                            assert!(
+                                req.sges.as_slice().len() <= usize::from(limits.max_sge),
+                                "{} SGEs accepted",
+                                req.sges.as_slice().len()
+                            );
                             assert!(req.inline_len <= limits.max_inline, "inline {} accepted", req.inline_len);
                         }
                         Ok(None) => break,
-                        Err(e) => {
-                            assert!(!e.to_string().is_empty());
-                            if e.to_string().contains("corrupt") {
-                                corrupt = true;
-                            }
-                        }
+                        Err(e) => assert!(!e.to_string().is_empty()),
                     }
                 }
                 for _ in 0..(1 + inp.u8() % 32) {
@@ -126,6 +127,6 @@ fuzz_target!(|data: &[u8]| {
                 let _ = recv.sync();
             }
         }
-        assert!(corrupt || taken <= published + u64::from(CAP), "{taken} taken of {published} published");
+        assert!(raw_tail || taken <= published, "{taken} taken of {published} published");
     }
 });
