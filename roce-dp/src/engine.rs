@@ -1051,6 +1051,17 @@ impl Engine {
             });
             if bad {
                 qp.cnt.tx_local_access_errors += 1;
+                // A request's payload could not be read: its region was deregistered (or invalidated) under the
+                // in-flight WR. Zeros must not leave as the message's data (the peer would place them and the WR
+                // complete with success): the frame is not sent, the WR completes with LOC_PROT_ERR and the QP
+                // enters ERR, as when a READ response cannot be placed (completer) and as rxe fails such a WQE.
+                // (A `Span` was checked in this same call: its read cannot fail.)
+                if let PayloadSrc::Sq { idx, .. } = plan.src {
+                    let mut ctx = Ctx { now, mrs: &mut self.mrs, cqs: &mut self.cqs, cfg: &self.cfg };
+                    qp.fail_local(&mut ctx, idx, crate::verbs::WcStatus::LocProtErr);
+                    self.unqueue_front(i);
+                    continue;
+                }
             }
             if let (Ok(n), true) = (res, plan.data_frame) {
                 // Without an active limiter a sent frame changes nothing in the rate controller (no pacing, no

@@ -129,7 +129,8 @@ counters! {
         recv_completions,
         /// Completions lost to a full CQ.
         cq_overflows,
-        /// Payload bytes that could not be read at transmit time (zero-filled).
+        /// Request packets whose payload could not be read at transmit time (their region was deregistered under
+        /// the in-flight WR): not sent; the WR completed with LOC_PROT_ERR.
         tx_local_access_errors,
         /// Frames received with ECN = CE (congestion experienced).
         ecn_ce_rcvd,

@@ -1,5 +1,5 @@
 //! Scripted regression tests for the bugs the hostile suites (hostile_frames.rs, hostile_peer.rs,
-//! hostile_config.rs) found, each with explicit time.
+//! hostile_config.rs, engine_fuzz.rs) found, each with explicit time.
 
 mod harness;
 
@@ -135,4 +135,35 @@ fn a_reset_qp_gets_its_retries_back() {
         .modify_qp(p.qpn, &QpAttr { state: Some(QpState::Rts), sq_psn: Some(0x30_0000), ..QpAttr::default() })
         .unwrap();
     run_out(&mut p, 2);
+}
+
+/// Found in session 18's fuzzing campaign (reading the transmit path that engine_fuzz.rs's re-registrations under
+/// traffic exercise, whose hostile mode cannot see the data; its clean mode now re-registers too and catches this
+/// on the old code): a region deregistered while a multi-packet WRITE from it was in flight
+/// (one packet sent) made the requester send the rest of the message as zeros (its payload read failed at
+/// transmit time: counted in `tx_local_access_errors`, the bytes zero-filled), and once the peer acknowledged the
+/// zeros the WR completed with SUCCESS: data the application never had sent reported as delivered. Now the packet
+/// whose payload cannot be read is not sent, the WR completes with LOC_PROT_ERR and the QP enters ERR (as a READ
+/// response that cannot be placed already did, and as rxe does when an SGE's region is gone).
+#[test]
+fn region_deregistered_under_a_write_in_flight_is_an_error_not_zeros() {
+    let mut buf = vec![0u8; BUF_LEN];
+    for (wr_id, write) in [(1, true), (2, false)] {
+        let mut p = Peer::new();
+        p.fill_data();
+        // 3000 bytes at path MTU 1024: three packets, their payload read from the region as each is sent.
+        if write {
+            p.post_write(wr_id, 0, 3000, 0x5000, 0x99);
+        } else {
+            p.post_send(wr_id, 0, 3000);
+        }
+        assert!(p.eng.poll_transmit(p.now, &mut buf).is_some(), "the first packet");
+        assert!(p.eng.dereg_mr(p.data.lkey));
+        let rest = p.tx();
+        assert!(rest.is_empty(), "packets sent from a deregistered region: {}", show(&rest));
+        p.expect_cqes(&[(wr_id, WcStatus::LocProtErr)]);
+        assert_eq!(p.state(), QpState::Err);
+        assert_eq!(p.counters().tx_local_access_errors, 1);
+        p.assert_guards();
+    }
 }

@@ -18,21 +18,21 @@
 //! `harness = false`: the binary is its own child (`ROCE_ISO_ROLE`). Run: `cargo test -p roce-dp --test isolation`.
 
 mod own_main;
+mod raw_session;
 
 use std::io::{BufRead, BufReader, Read};
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use raw_session::*;
 use roce_dp::client::{Device, Error, StatRecord};
-use roce_dp::ctrl::abi::{self, RecvWqe, RegionHeader, Wqe, ABI_VERSION};
+use roce_dp::ctrl::abi::{self, RecvWqe, Wqe};
 use roce_dp::ctrl::daemon::VENDOR_RING_CORRUPT;
-use roce_dp::ctrl::loopback::{wait_cqe, LoopPair, LoopbackConfig, LoopbackDaemon, IPV4};
-use roce_dp::ctrl::proto::{Conn, ErrorCode, ModifyQp, Request, Response};
+use roce_dp::ctrl::loopback::{wait_cqe, LoopPair, LoopbackConfig, LoopbackDaemon};
+use roce_dp::ctrl::proto::{ErrorCode, Request, Response};
 use roce_dp::ctrl::shm::{Backing, ShmRegion};
 use roce_dp::sim::SimRng;
 use roce_dp::{AccessFlags, QpAttr, QpState, SendWr, Sge, WcStatus, WrOpcode};
@@ -137,37 +137,6 @@ fn child_writer() {
 
 // ------------------------------------------------------------------------------------------------ helpers
 
-/// Rounds of WRITEs of a fresh pattern (first quarter of the buffer into the second, 8 x 16 KiB in flight), every
-/// byte checked, until `stop` is set (and at least `min` rounds). Returns the rounds done.
-fn transfer(p: &mut LoopPair, stop: &AtomicBool, min: u32) -> Result<u32, String> {
-    const CHUNK: usize = 16 << 10;
-    const N: usize = 8;
-    let dst = N * CHUNK;
-    let mut round = 0u32;
-    while round < min || !stop.load(Ordering::Relaxed) {
-        let data: Vec<u8> =
-            (0..N * CHUNK).map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(round) as u8).collect();
-        p.mr.as_mut_slice()[..N * CHUNK].copy_from_slice(&data);
-        for k in 0..N {
-            let wr =
-                SendWr::new(k as u64, WrOpcode::RdmaWrite).remote(p.mr.addr() + (dst + k * CHUNK) as u64, p.mr.rkey());
-            p.a.post_send(&wr, &[p.mr.sge(k * CHUNK, CHUNK as u32)]).map_err(|e| e.to_string())?;
-        }
-        for _ in 0..N {
-            let c = wait_cqe(&mut p.cq, Duration::from_secs(10)).map_err(|e| e.to_string())?;
-            let c = c.ok_or(format!("round {round}: no completion in 10 s"))?;
-            if c.status != WcStatus::Success {
-                return Err(format!("round {round}: {c:?}"));
-            }
-        }
-        if p.mr.as_slice()[dst..dst + N * CHUNK] != data[..] {
-            return Err(format!("round {round}: the written bytes differ"));
-        }
-        round += 1;
-    }
-    Ok(round)
-}
-
 /// A client transferring on a thread until told to stop.
 struct Busy {
     stop: Arc<AtomicBool>,
@@ -260,167 +229,6 @@ fn killed_client_is_reclaimed_within_a_second_and_others_carry_on() {
 }
 
 // ------------------------------------------------------------------------------------------------ garbage
-
-/// A session spoken frame by frame: the garbage client maps its ring regions itself and writes what it likes.
-struct Raw {
-    conn: Conn,
-    seq: u32,
-}
-
-impl Raw {
-    fn open(path: &Path) -> Raw {
-        let mut r = Raw { conn: Conn::new(UnixStream::connect(path).unwrap()), seq: 0 };
-        assert!(matches!(r.call(&Request::Hello { abi: ABI_VERSION }, None).0, Response::Hello(_)));
-        r
-    }
-
-    fn call(&mut self, q: &Request, fd: Option<std::os::fd::BorrowedFd<'_>>) -> (Response, Vec<OwnedFd>) {
-        self.seq += 1;
-        let fds: Vec<_> = fd.into_iter().collect();
-        self.conn.send_request(self.seq, q, &fds).expect("send");
-        let f = self.conn.recv_response().expect("the daemon answers");
-        assert_eq!(f.seq, self.seq);
-        (f.msg, f.fds)
-    }
-
-    fn region(&mut self, q: &Request) -> (u32, ShmRegion, RegionHeader) {
-        let (r, mut fds) = self.call(q, None);
-        let id = match r {
-            Response::Cq { cq } => cq,
-            Response::Qp { qpn } => qpn,
-            r => panic!("{q:?}: {r:?}"),
-        };
-        let region = ShmRegion::map(fds.pop().expect("region fd")).unwrap();
-        let h: RegionHeader = region.read(0).unwrap();
-        (id, region, h)
-    }
-
-    fn modify(&mut self, qpn: u32, attr: QpAttr, gid: Option<[u8; 16]>) -> Response {
-        self.call(&Request::ModifyQp { qpn, m: ModifyQp { attr, gid, mac: None } }, None).0
-    }
-
-    fn state(&mut self, qpn: u32) -> QpState {
-        match self.call(&Request::QueryQp { qpn }, None).0 {
-            Response::QpInfo(i) => i.state,
-            r => panic!("query {qpn:#x}: {r:?}"),
-        }
-    }
-}
-
-/// A QP's ring region as its (hostile) producer sees it.
-struct RawQp {
-    qpn: u32,
-    r: ShmRegion,
-    h: RegionHeader,
-    tail: u32,
-    rq_tail: u32,
-}
-
-impl RawQp {
-    fn slot(&self, ring: abi::RingDesc, index: u32) -> usize {
-        ring.offset as usize + 256 + (index & (ring.capacity - 1)) as usize * ring.entry_size as usize
-    }
-
-    fn post(&mut self, w: Wqe) {
-        self.r.write(self.slot(self.h.sq, self.tail), w).unwrap();
-        self.tail = self.tail.wrapping_add(1);
-        self.r.write(self.h.sq.offset as usize + 128, self.tail).unwrap();
-    }
-
-    fn post_recv(&mut self, w: RecvWqe) {
-        self.r.write(self.slot(self.h.rq, self.rq_tail), w).unwrap();
-        self.rq_tail = self.rq_tail.wrapping_add(1);
-        self.r.write(self.h.rq.offset as usize + 128, self.rq_tail).unwrap();
-    }
-}
-
-/// A CQ's ring region as its consumer sees it.
-struct RawCq {
-    id: u32,
-    r: ShmRegion,
-    h: RegionHeader,
-    head: u32,
-}
-
-impl RawCq {
-    fn poll(&mut self, timeout: Duration) -> Option<abi::Cqe> {
-        let until = Instant::now() + timeout;
-        loop {
-            let tail: u32 = self.r.read(self.h.sq.offset as usize + 128).unwrap();
-            if tail != self.head {
-                let at = self.h.sq.offset as usize + 256 + (self.head & (self.h.sq.capacity - 1)) as usize * 32;
-                let c: abi::Cqe = self.r.read(at).unwrap();
-                self.head = self.head.wrapping_add(1);
-                self.r.write(self.h.sq.offset as usize, self.head).unwrap();
-                return Some(c);
-            }
-            if Instant::now() >= until {
-                return None;
-            }
-            std::thread::yield_now();
-        }
-    }
-
-    /// The next completion of `qpn` (others are skipped).
-    fn next_of(&mut self, qpn: u32) -> abi::Cqe {
-        loop {
-            let c = self.poll(Duration::from_secs(5)).unwrap_or_else(|| panic!("no completion for QP {qpn:#x} in 5 s"));
-            if c.qpn == qpn {
-                return c;
-            }
-        }
-    }
-}
-
-const GID: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, IPV4[0], IPV4[1], IPV4[2], IPV4[3]];
-
-/// Two QPs of the raw session on `cq`, connected to each other through the loopback.
-fn raw_pair(s: &mut Raw, pd: u32, cq: u32) -> (RawQp, RawQp) {
-    let q = Request::CreateQp {
-        pd,
-        send_cq: cq,
-        recv_cq: cq,
-        sq_depth: 16,
-        rq_depth: 16,
-        max_send_sge: 2,
-        max_recv_sge: 2,
-        max_inline: 64,
-    };
-    let mk = |s: &mut Raw| {
-        let (qpn, r, h) = s.region(&q);
-        RawQp { qpn, r, h, tail: 0, rq_tail: 0 }
-    };
-    let (x, y) = (mk(s), mk(s));
-    for (a, b) in [(x.qpn, y.qpn), (y.qpn, x.qpn)] {
-        let init = QpAttr { state: Some(QpState::Init), access: Some(AccessFlags::ALL), ..QpAttr::default() };
-        assert_eq!(s.modify(a, init, None), Response::Ok);
-        let rtr = QpAttr {
-            state: Some(QpState::Rtr),
-            path_mtu: Some(1024),
-            dest_qpn: Some(b),
-            rq_psn: Some(0),
-            max_dest_rd_atomic: Some(16),
-            min_rnr_timer: Some(1),
-            ..QpAttr::default()
-        };
-        assert_eq!(s.modify(a, rtr, Some(GID)), Response::Ok);
-        let rts = QpAttr {
-            state: Some(QpState::Rts),
-            sq_psn: Some(0),
-            timeout: Some(10),
-            retry_cnt: Some(2),
-            rnr_retry: Some(1),
-            max_rd_atomic: Some(16),
-            ..QpAttr::default()
-        };
-        assert_eq!(s.modify(a, rts, None), Response::Ok);
-    }
-    (x, y)
-}
-
-fn wqe(op: WrOpcode, sge: Sge, remote: (u64, u32)) -> Wqe {
-    Wqe::encode(&SendWr::new(0xbad, op).remote(remote.0, remote.1), &[sge], 0)
-}
 
 /// A hostile act on a fresh pair of connected QPs (x, y) of the garbage client.
 type Case = dyn Fn(&mut RawQp, &mut RawQp, &mut SimRng);

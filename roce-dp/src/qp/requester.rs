@@ -124,7 +124,7 @@ impl Qp {
 
     /// Copies payload bytes of send WQE `idx` starting at message offset `off` into `dst`. On a local access
     /// failure (the application deregistered memory under an in-flight WR) the bytes are zero-filled and false is
-    /// returned (the caller counts it).
+    /// returned: the caller counts it, does not send the packet, and fails the WR (LOC_PROT_ERR).
     pub(crate) fn gather(&self, idx: u32, off: u64, dst: &mut [u8], mrs: &MrTable) -> bool {
         let wqe = self.sq.get(idx);
         if wqe.wr.inline {
