@@ -629,6 +629,24 @@ impl Wqe {
             return Err(WqeError::Reserved { field: "reserved", value: u64::from(self.reserved) });
         }
         let inline = self.flags & send_flags::INLINE != 0;
+        // Copy only what the opcode uses, so stray bytes never travel further (the opcode's masks). Written before
+        // the remaining checks (on error `wr` is left written, as documented, and the caller does not post it):
+        // stored now, the WQE's words need not stay in registers or on the stack through the checks (session 18:
+        // the worker's loop spilled them).
+        *wr = SendWr {
+            wr_id: self.wr_id,
+            opcode: f.op,
+            signaled: self.flags & send_flags::SIGNALED != 0,
+            fence: self.flags & send_flags::FENCE != 0,
+            solicited: self.flags & send_flags::SOLICITED != 0,
+            inline,
+            imm: self.imm_inv & f.imm,
+            invalidate_rkey: self.imm_inv & f.inv,
+            remote_addr: self.remote_addr & f.remote,
+            rkey: self.rkey & f.rkey,
+            compare_add: self.compare_add & f.compare_add,
+            swap: self.swap & f.swap,
+        };
         let (d, total) = if inline {
             if f.rd_atomic {
                 return Err(WqeError::InlineNotAllowed(self.opcode));
@@ -653,21 +671,6 @@ impl Wqe {
         if f.atomic && (d.num_sge != 1 || total != 8) {
             return Err(WqeError::AtomicLength(total));
         }
-        // Copy only what the opcode uses, so stray bytes never travel further (the opcode's masks).
-        *wr = SendWr {
-            wr_id: self.wr_id,
-            opcode: f.op,
-            signaled: self.flags & send_flags::SIGNALED != 0,
-            fence: self.flags & send_flags::FENCE != 0,
-            solicited: self.flags & send_flags::SOLICITED != 0,
-            inline,
-            imm: self.imm_inv & f.imm,
-            invalidate_rkey: self.imm_inv & f.inv,
-            remote_addr: self.remote_addr & f.remote,
-            rkey: self.rkey & f.rkey,
-            compare_add: self.compare_add & f.compare_add,
-            swap: self.swap & f.swap,
-        };
         Ok(d)
     }
 

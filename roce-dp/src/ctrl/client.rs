@@ -1522,6 +1522,8 @@ impl Qp {
     /// A post's error: a full queue is [`Error::QueueFull`] while the daemon lives, [`Error::DaemonGone`] once it
     /// has gone (its worker no longer empties the ring, so an application that retries a full queue without
     /// polling would retry for ever); the look at the socket never blocks and costs nothing on a post that fits.
+    #[cold]
+    #[inline(never)]
     fn post_err(&self, e: WqError) -> Error {
         match wq_err(e) {
             Error::QueueFull => self.dev.check_alive().err().unwrap_or(Error::QueueFull),
