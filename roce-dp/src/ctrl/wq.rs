@@ -778,9 +778,9 @@ mod tests {
         let mut inline = [0u8; 128];
         let t0 = std::time::Instant::now();
         // Miri runs the same interleavings far slower: fewer requests there. The time limit only stops a reader
-        // that no longer makes progress: idle this takes ~3 s, and at load 7 (CI beside helpers' builds) 20 s
-        // gave 87 000 of the 100 000, so the limit is far above any loaded run.
-        let (want_ok, want_refused) = if cfg!(miri) { (200, 40) } else { (100_000, 20_000) };
+        // that no longer makes progress: 100 000 requests took ~3 s idle, but a loaded machine (load 7, fuzzers
+        // beside it) accepted from 9 000 to 92 000 in 20 s; 20 000 in at most 180 s leaves room for that.
+        let (want_ok, want_refused) = if cfg!(miri) { (200, 40) } else { (20_000, 4_000) };
         while (ok < want_ok || refused < want_refused) && t0.elapsed() < std::time::Duration::from_secs(180) {
             match r.poll(&mut inline) {
                 Ok(Some(req)) => {
