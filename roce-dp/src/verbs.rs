@@ -35,6 +35,17 @@ pub enum WrOpcode {
 }
 
 impl WrOpcode {
+    /// Every opcode, in declaration order (for tests and tools that pick or sweep opcodes).
+    pub const ALL: [WrOpcode; 8] = [
+        WrOpcode::Send,
+        WrOpcode::SendWithImm,
+        WrOpcode::SendWithInv,
+        WrOpcode::RdmaWrite,
+        WrOpcode::RdmaWriteWithImm,
+        WrOpcode::RdmaRead,
+        WrOpcode::AtomicCmpSwp,
+        WrOpcode::AtomicFetchAdd,
+    ];
     /// READ or atomic: needs a responder resource and counts against max_rd_atomic.
     #[inline]
     pub const fn is_rd_atomic(self) -> bool {

@@ -1194,7 +1194,7 @@ mod tests {
                 swap: 0xdddd_eeee_ffff_0001,
                 sge0: verbs::Sge { addr: 8, len: 8, lkey: 1 }.into(),
             };
-            let Some(op) = ALL_OPS.iter().copied().find(|&op| wr_opcode_code(op) == code) else {
+            let Some(op) = WrOpcode::ALL.iter().copied().find(|&op| wr_opcode_code(op) == code) else {
                 assert_eq!(wqe.decode(LIMITS, |_| Sge::default()), Err(WqeError::UnknownOpcode(code)));
                 continue;
             };
@@ -1219,20 +1219,9 @@ mod tests {
         }
     }
 
-    const ALL_OPS: [WrOpcode; 8] = [
-        WrOpcode::Send,
-        WrOpcode::SendWithImm,
-        WrOpcode::SendWithInv,
-        WrOpcode::RdmaWrite,
-        WrOpcode::RdmaWriteWithImm,
-        WrOpcode::RdmaRead,
-        WrOpcode::AtomicCmpSwp,
-        WrOpcode::AtomicFetchAdd,
-    ];
-
     #[test]
     fn encode_decode_round_trip_every_opcode() {
-        for op in ALL_OPS {
+        for op in WrOpcode::ALL {
             let mut wr = SendWr::new(0xdead_beef_0000 + wr_opcode_code(op) as u64, op).remote(0x7000, 0x42);
             wr.fence = true;
             wr.solicited = op == WrOpcode::Send;

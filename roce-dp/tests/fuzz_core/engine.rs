@@ -566,17 +566,7 @@ impl Fuzz {
     fn post_send(&mut self, d: usize) {
         let i = self.rng.below(2) as usize;
         let q = self.n[d].qpns[i];
-        let ops = [
-            WrOpcode::Send,
-            WrOpcode::SendWithImm,
-            WrOpcode::SendWithInv,
-            WrOpcode::RdmaWrite,
-            WrOpcode::RdmaWriteWithImm,
-            WrOpcode::RdmaRead,
-            WrOpcode::AtomicCmpSwp,
-            WrOpcode::AtomicFetchAdd,
-        ];
-        let mut opc = ops[self.rng.below(8) as usize];
+        let mut opc = WrOpcode::ALL[self.rng.below(8) as usize];
         if opc == WrOpcode::SendWithInv && !self.bad() {
             opc = WrOpcode::Send;
         }
