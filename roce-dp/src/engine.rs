@@ -109,6 +109,40 @@ pub(crate) enum PayloadSrc {
     Span(MrSpan),
 }
 
+/// [`Engine::poll_transmit`]'s emit for a long payload, hashed for the ICRC as it is copied in
+/// ([`HeaderTemplate::emit_with_fused`](wire::HeaderTemplate::emit_with_fused)); with whether the payload could be
+/// read. Out of line and given the plan by value, so that the short frames' path keeps its locals in registers.
+#[inline(never)]
+fn emit_long(q: &Qp, mrs: &MrTable, buf: &mut [u8], plan: &TxPlan, ident: u16) -> (Result<usize, WireError>, bool) {
+    let plan = *plan;
+    let mut ok = true;
+    let ext = |info: &wire::OpInfo, tp: &mut [u8]| plan.ext.emit(info, tp);
+    let res = q.hdr.emit_with_fused(buf, plan.bth, plan.payload_len as usize, ident, ext, |d, copy| {
+        ok = fill_payload(plan.src, q, mrs, d, copy);
+    });
+    (res, ok)
+}
+
+/// Writes a packet's payload from `src` into `d` through `copy`; false if a request's payload could not be read
+/// (zeros written instead). One body for both of [`Engine::poll_transmit`]'s emit calls, inlined into each.
+#[inline(always)]
+fn fill_payload(src: PayloadSrc, q: &Qp, mrs: &MrTable, d: &mut [u8], copy: &mut wire::PayloadCopy) -> bool {
+    match src {
+        PayloadSrc::None => {
+            d.fill(0);
+            true
+        }
+        PayloadSrc::Sq { idx, off } => q.gather(idx, off, d, mrs, copy),
+        PayloadSrc::Span(span) => {
+            if mrs.read_span(span, d, copy).is_err() {
+                d.fill(0);
+                return false;
+            }
+            true
+        }
+    }
+}
+
 /// The extension headers of a packet the engine sends, in the shapes the requester and responder produce (a few
 /// words instead of an [`ExtRepr`](wire::ExtRepr) with a slot for every header).
 #[derive(Clone, Copy, Debug)]
@@ -131,8 +165,9 @@ impl TxExt {
     /// Writes the headers into `tp` (BTH start to payload) where the opcode table puts them. Everything after the
     /// BTH that they do not cover is zeroed, so a header the opcode needs but this value lacks goes out as zeros
     /// (as [`ExtRepr::emit`](wire::ExtRepr::emit) does); the requester and responder always give exactly the
-    /// opcode's headers, which then cover every byte and the zeroing is skipped.
-    #[inline]
+    /// opcode's headers, which then cover every byte and the zeroing is skipped. Always inlined: both of
+    /// [`Engine::poll_transmit`]'s emit calls take it.
+    #[inline(always)]
     fn emit(&self, info: &wire::OpInfo, tp: &mut [u8]) -> Result<(), WireError> {
         let hdr = usize::from(info.hdr_len);
         let tp = tp.get_mut(..hdr).ok_or(WireError::BufferTooSmall)?;
@@ -1035,20 +1070,19 @@ impl Engine {
             let mrs = &self.mrs;
             let q: &Qp = qp;
             let len = plan.payload_len as usize;
-            let ext = |info: &wire::OpInfo, tp: &mut [u8]| plan.ext.emit(info, tp);
             let mut bad = false;
             // One call with one payload closure (not one per source): the header code is inlined once, and the
-            // closures with it.
-            let res = q.hdr.emit_with(buf, plan.bth, len, ident, ext, |d| match plan.src {
-                PayloadSrc::None => d.fill(0),
-                PayloadSrc::Sq { idx, off } => bad = !q.gather(idx, off, d, mrs),
-                PayloadSrc::Span(span) => {
-                    if mrs.read_span(span, d).is_err() {
-                        d.fill(0);
-                        bad = true;
-                    }
-                }
-            });
+            // closures with it. A long payload is hashed for the ICRC as it is copied in (out of line).
+            let res = if len >= wire::template::FUSED_FROM {
+                let (r, ok) = emit_long(q, mrs, buf, plan, ident);
+                bad = !ok;
+                r
+            } else {
+                let ext = |info: &wire::OpInfo, tp: &mut [u8]| plan.ext.emit(info, tp);
+                q.hdr.emit_with(buf, plan.bth, len, ident, ext, |d| {
+                    bad = !fill_payload(plan.src, q, mrs, d, &mut wire::PayloadCopy::plain());
+                })
+            };
             if bad {
                 qp.cnt.tx_local_access_errors += 1;
                 // A request's payload could not be read: its region was deregistered (or invalidated) under the

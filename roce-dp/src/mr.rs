@@ -11,6 +11,7 @@
 //! through the bounds-checked [`ShmBytes`](crate::ctrl::shm::ShmBytes), so no `unsafe` is needed here). The owned
 //! case stays a plain slice copy; the shared case is one branch away.
 
+use crate::wire::PayloadCopy;
 use core::fmt;
 
 /// Access rights of a memory region (and of a QP for remote operations).
@@ -313,9 +314,9 @@ impl MrTable {
     /// range's). The span comes from a check made in the same call of the engine, with the table unchanged since:
     /// the key, PD, rights and range are not checked again; the copy stays bounded by the region's bytes.
     #[inline(always)]
-    pub(crate) fn read_span(&self, span: MrSpan, dst: &mut [u8]) -> Result<(), AccessError> {
+    pub(crate) fn read_span(&self, span: MrSpan, dst: &mut [u8], copy: &mut PayloadCopy) -> Result<(), AccessError> {
         match self.slots.get(span.slot as usize) {
-            Some(Some(mr)) => mem_read(&mr.mem, span.off, dst),
+            Some(Some(mr)) => mem_read(&mr.mem, span.off, dst, copy),
             _ => Err(AccessError::BadKey),
         }
     }
@@ -323,11 +324,26 @@ impl MrTable {
     /// Copies `dst.len()` bytes out of the region at `va` (local or remote read).
     #[inline(always)]
     pub fn read(&self, key: u32, pd: Pd, va: u64, dst: &mut [u8], need: AccessFlags) -> Result<(), AccessError> {
+        self.read_copy(key, pd, va, dst, need, &mut PayloadCopy::plain())
+    }
+
+    /// [`read`](Self::read) into a frame's payload, copied through `copy` (hashed as it is copied when the frame's
+    /// emitter asks for it).
+    #[inline(always)]
+    pub(crate) fn read_copy(
+        &self,
+        key: u32,
+        pd: Pd,
+        va: u64,
+        dst: &mut [u8],
+        need: AccessFlags,
+        copy: &mut PayloadCopy,
+    ) -> Result<(), AccessError> {
         let mr = self.lookup(key)?;
         let off = check_start(mr, pd, va, need)?;
         // The end of the range is checked by the access itself, once: the slice `get`s (owned) or `ShmBytes::read`
         // (shared) refuse `off + len` past the region's length, which is check_mr's `va + len <= mr.va + len`.
-        mem_read(&mr.mem, off, dst)
+        mem_read(&mr.mem, off, dst, copy)
     }
 
     /// Copies `src` into the region at `va`.
@@ -412,17 +428,18 @@ pub(crate) struct MrSpan {
 
 /// Copies `dst.len()` bytes of `mem` from `off`, within its length.
 #[inline(always)]
-fn mem_read(mem: &Mem, off: usize, dst: &mut [u8]) -> Result<(), AccessError> {
+fn mem_read(mem: &Mem, off: usize, dst: &mut [u8], copy: &mut PayloadCopy) -> Result<(), AccessError> {
     match mem {
         Mem::Owned(b) => {
             let src = b.get(off..).and_then(|r| r.get(..dst.len())).ok_or(AccessError::OutOfBounds)?;
-            crate::copy::copy_bytes(dst, src)
+            copy.copy(dst, src)
         }
         #[cfg(target_os = "linux")]
         Mem::Shared(s) => {
             if !s.read(off, dst) {
                 return Err(AccessError::OutOfBounds);
             }
+            copy.written(dst);
         }
     }
     Ok(())

@@ -5,7 +5,7 @@ use super::{Qp, QpState, SendWqe, TimerKind, WqeState};
 use crate::engine::{Ctx, PayloadSrc, TxExt, TxPlan};
 use crate::mr::{AccessError, AccessFlags, MrSpan, MrTable};
 use crate::verbs::{Sge, WcStatus, WrOpcode};
-use crate::wire::{AtomicEthRepr, Opcode, Psn, RethRepr};
+use crate::wire::{AtomicEthRepr, Opcode, PayloadCopy, Psn, RethRepr};
 
 /// What the requester has for the wire.
 pub(crate) enum ReqOutcome {
@@ -125,13 +125,13 @@ impl Qp {
     /// Copies payload bytes of send WQE `idx` starting at message offset `off` into `dst`. On a local access
     /// failure (the application deregistered memory under an in-flight WR) the bytes are zero-filled and false is
     /// returned: the caller counts it, does not send the packet, and fails the WR (LOC_PROT_ERR).
-    pub(crate) fn gather(&self, idx: u32, off: u64, dst: &mut [u8], mrs: &MrTable) -> bool {
+    pub(crate) fn gather(&self, idx: u32, off: u64, dst: &mut [u8], mrs: &MrTable, copy: &mut PayloadCopy) -> bool {
         let wqe = self.sq.get(idx);
         if wqe.wr.inline {
             let per = self.caps.max_inline as usize;
             let base = self.sq.slot(idx) * per + off as usize;
             if let Some(src) = self.sq_inline.get(base..base + dst.len()) {
-                crate::copy::copy_bytes(dst, src);
+                copy.copy(dst, src);
                 return true;
             }
             dst.fill(0);
@@ -142,10 +142,10 @@ impl Qp {
         let r = match sges {
             // One SGE holding the whole piece (the common case): the read, without the chunk walk.
             [s] if off + dst.len() as u64 <= u64::from(s.len) => {
-                mrs.read(s.lkey, pd, s.addr + off, dst, AccessFlags::NONE)
+                mrs.read_copy(s.lkey, pd, s.addr + off, dst, AccessFlags::NONE, copy)
             }
             _ => for_each_sge_chunk(sges, off, dst.len(), |lkey, addr, range| {
-                mrs.read(lkey, pd, addr, &mut dst[range], AccessFlags::NONE)
+                mrs.read_copy(lkey, pd, addr, &mut dst[range], AccessFlags::NONE, copy)
             }),
         };
         if r.is_err() {

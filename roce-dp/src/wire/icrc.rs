@@ -153,9 +153,7 @@ fn compute_masked(pkt: &[u8]) -> Result<u32, Error> {
 /// itself knows them without reading them back (the header template: [`v4_fix`] of its own values).
 #[inline]
 pub fn compute_with_fix(pkt: &[u8], fix: u32) -> u32 {
-    let mut c = Hasher::new_with_initial(LRH_SEED ^ fix);
-    c.update(pkt);
-    c.finalize()
+    super::crc::update(LRH_SEED ^ fix, pkt)
 }
 
 /// Bytes of the masked LRH the ICRC starts with.

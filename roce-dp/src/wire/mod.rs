@@ -52,6 +52,7 @@ macro_rules! packet_view {
 }
 
 pub mod bth;
+pub mod crc;
 pub mod ethernet;
 pub mod ext;
 pub mod icrc;
@@ -96,7 +97,7 @@ pub use roce::{
     emit_frame, frame_len, parse_frame, parse_frame_checked, parse_rx, parse_rx_prepared, rxe_ud_udp_sport,
     rxe_udp_sport, RxFrame,
 };
-pub use template::HeaderTemplate;
+pub use template::{HeaderTemplate, PayloadCopy};
 pub use udp::{Packet as UdpPacket, Repr as UdpRepr, HEADER_LEN as UDP_HEADER_LEN};
 
 use core::fmt;

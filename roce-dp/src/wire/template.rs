@@ -6,13 +6,96 @@
 //! are exactly what [`emit_frame`](super::emit_frame) writes for the same headers (tested below).
 
 use super::opcode::{flags as f, hdr_len, OpInfo};
-use super::{icrc, ipv4, ipv6, udp, BthRepr, Error, ExtRepr, IpAddrs, Opcode, Psn, RoceRepr, TxBth};
+use super::{crc, icrc, ipv4, ipv6, udp, BthRepr, Error, ExtRepr, IpAddrs, Opcode, Psn, RoceRepr, TxBth};
 
 /// Longest prefix: Ethernet with an 802.1Q tag, IPv6, UDP.
 const MAX_PREFIX: usize = 18 + ipv6::HEADER_LEN + udp::HEADER_LEN;
 
 /// The stored prefix, rounded up to whole 16-byte vectors so that copying it is a few vector moves.
 const STORED: usize = MAX_PREFIX.next_multiple_of(16);
+
+/// Payloads from this many bytes are hashed as they are copied into the frame ([`PayloadCopy`]), when the CPU runs
+/// [`crc`](super::crc)'s kernel: below, the header and payload passes cost more than the one pass after the copy.
+pub const FUSED_FROM: usize = 512;
+
+/// How a frame's payload is copied in by the payload closure of [`HeaderTemplate::emit_with`]: pieces copied with
+/// [`copy`](Self::copy) one after the other from the payload's first byte are hashed for the ICRC as they are
+/// copied (one pass over the bytes, [`crc::update_copy`](crc::update_copy)); anything else (a piece written
+/// directly, out of order, or a payload left as it was) is hashed from the frame after the closure, as every
+/// payload is when the emitter does not fuse. So a closure that ignores it still gets a right ICRC.
+#[derive(Debug)]
+pub struct PayloadCopy {
+    /// The ICRC register, while every piece so far was hashed in order (None: not hashing, or given up).
+    crc: Option<u32>,
+    /// The register after the headers, where a pass over the payload starts if the hashing gave up.
+    start: u32,
+    /// The address where the next piece must start for the hashing to go on, and the bytes hashed so far.
+    next: usize,
+    hashed: usize,
+}
+
+impl PayloadCopy {
+    /// Copies without hashing (the ICRC pass covers the payload after).
+    #[inline(always)]
+    pub fn plain() -> PayloadCopy {
+        PayloadCopy { crc: None, start: 0, next: 0, hashed: 0 }
+    }
+
+    /// Hashing from `crc` (the register after the headers) as pieces of the payload at address `payload` are
+    /// copied in.
+    fn hashing(crc: u32, payload: usize) -> PayloadCopy {
+        PayloadCopy { crc: Some(crc), start: crc, next: payload, hashed: 0 }
+    }
+
+    /// Copies `src` into `dst` (equal lengths; panics otherwise), a piece of the payload.
+    #[inline(always)]
+    pub fn copy(&mut self, dst: &mut [u8], src: &[u8]) {
+        match self.crc {
+            None => crate::copy::copy_bytes(dst, src),
+            Some(c) => self.copy_hashing(c, dst, src),
+        }
+    }
+
+    #[inline(never)]
+    fn copy_hashing(&mut self, c: u32, dst: &mut [u8], src: &[u8]) {
+        if dst.as_ptr() as usize == self.next {
+            self.crc = Some(crc::update_copy(c, src, dst));
+            self.next += dst.len();
+            self.hashed += dst.len();
+        } else {
+            self.crc = None;
+            crate::copy::copy_bytes(dst, src);
+        }
+    }
+
+    /// Whether pieces copied through it are being hashed (the emitter fuses, and nothing broke the order yet).
+    pub fn is_hashing(&self) -> bool {
+        self.crc.is_some()
+    }
+
+    /// A piece of the payload written by other means (from shared memory): hashed where it lies, in its turn.
+    #[inline]
+    pub fn written(&mut self, dst: &[u8]) {
+        if let Some(c) = self.crc {
+            if dst.as_ptr() as usize == self.next {
+                self.crc = Some(crc::update(c, dst));
+                self.next += dst.len();
+                self.hashed += dst.len();
+            } else {
+                self.crc = None;
+            }
+        }
+    }
+
+    /// The register after the whole `payload`: the hashing's, if it covered the payload in order, else a pass over
+    /// the payload where it lies now, from the register after the headers.
+    fn finish(&self, payload: &[u8]) -> u32 {
+        match self.crc {
+            Some(c) if self.hashed == payload.len() && self.next == payload.as_ptr() as usize + payload.len() => c,
+            _ => crc::update(self.start, payload),
+        }
+    }
+}
 
 /// Pre-serialised Ethernet + IP + UDP headers of one flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,6 +243,63 @@ impl HeaderTemplate {
         ext: impl FnOnce(&OpInfo, &mut [u8]) -> Result<(), Error>,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<usize, Error> {
+        let h = self.headers(buf, bth, payload_len, ident, ext)?;
+        fill(&mut buf[h.hdr_end..h.hdr_end + payload_len]);
+        self.finish(buf, &h)
+    }
+
+    /// [`emit_with`](Self::emit_with) for a payload that `fill(payload, copy)` copies in through `copy`: where the
+    /// frame is prepared for the ICRC pass and the CPU runs [`crc`]'s kernel, the pieces it copies with
+    /// [`PayloadCopy::copy`] are hashed as they are copied, after a pass over the headers (one pass over the
+    /// payload's bytes instead of a copy then a CRC); else as `emit_with`. For long payloads ([`FUSED_FROM`]): out
+    /// of line.
+    #[inline(never)]
+    pub fn emit_with_fused(
+        &self,
+        buf: &mut [u8],
+        bth: TxBth,
+        payload_len: usize,
+        ident: u16,
+        ext: impl FnOnce(&OpInfo, &mut [u8]) -> Result<(), Error>,
+        fill: impl FnOnce(&mut [u8], &mut PayloadCopy),
+    ) -> Result<usize, Error> {
+        let h = self.headers(buf, bth, payload_len, ident, ext)?;
+        if !h.prepared || !crc::kernel_available() {
+            fill(&mut buf[h.hdr_end..h.hdr_end + payload_len], &mut PayloadCopy::plain());
+            return self.finish(buf, &h);
+        }
+        // The headers' pass, with the masked LRH in front (in the 8 bytes before the IP header) when that makes
+        // them whole 16-byte blocks, which crc32fast's short-input kernel hashes faster.
+        let eth_len = usize::from(self.eth_len);
+        let lrh = (h.hdr_end - eth_len) % 16 == 16 - icrc::LRH_LEN;
+        let start = if lrh { eth_len - icrc::LRH_LEN } else { eth_len };
+        if lrh {
+            buf[start..eth_len].copy_from_slice(&[0xff; icrc::LRH_LEN]);
+        }
+        let head = icrc::compute_prepared(&buf[start..h.hdr_end], lrh);
+        let (payload, tail) = buf[h.hdr_end..].split_at_mut(payload_len);
+        let mut copy = PayloadCopy::hashing(head, payload.as_ptr() as usize);
+        fill(payload, &mut copy);
+        let crc = copy.finish(payload);
+        // Pad and ICRC as one 4-byte store of zeros at the pad (the ICRC is written over it below).
+        tail[..hdr_len::ICRC].fill(0);
+        let pad = h.n - h.hdr_end - payload_len - hdr_len::ICRC;
+        let v = if pad > 0 { crc::update(crc, &tail[..pad]) } else { crc };
+        buf[eth_len..eth_len + 4].copy_from_slice(&h.first4.to_le_bytes());
+        buf[eth_len - icrc::LRH_LEN..eth_len].copy_from_slice(&self.before_ip);
+        Ok(self.seal(buf, &h, v))
+    }
+
+    /// The frame's headers up to the payload, `h.hdr_end` (see [`Headers`]).
+    #[inline(always)]
+    fn headers(
+        &self,
+        buf: &mut [u8],
+        bth: TxBth,
+        payload_len: usize,
+        ident: u16,
+        ext: impl FnOnce(&OpInfo, &mut [u8]) -> Result<(), Error>,
+    ) -> Result<Headers, Error> {
         let opcode = bth.opcode();
         let info = opcode.info().ok_or(Error::UnknownOpcode(opcode.0))?;
         if payload_len > 0 && !info.any(f::PAYLOAD) {
@@ -219,10 +359,28 @@ impl HeaderTemplate {
         let tp = &mut buf[prefix..];
         tp[..hdr_len::BTH].copy_from_slice(&bth.with_pad(pad as u8).bytes());
         ext(info, &mut tp[..hdr])?;
-        let (payload, tail) = tp[hdr..].split_at_mut(payload_len);
-        fill(payload);
+        let hdr_end = prefix + hdr;
+        Ok(Headers {
+            n,
+            hdr_end,
+            pay_end: hdr_end + payload_len,
+            first4,
+            csum,
+            prepared,
+            with_lrh,
+            ack,
+            ecn_marked: bth.ecn_marked(),
+        })
+    }
+
+    /// After the payload: pad, the ICRC pass and the IPv4 checksum.
+    #[inline(always)]
+    fn finish(&self, buf: &mut [u8], h: &Headers) -> Result<usize, Error> {
+        let Headers { n, prepared, with_lrh, ack, first4, .. } = *h;
+        let eth_len = usize::from(self.eth_len);
+        let fix = self.icrc_fix;
         // Pad and ICRC as one 4-byte store of zeros at the pad (the ICRC is written over it below).
-        tail[..hdr_len::ICRC].fill(0);
+        buf[h.pay_end..h.pay_end + hdr_len::ICRC].fill(0);
         let at = n - hdr_len::ICRC;
         let v = if prepared {
             let start = if with_lrh { eth_len - icrc::LRH_LEN } else { eth_len };
@@ -237,17 +395,40 @@ impl HeaderTemplate {
             match self.ack_icrc.as_ref().filter(|_| ack).and_then(|a| a.compute(ip)) {
                 Some(v) => v,
                 // FECN/BECN (BTH byte 4) are not in the template's correction.
-                None if bth.ecn_marked() => icrc::compute(ip)?,
+                None if h.ecn_marked => icrc::compute(ip)?,
                 None => icrc::compute_with_fix(ip, fix),
             }
         };
-        buf[at..].copy_from_slice(&v.to_le_bytes());
-        if self.v4 {
-            let c = eth_len + ipv4::field::CHECKSUM.start;
-            buf[c..c + 2].copy_from_slice(&csum);
-        }
-        Ok(n)
+        Ok(self.seal(buf, h, v))
     }
+
+    /// Writes the ICRC `v` and the IPv4 checksum; the frame's length.
+    #[inline(always)]
+    fn seal(&self, buf: &mut [u8], h: &Headers, v: u32) -> usize {
+        let n = h.n;
+        buf[n - hdr_len::ICRC..n].copy_from_slice(&v.to_le_bytes());
+        if self.v4 {
+            let c = usize::from(self.eth_len) + ipv4::field::CHECKSUM.start;
+            buf[c..c + 2].copy_from_slice(&h.csum);
+        }
+        n
+    }
+}
+
+/// What [`HeaderTemplate::emit_with`]'s header part leaves for the rest: the frame's length, where the payload
+/// starts, the IP header's first four bytes as the frame has them (the preparation XORed the ICRC correction into
+/// them), the IPv4 checksum to write after the pass, and how the pass goes.
+#[derive(Clone, Copy)]
+struct Headers {
+    n: usize,
+    hdr_end: usize,
+    pay_end: usize,
+    first4: u32,
+    csum: [u8; 2],
+    prepared: bool,
+    with_lrh: bool,
+    ack: bool,
+    ecn_marked: bool,
 }
 
 /// The prefix of a frame shorter than [`STORED`] (an ACK). Out of line: inlined, the compiler merges it with the
@@ -265,6 +446,34 @@ mod tests {
         emit_frame, AethRepr, AtomicEthRepr, Ecn, EthRepr, IpRepr, MacAddr, RethRepr, VlanTag, ROCE_UDP_PORT,
     };
 
+    /// A flow over IPv4 or IPv6 (with `flow_label`), with or without an 802.1Q tag.
+    fn flow(v6: bool, vlan: bool, flow_label: u32) -> RoceRepr {
+        RoceRepr {
+            eth: EthRepr {
+                dst: MacAddr([2, 0, 0, 0, 0, 2]),
+                src: MacAddr([2, 0, 0, 0, 0, 1]),
+                vlan: vlan.then_some(VlanTag { pcp: 5, dei: false, vid: 100 }),
+            },
+            ip: IpRepr {
+                addrs: if v6 {
+                    IpAddrs::V6 { src: [0xfe; 16], dst: [0x20; 16] }
+                } else {
+                    IpAddrs::V4 { src: [10, 0, 0, 1], dst: [10, 0, 0, 2] }
+                },
+                dscp: 26,
+                ecn: Ecn::Ect0,
+                ttl: 64,
+                ident: 0,
+                dont_frag: !v6,
+                flow_label: if v6 { flow_label } else { 0 },
+            },
+            udp_src: 0xc123,
+            udp_dst: ROCE_UDP_PORT,
+            bth: BthRepr { dest_qp: 0x11, ..BthRepr::default() },
+            ext: ExtRepr::default(),
+        }
+    }
+
     #[test]
     fn same_bytes_as_emit_frame() {
         let ext = ExtRepr {
@@ -278,30 +487,7 @@ mod tests {
         };
         let mut checked = 0;
         for (v6, vlan) in [(false, false), (false, true), (true, false), (true, true)] {
-            let repr = RoceRepr {
-                eth: EthRepr {
-                    dst: MacAddr([2, 0, 0, 0, 0, 2]),
-                    src: MacAddr([2, 0, 0, 0, 0, 1]),
-                    vlan: vlan.then_some(VlanTag { pcp: 5, dei: false, vid: 100 }),
-                },
-                ip: IpRepr {
-                    addrs: if v6 {
-                        IpAddrs::V6 { src: [0xfe; 16], dst: [0x20; 16] }
-                    } else {
-                        IpAddrs::V4 { src: [10, 0, 0, 1], dst: [10, 0, 0, 2] }
-                    },
-                    dscp: 26,
-                    ecn: Ecn::Ect0,
-                    ttl: 64,
-                    ident: 0,
-                    dont_frag: !v6,
-                    flow_label: if v6 { 0xabcde } else { 0 },
-                },
-                udp_src: 0xc123,
-                udp_dst: ROCE_UDP_PORT,
-                bth: BthRepr { dest_qp: 0x11, ..BthRepr::default() },
-                ext: ExtRepr::default(),
-            };
+            let repr = flow(v6, vlan, 0xabcde);
             let t = HeaderTemplate::new(&repr);
             for op in 0..=255u8 {
                 let Some(info) = Opcode(op).info() else { continue };
@@ -330,6 +516,74 @@ mod tests {
             }
         }
         assert!(checked > 500);
+    }
+
+    /// `emit_with_fused` writes the bytes `emit` writes, whatever the payload closure does with the `PayloadCopy`:
+    /// the whole payload in one copy, pieces in order, pieces out of order (the hashing gives up), the payload
+    /// written directly, a piece written then reported with `written`; IPv4/IPv6, tagged or not, ECN-marked frames
+    /// (not prepared: never hashed while copied), every pad length.
+    #[test]
+    fn fused_emit_same_bytes_as_emit() {
+        let src: Vec<u8> = (0..5000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 9) as u8).collect();
+        let mut hashed_runs = 0;
+        for (v6, vlan) in [(false, false), (false, true), (true, false), (true, true)] {
+            let repr = flow(v6, vlan, 0);
+            let t = HeaderTemplate::new(&repr);
+            let reth = ExtRepr { reth: Some(RethRepr { va: 0x1000, rkey: 0x2201, len: 9000 }), ..ExtRepr::default() };
+            for (op, ext) in [
+                (Opcode::RC_RDMA_WRITE_FIRST, reth),
+                (Opcode::RC_RDMA_WRITE_MIDDLE, ExtRepr::default()),
+                (Opcode::RC_SEND_ONLY, ExtRepr::default()),
+                (Opcode::RC_RDMA_READ_RESPONSE_LAST, ExtRepr { aeth: Some(AethRepr::ack(3)), ..ExtRepr::default() }),
+            ] {
+                for len in [FUSED_FROM, FUSED_FROM + 1, FUSED_FROM + 2, FUSED_FROM + 3, 1000, 4093, 4094, 4095, 4096] {
+                    for becn in [false, true] {
+                        for mode in 0..5 {
+                            let bth =
+                                BthRepr { opcode: op, psn: Psn::new(77), becn, ack_req: len % 2 == 0, ..repr.bth };
+                            let piece = &src[3..3 + len];
+                            let mut want = vec![0x11u8; 4300];
+                            let nw = t.emit(&mut want, &bth, &ext, len, 9, |d| d.copy_from_slice(piece)).unwrap();
+                            let mut got = vec![0x22u8; 4300];
+                            let mut seen_hashing = false;
+                            let e = |info: &OpInfo, tp: &mut [u8]| ext.emit(info, tp);
+                            let ng = t
+                                .emit_with_fused(&mut got, TxBth::new(&bth), len, 9, e, |d, c| {
+                                    seen_hashing = c.is_hashing();
+                                    let (a, b) = d.split_at_mut(len / 3);
+                                    let (sa, sb) = piece.split_at(len / 3);
+                                    match mode {
+                                        0 => c.copy(d, piece),
+                                        1 => {
+                                            c.copy(a, sa);
+                                            c.copy(b, sb);
+                                        }
+                                        2 => {
+                                            c.copy(b, sb);
+                                            c.copy(a, sa);
+                                        }
+                                        3 => d.copy_from_slice(piece),
+                                        _ => {
+                                            c.copy(a, sa);
+                                            b.copy_from_slice(sb);
+                                            c.written(b);
+                                        }
+                                    }
+                                })
+                                .unwrap();
+                            assert_eq!(
+                                (ng, &got[..ng]),
+                                (nw, &want[..nw]),
+                                "{op:?} {len} v6 {v6} vlan {vlan} becn {becn} mode {mode}"
+                            );
+                            assert_eq!(seen_hashing, !becn && crc::kernel_available(), "{op:?} {len} becn {becn}");
+                            hashed_runs += usize::from(seen_hashing);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(hashed_runs > 0 || !crc::kernel_available());
     }
 
     /// A xorshift64 generator (test inputs).

@@ -1,0 +1,442 @@
+//! CRC-32 (IEEE 802.3, bit-reflected: zlib's and crc32fast's) for the ICRC, with a kernel of our own for CPUs with
+//! AVX-512 and VPCLMULQDQ, and a fused copy-and-hash for a transmitted payload.
+//!
+//! [`update`] and [`update_copy`] give the same values as `crc32fast::Hasher::new_with_initial(crc)` fed the same
+//! bytes (the tests compare them over every length, alignment and initial value); below [`KERNEL_MIN`] bytes, or on
+//! a CPU without the features, they are crc32fast.
+//!
+//! Why a kernel of our own (measured in `cargo run --release -p roce-dp-bench --bin icrc`, figures in
+//! bench/RESULTS.md, session 19): on the AMD EPYC (Zen 4) machines of this project a 512-bit VPCLMULQDQ multiplies
+//! two 128-bit lanes per cycle, so a CRC by folding is bound at 16 bytes per cycle, and crc32fast 1.5 is near that
+//! bound only for long inputs (57 GB/s at 64 KiB, 44 GB/s at 4 KiB, 25 GB/s at 1 KiB): it collapses its 16 streams
+//! one after the other (15 dependent multiplications) and takes its 512-bit kernel only from 2 KiB. Here every block
+//! of a short input, and every stream of a long one at its end, is multiplied by its own distance to the end of the
+//! input in parallel (one table of constants), and the products are XORed together: a 4 KiB ICRC ~17% faster, 1 KiB
+//! ~35%. And a transmitted payload is hashed as it is copied into the frame ([`update_copy`]): the frame's loads
+//! and stores ride alongside the multiplications that bound the pass, where a copy then a CRC pay for both (4 KiB:
+//! ~90 ns against ~150).
+//!
+//! How it works: the input is read as 16-byte blocks (from the end: a partial first block is zero-padded in front,
+//! which a CRC from a zero register does not see, with the initial register XORed at the input's first bytes). A
+//! block `d` blocks from the end contributes `block(x) * x^(128 d) mod P`, computed in two carry-less
+//! multiplications of its 64-bit halves by `x^(128 d + 32)` and `x^(128 d - 32)` (reflected, as the "fold"
+//! constants of Intel's paper "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ"); the sum of all
+//! blocks is reduced from 128 to 32 bits by Barrett reduction. Long inputs first fold 256 bytes at a time into four
+//! 512-bit accumulators (2048 bits ahead), whose 16 lanes then take the table's constants like the remaining blocks.
+//!
+//! Loads and stores are safe (`bytemuck` reads and writes the vector types from byte slices, bounds-checked);
+//! the one `unsafe` is the call into the `#[target_feature]` kernel, made only once the CPU was seen to have every
+//! feature it is compiled for.
+
+#![allow(unsafe_code)]
+
+/// Below this many bytes the CRC is crc32fast's (its 128-bit kernel is as fast on short inputs: its latency chain
+/// is no longer than ours there, and it needs no table).
+pub const KERNEL_MIN: usize = 256;
+
+/// The CRC of `data` continuing from `crc` (a finished CRC value, as `crc32fast::Hasher::new_with_initial`).
+#[inline]
+pub fn update(crc: u32, data: &[u8]) -> u32 {
+    match update_long(crc, data) {
+        Some(v) => v,
+        None => fallback(crc, data),
+    }
+}
+
+/// [`update`] when this module's kernel takes `data` (at least [`KERNEL_MIN`] bytes, on a CPU with its
+/// features); None otherwise, for a caller with a cheaper way to run crc32fast than `new_with_initial` (which
+/// looks up the CPU's features on every call: a clone of a hasher made once does not).
+#[inline(always)]
+pub fn update_long(crc: u32, data: &[u8]) -> Option<u32> {
+    #[cfg(target_arch = "x86_64")]
+    if data.len() >= KERNEL_MIN && x86::available() {
+        // SAFETY: `available` saw every target feature of `update_avx512` on this CPU (and caches only that).
+        return Some(unsafe { x86::update_avx512::<false>(crc, data, &mut []) });
+    }
+    None
+}
+
+/// Copies `src` into `dst` (equal lengths; panics otherwise, like `copy_from_slice`) and returns the CRC of the
+/// bytes continuing from `crc`: one pass over them.
+#[inline]
+pub fn update_copy(crc: u32, src: &[u8], dst: &mut [u8]) -> u32 {
+    assert_eq!(src.len(), dst.len(), "update_copy: length mismatch");
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= KERNEL_MIN && x86::available() {
+        // SAFETY: as in `update`.
+        return unsafe { x86::update_avx512::<true>(crc, src, dst) };
+    }
+    crate::copy::copy_bytes(dst, src);
+    fallback(crc, src)
+}
+
+/// Whether [`update`] runs this module's kernel on this CPU for inputs from [`KERNEL_MIN`] bytes (else crc32fast).
+pub fn kernel_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// crc32fast, from a finished CRC value.
+#[inline]
+fn fallback(crc: u32, data: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new_with_initial(crc);
+    h.update(data);
+    h.finalize()
+}
+
+/// The generator polynomial without its x^32 term, normal (not reflected) bit order.
+const POLY: u32 = 0x04C1_1DB7;
+
+/// `a(x) * b(x) mod P(x)`, normal bit order.
+const fn mul_mod(a: u32, b: u32) -> u32 {
+    let (mut a, mut r, mut i) = (a, 0u32, 0);
+    while i < 32 {
+        if b & (1 << i) != 0 {
+            r ^= a;
+        }
+        let carry = a & 0x8000_0000 != 0;
+        a <<= 1;
+        if carry {
+            a ^= POLY;
+        }
+        i += 1;
+    }
+    r
+}
+
+/// `x^n mod P(x)`, normal bit order.
+const fn x_pow_mod(n: u32) -> u32 {
+    let (mut r, mut base, mut e) = (1u32, 2u32, n);
+    while e > 0 {
+        if e & 1 != 0 {
+            r = mul_mod(r, base);
+        }
+        base = mul_mod(base, base);
+        e >>= 1;
+    }
+    r
+}
+
+/// The reflected 33-bit constant `x^n mod P` as the carry-less multiplications of the reflected domain use it.
+const fn fold_key(n: u32) -> u64 {
+    (x_pow_mod(n).reverse_bits() as u64) << 1
+}
+
+/// The constants that move a 128-bit block `d` blocks forward (`x^(128 d)`): for its low and high 64-bit halves.
+/// Zero for `d = 0` (the last block is added as it is).
+const fn fold_pair(d: usize) -> [u64; 2] {
+    if d == 0 {
+        return [0, 0];
+    }
+    let bits = 128 * d as u32;
+    [fold_key(bits + 32), fold_key(bits - 32)]
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::fold_pair;
+    use core::arch::x86_64::*;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// Distances (in 16-byte blocks) the table covers: the 16 accumulator lanes plus up to 16 remaining blocks.
+    const MAX_D: usize = 32;
+
+    /// `BY_DESCENDING_D[j] = fold_pair(MAX_D - 1 - j)`: four consecutive entries are the constants of a 512-bit
+    /// vector whose four blocks lie `d, d - 1, d - 2, d - 3` blocks from the end.
+    static BY_DESCENDING_D: [[u64; 2]; MAX_D] = {
+        let mut t = [[0u64; 2]; MAX_D];
+        let mut j = 0;
+        while j < MAX_D {
+            t[j] = fold_pair(MAX_D - 1 - j);
+            j += 1;
+        }
+        t
+    };
+
+    /// 2048 bits ahead: the four accumulators' step.
+    const STEP: [u64; 2] = fold_pair(16);
+    /// `x^64`: the second step of the 128 -> 32-bit reduction (crc32fast's K5).
+    const K64: u64 = super::fold_key(64);
+    /// Barrett reduction: P(x) reflected with its x^32 term, and floor(x^64 / P(x)) reflected.
+    const P_X: u64 = 0x1_DB71_0641;
+    const MU: u64 = 0x1_F701_1641;
+
+    /// 0 not yet looked, 1 the kernel's features are there, 2 they are not.
+    static KIND: AtomicU8 = AtomicU8::new(0);
+
+    /// Whether this CPU has every feature `update_avx512` is compiled for (looked up once).
+    #[inline(always)]
+    pub(super) fn available() -> bool {
+        match KIND.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => detect(),
+        }
+    }
+
+    #[cold]
+    fn detect() -> bool {
+        let ok = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("vpclmulqdq")
+            && is_x86_feature_detected!("pclmulqdq")
+            && is_x86_feature_detected!("sse4.1")
+            && is_x86_feature_detected!("avx2");
+        KIND.store(if ok { 1 } else { 2 }, Ordering::Relaxed);
+        ok
+    }
+
+    #[inline(always)]
+    fn load128(s: &[u8], at: usize) -> __m128i {
+        bytemuck::pod_read_unaligned(&s[at..at + 16])
+    }
+
+    #[inline(always)]
+    fn load512(s: &[u8], at: usize) -> __m512i {
+        bytemuck::pod_read_unaligned(&s[at..at + 64])
+    }
+
+    #[inline(always)]
+    fn store128(d: &mut [u8], at: usize, v: __m128i) {
+        d[at..at + 16].copy_from_slice(bytemuck::bytes_of(&v));
+    }
+
+    #[inline(always)]
+    fn store512(d: &mut [u8], at: usize, v: __m512i) {
+        d[at..at + 64].copy_from_slice(bytemuck::bytes_of(&v));
+    }
+
+    /// The constants of a 512-bit vector whose first block lies `d` (3..MAX_D) blocks from the end.
+    #[inline(always)]
+    fn keys512(d: usize) -> __m512i {
+        let j = MAX_D - 1 - d;
+        bytemuck::pod_read_unaligned(bytemuck::cast_slice(&BY_DESCENDING_D[j..j + 4]))
+    }
+
+    /// The constants of a block `d` (0..MAX_D) blocks from the end.
+    #[inline(always)]
+    fn keys128(d: usize) -> __m128i {
+        bytemuck::cast(BY_DESCENDING_D[MAX_D - 1 - d])
+    }
+
+    /// Each 128-bit lane of `v` times its lane of `k` (low half by low key, high by high, XORed).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
+    fn mul512(v: __m512i, k: __m512i) -> __m512i {
+        _mm512_xor_si512(_mm512_clmulepi64_epi128(v, k, 0x00), _mm512_clmulepi64_epi128(v, k, 0x11))
+    }
+
+    /// [`mul512`] XOR `data`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
+    fn fold512(v: __m512i, k: __m512i, data: __m512i) -> __m512i {
+        _mm512_ternarylogic_epi64(
+            _mm512_clmulepi64_epi128(v, k, 0x00),
+            _mm512_clmulepi64_epi128(v, k, 0x11),
+            data,
+            0x96,
+        )
+    }
+
+    #[inline]
+    #[target_feature(enable = "pclmulqdq,sse4.1")]
+    fn mul128(v: __m128i, k: __m128i) -> __m128i {
+        _mm_xor_si128(_mm_clmulepi64_si128(v, k, 0x00), _mm_clmulepi64_si128(v, k, 0x11))
+    }
+
+    /// The four lanes of `z` XORed.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
+    fn lanes_xor(z: __m512i) -> __m128i {
+        let y = _mm256_xor_si256(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64(z, 1));
+        _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1))
+    }
+
+    /// The finished CRC of the input whose blocks, each moved to the end, XOR to `x`.
+    #[inline]
+    #[target_feature(enable = "pclmulqdq,sse4.1")]
+    fn reduce(x: __m128i) -> u32 {
+        let low32 = _mm_set_epi32(0, 0, 0, !0);
+        // 128 -> 96 bits: the low half times x^96 ... (crc32fast's K4), XOR the high half.
+        let x = _mm_xor_si128(_mm_clmulepi64_si128(x, keys128(1), 0x10), _mm_srli_si128(x, 8));
+        // 96 -> 64 bits.
+        let x = _mm_xor_si128(
+            _mm_clmulepi64_si128(_mm_and_si128(x, low32), _mm_set_epi64x(0, K64 as i64), 0x00),
+            _mm_srli_si128(x, 4),
+        );
+        // Barrett, reflected: the quotient's low 32 bits times P, then the remainder is the upper half.
+        let pu = _mm_set_epi64x(MU as i64, P_X as i64);
+        let t1 = _mm_clmulepi64_si128(_mm_and_si128(x, low32), pu, 0x10);
+        let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, low32), pu, 0x00);
+        !(_mm_extract_epi32(_mm_xor_si128(x, t2), 1) as u32)
+    }
+
+    /// The blocks of `t` (16..=256 bytes, whole blocks), each moved to the end of `t`, as a 512-bit and a 128-bit
+    /// part to XOR; `t` copied into `d` when `COPY`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
+    fn blocks_to_end<const COPY: bool>(t: &[u8], d: &mut [u8]) -> (__m512i, __m128i) {
+        let n = t.len() / 16;
+        let lead = n % 4;
+        let mut x = _mm_setzero_si128();
+        for i in 0..lead {
+            let v = load128(t, 16 * i);
+            if COPY {
+                store128(d, 16 * i, v);
+            }
+            x = _mm_xor_si128(x, mul128(v, keys128(n - 1 - i)));
+        }
+        let mut z = _mm512_setzero_si512();
+        let mut at = 16 * lead;
+        while at < t.len() {
+            let v = load512(t, at);
+            if COPY {
+                store512(d, at, v);
+            }
+            z = _mm512_xor_si512(z, mul512(v, keys512(n - 1 - at / 16)));
+            at += 64;
+        }
+        // The last block, zero blocks from the end: its constants are zero, so it is added as it is.
+        (z, _mm_xor_si128(x, load128(t, t.len() - 16)))
+    }
+
+    /// The kernel: the CRC of `src` (at least [`super::KERNEL_MIN`] bytes) from `crc`; `src` copied into `dst`
+    /// (same length) when `COPY`, else `dst` is not used.
+    #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
+    pub(super) fn update_avx512<const COPY: bool>(crc: u32, src: &[u8], dst: &mut [u8]) -> u32 {
+        let n = src.len();
+        assert!(n >= 64, "crc kernel: input below 64 bytes");
+        let init = u128::from(!crc);
+        // The input as whole blocks from its end: a first partial block of `r` bytes, zero-padded in front. `x` is
+        // what the body's first block takes besides its bytes: the initial register (XORed into the input's first
+        // four bytes) and, with a partial block, that block moved one block forward.
+        let r = n % 16;
+        let x: __m128i = if r == 0 {
+            bytemuck::cast(init)
+        } else {
+            let first = u128::from_le_bytes(src[..16].try_into().expect("16 bytes"));
+            // The first r bytes (and the register over them) at the top of a block; what the shift drops of the
+            // register belongs to the body's first block.
+            let head = (first ^ init) << (8 * (16 - r));
+            let spill = if r < 4 { init >> (8 * r) } else { 0 };
+            if COPY {
+                dst[..r].copy_from_slice(&src[..r]);
+            }
+            _mm_xor_si128(mul128(bytemuck::cast(head), keys128(1)), bytemuck::cast(spill))
+        };
+        let body = &src[r..];
+        let dbody: &mut [u8] = if COPY { &mut dst[r..] } else { &mut [] };
+        let len = body.len();
+        if len <= 256 {
+            let (z, b) = blocks_to_end::<COPY>(body, dbody);
+            return reduce(_mm_xor_si128(_mm_xor_si128(lanes_xor(z), b), mul128(x, keys128(len / 16 - 1))));
+        }
+        let (b0, b1, b2, b3) = (load512(body, 0), load512(body, 64), load512(body, 128), load512(body, 192));
+        if COPY {
+            store512(dbody, 0, b0);
+            store512(dbody, 64, b1);
+            store512(dbody, 128, b2);
+            store512(dbody, 192, b3);
+        }
+        let (mut v0, mut v1, mut v2, mut v3) = (_mm512_xor_si512(b0, _mm512_castsi128_si512(x)), b1, b2, b3);
+        let step: __m512i = bytemuck::cast([STEP; 4]);
+        let mut at = 256;
+        // At least one block is left for the end (so that the last block is one of the input's).
+        while len - at > 256 {
+            let (a, b, c, d) =
+                (load512(body, at), load512(body, at + 64), load512(body, at + 128), load512(body, at + 192));
+            if COPY {
+                store512(dbody, at, a);
+                store512(dbody, at + 64, b);
+                store512(dbody, at + 128, c);
+                store512(dbody, at + 192, d);
+            }
+            v0 = fold512(v0, step, a);
+            v1 = fold512(v1, step, b);
+            v2 = fold512(v2, step, c);
+            v3 = fold512(v3, step, d);
+            at += 256;
+        }
+        let rest = &body[at..];
+        let left = rest.len() / 16;
+        let (z, b) = blocks_to_end::<COPY>(rest, if COPY { &mut dbody[at..] } else { &mut [] });
+        let acc = _mm512_ternarylogic_epi64(
+            mul512(v0, keys512(left + 15)),
+            mul512(v1, keys512(left + 11)),
+            mul512(v2, keys512(left + 7)),
+            0x96,
+        );
+        let acc = _mm512_ternarylogic_epi64(acc, mul512(v3, keys512(left + 3)), z, 0x96);
+        reduce(_mm_xor_si128(lanes_xor(acc), b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(crc: u32, data: &[u8]) -> u32 {
+        let mut h = crc32fast::Hasher::new_with_initial(crc);
+        h.update(data);
+        h.finalize()
+    }
+
+    #[test]
+    fn fold_keys_are_the_published_constants() {
+        // Intel's paper / crc32fast's K1..K5 and its 2048-bit pair.
+        assert_eq!(fold_pair(4), [0x1_5444_2bd4, 0x1_c6e4_1596]);
+        assert_eq!(fold_pair(1), [0x1_7519_97d0, 0x0_ccaa_009e]);
+        assert_eq!(fold_pair(16), [0x1_1542_778a, 0x1_322d_1430]);
+        assert_eq!(fold_key(64), 0x1_63cd_6124);
+        assert_eq!(fold_pair(0), [0, 0]);
+    }
+
+    #[test]
+    fn equals_crc32fast_at_every_length_alignment_and_register() {
+        let src: Vec<u8> = (0..6000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        for n in (0..1100).chain([2047, 2048, 2049, 4095, 4096, 4097, 4160, 4176, 5000]) {
+            for off in [0usize, 1, 7, 13] {
+                for crc in [0u32, !0, 0x2144_df1c, 0x1234_5678] {
+                    let s = &src[off..off + n];
+                    assert_eq!(update(crc, s), reference(crc, s), "update: {n} bytes at {off}, register {crc:#x}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn update_copy_copies_exactly_and_hashes() {
+        let src: Vec<u8> = (0..5010u32).map(|i| (i.wrapping_mul(40_503) >> 3) as u8).collect();
+        for n in (0..700).chain([1024, 1031, 4096, 4100, 4999]) {
+            for (off, dst_off) in [(0usize, 0usize), (3, 58), (1, 70)] {
+                let mut dst = vec![0xa5u8; n + 200];
+                let s = &src[off..off + n];
+                let got = update_copy(0x2144_df1c, s, &mut dst[dst_off..dst_off + n]);
+                assert_eq!(got, reference(0x2144_df1c, s), "{n} bytes");
+                assert_eq!(&dst[dst_off..dst_off + n], s, "{n} bytes copied");
+                assert!(dst[..dst_off].iter().chain(&dst[dst_off + n..]).all(|&b| b == 0xa5), "{n} bytes: outside");
+            }
+        }
+    }
+
+    #[test]
+    fn continues_across_calls() {
+        // A pass split anywhere equals one pass (the ICRC hashes headers, then payload, then pad).
+        let src: Vec<u8> = (0..3000u32).map(|i| (i ^ (i >> 7)) as u8).collect();
+        let whole = reference(0, &src);
+        for cut in [0usize, 1, 60, 64, 127, 128, 129, 1000, 2999, 3000] {
+            let (a, b) = src.split_at(cut);
+            assert_eq!(update(update(0, a), b), whole, "cut at {cut}");
+            let mut d = vec![0u8; b.len()];
+            assert_eq!(update_copy(update(0, a), b, &mut d), whole, "copy, cut at {cut}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "length mismatch")]
+    fn update_copy_refuses_unequal_lengths() {
+        update_copy(0, &[0u8; 200], &mut [0u8; 199]);
+    }
+}
