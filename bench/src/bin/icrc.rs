@@ -130,5 +130,81 @@ fn main() {
     println!();
     println!("A RoCE frame (no FCS) is 2 mod 4 bytes long: each row is the largest one not above the target size.");
     println!("emit_frame and parse_frame include the ICRC (emit: all headers + payload copy; parse: every check).");
+    println!();
+    kernels();
     println!("reproduce: cargo run --release -p roce-dp-bench --bin icrc");
+}
+
+/// The CRC-32 kernel the ICRC uses ([`roce_dp::wire::crc`]) beside crc32fast over the same bytes, and the payload
+/// copy hashed as it is copied (`crc::update_copy`) beside a copy then crc32fast: a payload of a 64 KiB region
+/// (its offset moving by 4 KiB each call, as consecutive frames of a message) into a frame buffer at a frame's
+/// payload offset.
+fn kernels() {
+    println!(
+        "CRC-32 kernel (roce_dp::wire::crc, {}) beside crc32fast, same bytes, interleaved runs, median of {RUNS}:",
+        if roce_dp::wire::crc::kernel_available() {
+            "AVX-512 VPCLMULQDQ on this CPU"
+        } else {
+            "not available on this CPU: crc32fast"
+        }
+    );
+    println!();
+    println!("| bytes | crc32fast GB/s | kernel GB/s | kernel/crc32fast time | memcpy + crc32fast ns | copy hashed ns | ratio |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let region: Vec<u8> = (0..1u32 << 16).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let mut frames = vec![0u8; 140_000];
+    let proto = crc32fast::Hasher::new();
+    for n in [256usize, 384, 512, 1024, 2048, 4096, 65536] {
+        let data = &region[..n];
+        let iters = BYTES_PER_RUN / n;
+        let t = time_all(
+            iters,
+            &mut [
+                &mut || {
+                    let mut h = proto.clone();
+                    h.update(black_box(data));
+                    black_box(h.finalize());
+                },
+                &mut || {
+                    black_box(roce_dp::wire::crc::update(0, black_box(data)));
+                },
+            ],
+        );
+        let (t_fast, t_kernel) = (t[0], t[1]);
+        let (mut at, mut at2) = (0usize, 0usize);
+        let step = |at: &mut usize| {
+            *at = (*at + 4096) % (region.len() - n + 1);
+            *at
+        };
+        let (fa, fb) = frames.split_at_mut(70_000);
+        let t = time_all(
+            iters / 2,
+            &mut [
+                &mut || {
+                    let o = step(&mut at);
+                    let dst = &mut fa[70..70 + n];
+                    dst.copy_from_slice(&region[o..o + n]);
+                    let mut h = proto.clone();
+                    h.update(dst);
+                    black_box(h.finalize());
+                },
+                &mut || {
+                    let o = step(&mut at2);
+                    black_box(roce_dp::wire::crc::update_copy(0, &region[o..o + n], &mut fb[70..70 + n]));
+                },
+            ],
+        );
+        let (t_copy_then, t_fused) = (t[0], t[1]);
+        let gbs = |t: f64| n as f64 / t / 1e9;
+        println!(
+            "| {n} | {:.1} | {:.1} | {:.2} | {:.0} | {:.0} | {:.2} |",
+            gbs(t_fast),
+            gbs(t_kernel),
+            t_kernel / t_fast,
+            t_copy_then * 1e9,
+            t_fused * 1e9,
+            t_fused / t_copy_then
+        );
+    }
+    println!();
 }
