@@ -436,6 +436,13 @@ fn mem_read(mem: &Mem, off: usize, dst: &mut [u8], copy: &mut PayloadCopy) -> Re
         }
         #[cfg(target_os = "linux")]
         Mem::Shared(s) => {
+            // A piece next in a frame's hashed payload is hashed as it is copied out of the client's memory.
+            if let Some(c) = copy.register_for(dst) {
+                if let Some(v) = s.read_hashing(off, dst, c) {
+                    copy.piece_hashed(dst, v);
+                    return Ok(());
+                }
+            }
             if !s.read(off, dst) {
                 return Err(AccessError::OutOfBounds);
             }

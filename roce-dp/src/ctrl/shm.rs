@@ -507,6 +507,18 @@ impl ShmBytes {
         true
     }
 
+    /// [`read`](Self::read) hashed as it is copied ([`crc::update_copy_shared`](crate::wire::crc::update_copy_shared)):
+    /// the CRC of the bytes copied, continuing from `crc`; None, nothing copied, if the range is not inside or the
+    /// CRC kernel does not take it (the caller reads, then hashes its copy).
+    #[inline]
+    pub fn read_hashing(&self, off: usize, dst: &mut [u8], crc: u32) -> Option<u32> {
+        let src = self.at(off, dst.len())?;
+        // SAFETY: as in `read`: the range is inside the mapping, which the Arc keeps alive for the call, and `dst`
+        // is a distinct local buffer; the client may write the source meanwhile (each byte is read once, and the
+        // CRC is that of the bytes copied).
+        unsafe { crate::wire::crc::update_copy_shared(crc, src, dst) }
+    }
+
     /// Copies `src` into the window at `off`; false (nothing copied) if the range is not inside.
     #[inline]
     pub fn write(&self, off: usize, src: &[u8]) -> bool {

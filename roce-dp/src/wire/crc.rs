@@ -51,7 +51,7 @@ pub fn update_long(crc: u32, data: &[u8]) -> Option<u32> {
     #[cfg(target_arch = "x86_64")]
     if data.len() >= KERNEL_MIN && x86::available() {
         // SAFETY: `available` saw every target feature of `update_avx512` on this CPU (and caches only that).
-        return Some(unsafe { x86::update_avx512::<false>(crc, data, &mut []) });
+        return Some(unsafe { x86::update_avx512::<_, false>(crc, data, &mut []) });
     }
     None
 }
@@ -64,10 +64,31 @@ pub fn update_copy(crc: u32, src: &[u8], dst: &mut [u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if src.len() >= KERNEL_MIN && x86::available() {
         // SAFETY: as in `update`.
-        return unsafe { x86::update_avx512::<true>(crc, src, dst) };
+        return unsafe { x86::update_avx512::<_, true>(crc, src, dst) };
     }
     crate::copy::copy_bytes(dst, src);
     fallback(crc, src)
+}
+
+/// [`update_copy`] from memory another process may write meanwhile (a client's shared memory, which must not be
+/// made a slice): copies `dst.len()` bytes from `src` into `dst` and returns the CRC of the bytes as copied, when this
+/// module's kernel takes them (at least [`KERNEL_MIN`] bytes, on a CPU with its features); None, copying nothing,
+/// otherwise (the caller copies, then hashes its copy). Every source byte is read once: the CRC is that of `dst`
+/// afterwards, whatever the other process wrote meanwhile.
+///
+/// # Safety
+/// `src .. src + dst.len()` is readable for the whole call (mapped and kept mapped), and does not overlap `dst`.
+#[inline]
+pub unsafe fn update_copy_shared(crc: u32, src: *const u8, dst: &mut [u8]) -> Option<u32> {
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= KERNEL_MIN && x86::available() {
+        let src = x86::Shared { ptr: src, len: dst.len() };
+        // SAFETY: `available` saw the kernel's features; the caller's contract makes `src` a readable range for
+        // the call, which `Shared` reads within (each read checked against its length).
+        return Some(unsafe { x86::update_avx512::<_, true>(crc, src, dst) });
+    }
+    let _ = (crc, src);
+    None
 }
 
 /// Whether [`update`] runs this module's kernel on this CPU for inputs from [`KERNEL_MIN`] bytes (else crc32fast).
@@ -188,14 +209,91 @@ mod x86 {
         ok
     }
 
-    #[inline(always)]
-    fn load128(s: &[u8], at: usize) -> __m128i {
-        bytemuck::pod_read_unaligned(&s[at..at + 16])
+    /// Where the kernel reads its input: a slice, or a range of shared memory ([`Shared`]). Every read is within
+    /// `len()` (checked: a bad index panics instead of reading out of bounds).
+    pub(super) trait Source: Copy {
+        fn len(self) -> usize;
+        /// The 16 bytes at `at`.
+        fn block(self, at: usize) -> __m128i;
+        /// The 64 bytes at `at`.
+        fn vector(self, at: usize) -> __m512i;
+        /// The 256 bytes at `at`, as four vectors (one check for the four).
+        fn chunk(self, at: usize) -> [__m512i; 4];
+        /// Copies the `dst.len()` bytes at `at` into `dst`.
+        fn copy_to(self, at: usize, dst: &mut [u8]);
+    }
+
+    impl Source for &[u8] {
+        #[inline(always)]
+        fn len(self) -> usize {
+            <[u8]>::len(self)
+        }
+        #[inline(always)]
+        fn block(self, at: usize) -> __m128i {
+            bytemuck::pod_read_unaligned(&self[at..at + 16])
+        }
+        #[inline(always)]
+        fn vector(self, at: usize) -> __m512i {
+            bytemuck::pod_read_unaligned(&self[at..at + 64])
+        }
+        #[inline(always)]
+        fn chunk(self, at: usize) -> [__m512i; 4] {
+            let c: &[u8; 256] = self[at..at + 256].try_into().expect("256 bytes");
+            bytemuck::pod_read_unaligned(c)
+        }
+        #[inline(always)]
+        fn copy_to(self, at: usize, dst: &mut [u8]) {
+            dst.copy_from_slice(&self[at..at + dst.len()]);
+        }
+    }
+
+    /// A range of memory another process may write while it is read (see [`super::update_copy_shared`]).
+    #[derive(Clone, Copy)]
+    pub(super) struct Shared {
+        /// Readable for `len` bytes during the kernel's call (its caller's contract).
+        pub(super) ptr: *const u8,
+        pub(super) len: usize,
+    }
+
+    impl Shared {
+        /// `N` bytes at `at`, as `T` (a vector of `N` bytes).
+        #[inline(always)]
+        fn read<T: bytemuck::Pod, const N: usize>(self, at: usize) -> T {
+            assert!(at <= self.len && N <= self.len - at, "crc kernel: read past the shared range");
+            // SAFETY: at .. at + N is inside the range (checked), which `update_copy_shared`'s caller keeps
+            // readable for the call; an unaligned read of plain bytes (any value is a valid T: Pod).
+            unsafe { self.ptr.add(at).cast::<T>().read_unaligned() }
+        }
+    }
+
+    impl Source for Shared {
+        #[inline(always)]
+        fn len(self) -> usize {
+            self.len
+        }
+        #[inline(always)]
+        fn block(self, at: usize) -> __m128i {
+            self.read::<__m128i, 16>(at)
+        }
+        #[inline(always)]
+        fn vector(self, at: usize) -> __m512i {
+            self.read::<__m512i, 64>(at)
+        }
+        #[inline(always)]
+        fn chunk(self, at: usize) -> [__m512i; 4] {
+            self.read::<[__m512i; 4], 256>(at)
+        }
+        #[inline(always)]
+        fn copy_to(self, at: usize, dst: &mut [u8]) {
+            assert!(at <= self.len && dst.len() <= self.len - at, "crc kernel: copy past the shared range");
+            // SAFETY: as in `read`; `dst` is the kernel's own buffer, which the caller's contract keeps apart.
+            unsafe { core::ptr::copy_nonoverlapping(self.ptr.add(at), dst.as_mut_ptr(), dst.len()) };
+        }
     }
 
     #[inline(always)]
-    fn load512(s: &[u8], at: usize) -> __m512i {
-        bytemuck::pod_read_unaligned(&s[at..at + 64])
+    fn load128(s: &[u8], at: usize) -> __m128i {
+        bytemuck::pod_read_unaligned(&s[at..at + 16])
     }
 
     #[inline(always)]
@@ -273,41 +371,47 @@ mod x86 {
         !(_mm_extract_epi32(_mm_xor_si128(x, t2), 1) as u32)
     }
 
-    /// The blocks of `t` (16..=256 bytes, whole blocks), each moved to the end of `t`, as a 512-bit and a 128-bit
-    /// part to XOR; `t` copied into `d` when `COPY`.
+    /// The blocks of `t` from `at` to its end (16..=256 bytes, whole blocks), each moved to the end, as a 512-bit and
+    /// a 128-bit part to XOR; copied into `d` (that many bytes) when `COPY`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
-    fn blocks_to_end<const COPY: bool>(t: &[u8], d: &mut [u8]) -> (__m512i, __m128i) {
-        let n = t.len() / 16;
+    fn blocks_to_end<S: Source, const COPY: bool>(t: S, at: usize, d: &mut [u8]) -> (__m512i, __m128i) {
+        let len = t.len() - at;
+        let n = len / 16;
         let lead = n % 4;
         let mut x = _mm_setzero_si128();
         for i in 0..lead {
-            let v = load128(t, 16 * i);
+            let v = t.block(at + 16 * i);
             if COPY {
                 store128(d, 16 * i, v);
             }
             x = _mm_xor_si128(x, mul128(v, keys128(n - 1 - i)));
         }
         let mut z = _mm512_setzero_si512();
-        let mut at = 16 * lead;
-        while at < t.len() {
-            let v = load512(t, at);
+        let mut o = 16 * lead;
+        while o < len {
+            let v = t.vector(at + o);
             if COPY {
-                store512(d, at, v);
+                store512(d, o, v);
             }
-            z = _mm512_xor_si512(z, mul512(v, keys512(n - 1 - at / 16)));
-            at += 64;
+            z = _mm512_xor_si512(z, mul512(v, keys512(n - 1 - o / 16)));
+            o += 64;
         }
-        // The last block, zero blocks from the end: its constants are zero, so it is added as it is.
-        (z, _mm_xor_si128(x, load128(t, t.len() - 16)))
+        // The last block, zero blocks from the end: its constants are zero, so it is added as it is (read again
+        // from the copy when there is one, so that a source that changed meanwhile is hashed as it was copied).
+        let last = if COPY { load128(d, len - 16) } else { t.block(t.len() - 16) };
+        (z, _mm_xor_si128(x, last))
     }
 
     /// The kernel: the CRC of `src` (at least [`super::KERNEL_MIN`] bytes) from `crc`; `src` copied into `dst`
-    /// (same length) when `COPY`, else `dst` is not used.
+    /// (same length) when `COPY`, else `dst` is not used. With `COPY` every source byte is read once.
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
-    pub(super) fn update_avx512<const COPY: bool>(crc: u32, src: &[u8], dst: &mut [u8]) -> u32 {
+    pub(super) fn update_avx512<S: Source, const COPY: bool>(crc: u32, src: S, dst: &mut [u8]) -> u32 {
         let n = src.len();
         assert!(n >= 64, "crc kernel: input below 64 bytes");
+        if COPY {
+            assert_eq!(dst.len(), n, "crc kernel: length mismatch");
+        }
         let init = u128::from(!crc);
         // The input as whole blocks from its end: a first partial block of `r` bytes, zero-padded in front. `x` is
         // what the body's first block takes besides its bytes: the initial register (XORed into the input's first
@@ -316,24 +420,27 @@ mod x86 {
         let x: __m128i = if r == 0 {
             bytemuck::cast(init)
         } else {
-            let first = u128::from_le_bytes(src[..16].try_into().expect("16 bytes"));
+            // The first r bytes (read once: from the copy when there is one; the bytes after them in those 16 are
+            // shifted out below).
+            let first: u128 = if COPY {
+                src.copy_to(0, &mut dst[..r]);
+                u128::from_le_bytes(dst[..16].try_into().expect("16 bytes"))
+            } else {
+                bytemuck::cast(src.block(0))
+            };
             // The first r bytes (and the register over them) at the top of a block; what the shift drops of the
             // register belongs to the body's first block.
             let head = (first ^ init) << (8 * (16 - r));
             let spill = if r < 4 { init >> (8 * r) } else { 0 };
-            if COPY {
-                dst[..r].copy_from_slice(&src[..r]);
-            }
             _mm_xor_si128(mul128(bytemuck::cast(head), keys128(1)), bytemuck::cast(spill))
         };
-        let body = &src[r..];
         let dbody: &mut [u8] = if COPY { &mut dst[r..] } else { &mut [] };
-        let len = body.len();
+        let len = n - r;
         if len <= 256 {
-            let (z, b) = blocks_to_end::<COPY>(body, dbody);
+            let (z, b) = blocks_to_end::<S, COPY>(src, r, dbody);
             return reduce(_mm_xor_si128(_mm_xor_si128(lanes_xor(z), b), mul128(x, keys128(len / 16 - 1))));
         }
-        let (b0, b1, b2, b3) = (load512(body, 0), load512(body, 64), load512(body, 128), load512(body, 192));
+        let [b0, b1, b2, b3] = src.chunk(r);
         if COPY {
             store512(dbody, 0, b0);
             store512(dbody, 64, b1);
@@ -343,32 +450,23 @@ mod x86 {
         let (mut v0, mut v1, mut v2, mut v3) = (_mm512_xor_si512(b0, _mm512_castsi128_si512(x)), b1, b2, b3);
         let step: __m512i = bytemuck::cast([STEP; 4]);
         // Whole 256-byte chunks after the first, leaving 16..=256 bytes for the end (so that the last block is one
-        // of the input's): chunk iterators, no bounds check per load.
-        let at = 256 + (len - 256 - 1) / 256 * 256;
-        let chunk = |c: &[u8], i: usize| -> __m512i { bytemuck::pod_read_unaligned(&c[64 * i..64 * i + 64]) };
-        if COPY {
-            for (c, d) in body[256..at].chunks_exact(256).zip(dbody[256..at].chunks_exact_mut(256)) {
-                let (a, b, e, f) = (chunk(c, 0), chunk(c, 1), chunk(c, 2), chunk(c, 3));
-                store512(d, 0, a);
-                store512(d, 64, b);
-                store512(d, 128, e);
-                store512(d, 192, f);
-                v0 = fold512(v0, step, a);
-                v1 = fold512(v1, step, b);
-                v2 = fold512(v2, step, e);
-                v3 = fold512(v3, step, f);
+        // of the input's).
+        let end = 256 + (len - 256 - 1) / 256 * 256;
+        let mut at = 256;
+        while at < end {
+            let [a, b, c, d] = src.chunk(r + at);
+            if COPY {
+                let out: &mut [u8; 256] = (&mut dbody[at..at + 256]).try_into().expect("256 bytes");
+                *out = bytemuck::cast([a, b, c, d]);
             }
-        } else {
-            for c in body[256..at].chunks_exact(256) {
-                v0 = fold512(v0, step, chunk(c, 0));
-                v1 = fold512(v1, step, chunk(c, 1));
-                v2 = fold512(v2, step, chunk(c, 2));
-                v3 = fold512(v3, step, chunk(c, 3));
-            }
+            v0 = fold512(v0, step, a);
+            v1 = fold512(v1, step, b);
+            v2 = fold512(v2, step, c);
+            v3 = fold512(v3, step, d);
+            at += 256;
         }
-        let rest = &body[at..];
-        let left = rest.len() / 16;
-        let (z, b) = blocks_to_end::<COPY>(rest, if COPY { &mut dbody[at..] } else { &mut [] });
+        let left = (len - at) / 16;
+        let (z, b) = blocks_to_end::<S, COPY>(src, r + at, if COPY { &mut dbody[at..] } else { &mut [] });
         let acc = _mm512_ternarylogic_epi64(
             mul512(v0, keys512(left + 15)),
             mul512(v1, keys512(left + 11)),
@@ -424,6 +522,30 @@ mod tests {
                 assert_eq!(got, reference(0x2144_df1c, s), "{n} bytes");
                 assert_eq!(&dst[dst_off..dst_off + n], s, "{n} bytes copied");
                 assert!(dst[..dst_off].iter().chain(&dst[dst_off + n..]).all(|&b| b == 0xa5), "{n} bytes: outside");
+            }
+        }
+    }
+
+    #[test]
+    fn update_copy_shared_equals_update_copy() {
+        let src: Vec<u8> = (0..5100u32).map(|i| (i.wrapping_mul(97) ^ (i >> 5)) as u8).collect();
+        for n in (0..700).chain([1024, 1031, 4096, 4100, 5000]) {
+            for off in [0usize, 5, 64] {
+                let s = &src[off..off + n];
+                let mut a = vec![0x5au8; n];
+                let mut b = vec![0x5au8; n];
+                let want = update_copy(0x2144_df1c, s, &mut a);
+                // SAFETY: `s` is a live slice of `n` readable bytes that `b` does not overlap.
+                match unsafe { update_copy_shared(0x2144_df1c, s.as_ptr(), &mut b) } {
+                    Some(v) => {
+                        assert!(n >= KERNEL_MIN && kernel_available(), "{n} bytes: the kernel took it");
+                        assert_eq!((v, &b), (want, &a), "{n} bytes at {off}");
+                    }
+                    None => {
+                        assert!(n < KERNEL_MIN || !kernel_available(), "{n} bytes: refused");
+                        assert!(b.iter().all(|&x| x == 0x5a), "{n} bytes: nothing copied when refused");
+                    }
+                }
             }
         }
     }

@@ -73,6 +73,25 @@ impl PayloadCopy {
         self.crc.is_some()
     }
 
+    /// For a copier that hashes as it copies by other means (out of shared memory): the register to go on from if
+    /// the hashing goes on and `dst` is the next piece; then [`piece_hashed`](Self::piece_hashed) gives its result.
+    #[inline]
+    pub fn register_for(&self, dst: &[u8]) -> Option<u32> {
+        self.crc.filter(|_| dst.as_ptr() as usize == self.next)
+    }
+
+    /// The register after the piece `dst` that a copier hashed from [`register_for`](Self::register_for)'s.
+    #[inline]
+    pub fn piece_hashed(&mut self, dst: &[u8], crc: u32) {
+        if self.register_for(dst).is_some() {
+            self.crc = Some(crc);
+            self.next += dst.len();
+            self.hashed += dst.len();
+        } else {
+            self.crc = None;
+        }
+    }
+
     /// A piece of the payload written by other means (from shared memory): hashed where it lies, in its turn.
     #[inline]
     pub fn written(&mut self, dst: &[u8]) {
