@@ -22,7 +22,9 @@ pub const FUSED_FROM: usize = 512;
 /// [`copy`](Self::copy) one after the other from the payload's first byte are hashed for the ICRC as they are
 /// copied (one pass over the bytes, [`crc::update_copy`](crc::update_copy)); anything else (a piece written
 /// directly, out of order, or a payload left as it was) is hashed from the frame after the closure, as every
-/// payload is when the emitter does not fuse. So a closure that ignores it still gets a right ICRC.
+/// payload is when the emitter does not fuse. So a closure that ignores it still gets a right ICRC. But a byte must
+/// not change once it was copied with `copy` or reported with [`written`](Self::written): the hash of it stands,
+/// and a closure that writes over such a piece (then goes on in order to the payload's end) gets a wrong ICRC.
 #[derive(Debug)]
 pub struct PayloadCopy {
     /// The ICRC register, while every piece so far was hashed in order (None: not hashing, or given up).
@@ -720,6 +722,89 @@ mod tests {
             frames == 16_000 && with_lrh > 500 && marked > 2000 && acks > 100,
             "{frames} {with_lrh} {marked} {acks}"
         );
+    }
+
+    /// `emit_with_fused` over random flows (IPv4/IPv6, tagged or not, ECN-marked or not), payload-carrying opcodes
+    /// and payload lengths (every residue of 16, up to 4 KiB), the payload copied in random pieces in order (some
+    /// reported with `written` instead), in reverse order, or directly: the bytes of `emit_with` for the same
+    /// frame, the spec's ICRC, and the buffer past the frame as it was.
+    #[test]
+    fn random_fused_emits_equal_emit_with() {
+        let mut rnd = xorshift(0x1319_8a2e_0370_7344);
+        let ops: Vec<Opcode> =
+            (0..=255u8).map(Opcode).filter(|o| o.info().is_some_and(|i| i.any(f::PAYLOAD))).collect();
+        let src: Vec<u8> = (0..4200).map(|_| rnd() as u8).collect();
+        let (mut frames, mut hashed) = (0, 0);
+        for f in 0..120 {
+            let (v6, vlan) = (rnd() & 1 == 1, rnd() & 1 == 1);
+            let mut repr = flow(v6, vlan, rnd() as u32 & 0xf_ffff);
+            repr.ip.ttl = rnd() as u8;
+            repr.ip.dscp = rnd() as u8 & 0x3f;
+            repr.udp_src = rnd() as u16;
+            repr.bth.dest_qp = rnd() as u32 & 0xff_ffff;
+            let t = HeaderTemplate::new(&repr);
+            for _ in 0..30 {
+                let op = ops[(rnd() % ops.len() as u64) as usize];
+                let info = op.info().unwrap();
+                let len = match rnd() % 3 {
+                    0 => (rnd() % 4097) as usize,
+                    1 => FUSED_FROM + (rnd() % 64) as usize,
+                    _ => (rnd() % 600) as usize,
+                };
+                let (becn, ack_req, psn, ident) =
+                    (rnd() & 3 == 0, rnd() & 1 == 1, Psn::new(rnd() as u32), rnd() as u16);
+                let ext = ExtRepr {
+                    reth: Some(RethRepr { va: rnd(), rkey: rnd() as u32, len: rnd() as u32 }),
+                    aeth: Some(AethRepr { syndrome: rnd() as u8, msn: rnd() as u32 & 0xff_ffff }),
+                    imm: Some(rnd() as u32),
+                    ieth: Some(rnd() as u32),
+                    ..ExtRepr::default()
+                }
+                .normalized(info);
+                let bth = TxBth::new(&BthRepr { opcode: op, becn, ack_req, psn, ..repr.bth });
+                let off = (rnd() % 64) as usize;
+                let piece = &src[off..off + len];
+                let junk: Vec<u8> = (0..4400).map(|_| rnd() as u8).collect();
+                let mut want = junk.clone();
+                let n = t.emit_with(&mut want, bth, len, ident, |i, tp| ext.emit(i, tp), |d| d.copy_from_slice(piece));
+                let n = n.unwrap();
+                let mut cuts: Vec<usize> = (0..rnd() % 6).map(|_| (rnd() % (len as u64 + 1)) as usize).collect();
+                cuts.push(0);
+                cuts.push(len);
+                cuts.sort_unstable();
+                let (mode, pick) = (rnd() % 4, rnd());
+                let mut got = junk.clone();
+                let mut was_hashing = false;
+                let fill = |d: &mut [u8], c: &mut PayloadCopy| {
+                    was_hashing = c.is_hashing();
+                    let mut pieces: Vec<_> = cuts.windows(2).map(|w| w[0]..w[1]).collect();
+                    if mode == 1 {
+                        pieces.reverse();
+                    }
+                    for (k, r) in pieces.into_iter().enumerate() {
+                        match mode {
+                            2 => d[r.clone()].copy_from_slice(&piece[r]),
+                            _ if pick >> (k % 64) & 1 == 1 => {
+                                d[r.clone()].copy_from_slice(&piece[r.clone()]);
+                                c.written(&d[r]);
+                            }
+                            _ => c.copy(&mut d[r.clone()], &piece[r]),
+                        }
+                    }
+                };
+                let m = t.emit_with_fused(&mut got, bth, len, ident, |i, tp| ext.emit(i, tp), fill).unwrap();
+                let what = format!("flow {f} op {:#x} len {len} v6 {v6} vlan {vlan} becn {becn} cuts {cuts:?}", op.0);
+                assert_eq!(m, n, "{what}");
+                let diff = (0..n).find(|&i| got[i] != want[i]);
+                assert_eq!(diff, None, "{what}: first byte unlike emit_with's");
+                assert!(got[n..] == junk[n..], "{what}: bytes past the frame");
+                let eth = repr.eth.buffer_len();
+                assert_eq!(icrc::tests::reference(&got[eth..n - 4]).to_le_bytes(), got[n - 4..n], "{what}: ICRC");
+                frames += 1;
+                hashed += usize::from(was_hashing);
+            }
+        }
+        assert!(frames == 3600 && (hashed > 1000 || !crc::kernel_available()), "{frames} {hashed}");
     }
 
     #[test]
