@@ -108,9 +108,11 @@ fn fallback(crc: u32, data: &[u8]) -> u32 {
 }
 
 /// The generator polynomial without its x^32 term, normal (not reflected) bit order.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const POLY: u32 = 0x04C1_1DB7;
 
 /// `a(x) * b(x) mod P(x)`, normal bit order.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const fn mul_mod(a: u32, b: u32) -> u32 {
     let (mut a, mut r, mut i) = (a, 0u32, 0);
     while i < 32 {
@@ -128,6 +130,7 @@ const fn mul_mod(a: u32, b: u32) -> u32 {
 }
 
 /// `x^n mod P(x)`, normal bit order.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const fn x_pow_mod(n: u32) -> u32 {
     let (mut r, mut base, mut e) = (1u32, 2u32, n);
     while e > 0 {
@@ -141,12 +144,14 @@ const fn x_pow_mod(n: u32) -> u32 {
 }
 
 /// The reflected 33-bit constant `x^n mod P` as the carry-less multiplications of the reflected domain use it.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const fn fold_key(n: u32) -> u64 {
     (x_pow_mod(n).reverse_bits() as u64) << 1
 }
 
 /// The constants that move a 128-bit block `d` blocks forward (`x^(128 d)`): for its low and high 64-bit halves.
 /// Zero for `d = 0` (the last block is added as it is).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const fn fold_pair(d: usize) -> [u64; 2] {
     if d == 0 {
         return [0, 0];
@@ -447,7 +452,7 @@ mod x86 {
             store512(dbody, 128, b2);
             store512(dbody, 192, b3);
         }
-        let (mut v0, mut v1, mut v2, mut v3) = (_mm512_xor_si512(b0, _mm512_castsi128_si512(x)), b1, b2, b3);
+        let (mut v0, mut v1, mut v2, mut v3) = (_mm512_xor_si512(b0, _mm512_zextsi128_si512(x)), b1, b2, b3);
         let step: __m512i = bytemuck::cast([STEP; 4]);
         // Whole 256-byte chunks after the first, leaving 16..=256 bytes for the end (so that the last block is one
         // of the input's).
