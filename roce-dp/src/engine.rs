@@ -113,8 +113,7 @@ pub(crate) enum PayloadSrc {
 /// ([`HeaderTemplate::emit_with_fused`](wire::HeaderTemplate::emit_with_fused)); with whether the payload could be
 /// read. Out of line and given the plan by value, so that the short frames' path keeps its locals in registers.
 #[inline(never)]
-fn emit_long(q: &Qp, mrs: &MrTable, buf: &mut [u8], plan: &TxPlan, ident: u16) -> (Result<usize, WireError>, bool) {
-    let plan = *plan;
+fn emit_long(q: &Qp, mrs: &MrTable, buf: &mut [u8], plan: TxPlan, ident: u16) -> (Result<usize, WireError>, bool) {
     let mut ok = true;
     let ext = |info: &wire::OpInfo, tp: &mut [u8]| plan.ext.emit(info, tp);
     let res = q.hdr.emit_with_fused(buf, plan.bth, plan.payload_len as usize, ident, ext, |d, copy| {
@@ -1074,7 +1073,7 @@ impl Engine {
             // One call with one payload closure (not one per source): the header code is inlined once, and the
             // closures with it. A long payload is hashed for the ICRC as it is copied in (out of line).
             let res = if len >= wire::template::FUSED_FROM {
-                let (r, ok) = emit_long(q, mrs, buf, plan, ident);
+                let (r, ok) = emit_long(q, mrs, buf, *plan, ident);
                 bad = !ok;
                 r
             } else {
