@@ -15,12 +15,12 @@ const MAX_PREFIX: usize = 18 + ipv6::HEADER_LEN + udp::HEADER_LEN;
 const STORED: usize = MAX_PREFIX.next_multiple_of(16);
 
 /// Payloads from this many bytes are hashed as they are copied into the frame ([`PayloadCopy`]), when the CPU runs
-/// [`crc`](super::crc)'s kernel: below, the header and payload passes cost more than the one pass after the copy.
+/// [`crc`]'s kernel: below, the header and payload passes cost more than the one pass after the copy.
 pub const FUSED_FROM: usize = 512;
 
 /// How a frame's payload is copied in by the payload closure of [`HeaderTemplate::emit_with`]: pieces copied with
 /// [`copy`](Self::copy) one after the other from the payload's first byte are hashed for the ICRC as they are
-/// copied (one pass over the bytes, [`crc::update_copy`](crc::update_copy)); anything else (a piece written
+/// copied (one pass over the bytes, [`crc::update_copy`]); anything else (a piece written
 /// directly, out of order, or a payload left as it was) is hashed from the frame after the closure, as every
 /// payload is when the emitter does not fuse. So a closure that ignores it still gets a right ICRC. But a byte must
 /// not change once it was copied with `copy` or reported with [`written`](Self::written): the hash of it stands,
