@@ -18,7 +18,7 @@ const STORED: usize = MAX_PREFIX.next_multiple_of(16);
 /// [`crc`]'s kernel: below, the header and payload passes cost more than the one pass after the copy.
 pub const FUSED_FROM: usize = 512;
 
-/// How a frame's payload is copied in by the payload closure of [`HeaderTemplate::emit_with`]: pieces copied with
+/// How a frame's payload is copied in by the payload closure of [`HeaderTemplate::emit_with_fused`]: pieces copied with
 /// [`copy`](Self::copy) one after the other from the payload's first byte are hashed for the ICRC as they are
 /// copied (one pass over the bytes, [`crc::update_copy`]); anything else (a piece written
 /// directly, out of order, or a payload left as it was) is hashed from the frame after the closure, as every
@@ -61,13 +61,20 @@ impl PayloadCopy {
     #[inline(never)]
     fn copy_hashing(&mut self, c: u32, dst: &mut [u8], src: &[u8]) {
         if dst.as_ptr() as usize == self.next {
-            self.crc = Some(crc::update_copy(c, src, dst));
-            self.next += dst.len();
-            self.hashed += dst.len();
+            let v = crc::update_copy(c, src, dst);
+            self.advance(dst.len(), v);
         } else {
             self.crc = None;
             crate::copy::copy_bytes(dst, src);
         }
+    }
+
+    /// `n` more bytes hashed in order, `crc` the register after them.
+    #[inline]
+    fn advance(&mut self, n: usize, crc: u32) {
+        self.crc = Some(crc);
+        self.next += n;
+        self.hashed += n;
     }
 
     /// Whether pieces copied through it are being hashed (the emitter fuses, and nothing broke the order yet).
@@ -85,26 +92,18 @@ impl PayloadCopy {
     /// The register after the piece `dst` that a copier hashed from [`register_for`](Self::register_for)'s.
     #[inline]
     pub fn piece_hashed(&mut self, dst: &[u8], crc: u32) {
-        if self.register_for(dst).is_some() {
-            self.crc = Some(crc);
-            self.next += dst.len();
-            self.hashed += dst.len();
-        } else {
-            self.crc = None;
+        match self.register_for(dst) {
+            Some(_) => self.advance(dst.len(), crc),
+            None => self.crc = None,
         }
     }
 
     /// A piece of the payload written by other means (from shared memory): hashed where it lies, in its turn.
     #[inline]
     pub fn written(&mut self, dst: &[u8]) {
-        if let Some(c) = self.crc {
-            if dst.as_ptr() as usize == self.next {
-                self.crc = Some(crc::update(c, dst));
-                self.next += dst.len();
-                self.hashed += dst.len();
-            } else {
-                self.crc = None;
-            }
+        match self.register_for(dst) {
+            Some(c) => self.advance(dst.len(), crc::update(c, dst)),
+            None => self.crc = None,
         }
     }
 
