@@ -54,6 +54,8 @@ const FUNCTIONS: &[&str] = &[
     "rte_eth_dev_stop",
     "rte_eth_dev_close",
     "rte_eth_link_get_nowait",
+    "rte_eal_alarm_set",
+    "rte_eal_alarm_cancel",
     "rte_eth_stats_get",
     "rte_eth_stats_reset",
     "rte_eth_dev_set_mtu",

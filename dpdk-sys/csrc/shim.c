@@ -1,4 +1,6 @@
 /* Definitions for shim.h: each is a plain call to the static-inline DPDK function it wraps (docs in shim.h). */
+/* rdp_park_interrupt_thread uses the interrupt-instance API, experimental in 22.11; nothing else here does. */
+#define ALLOW_EXPERIMENTAL_API
 #include "shim.h"
 
 #include <errno.h>
@@ -336,4 +338,95 @@ uint16_t rdp_burst_guard_test_burst_(uint16_t port_id, uint16_t queue_id, struct
 uint64_t rdp_burst_guard_faults(void)
 {
 	return atomic_load_explicit(&guard_faults, memory_order_relaxed);
+}
+
+/* --- parking EAL's interrupt thread before rte_eal_cleanup (see shim.h) --- */
+
+#include <rte_interrupts.h>
+#include <sys/eventfd.h>
+
+static atomic_int park_state;
+
+/* Runs on EAL's interrupt thread and never returns: that thread does nothing else until the process exits. */
+static void park_callback(void *arg)
+{
+	(void)arg;
+	atomic_store(&park_state, 1);
+	for (;;)
+		pause();
+}
+
+/* A new eventfd and an EXT interrupt handle on it (flags: RTE_INTR_INSTANCE_F_*); NULL and -errno in *err if not. */
+static struct rte_intr_handle *eventfd_handle(uint32_t flags, int *efd, int *err)
+{
+	struct rte_intr_handle *h;
+
+	*efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (*efd < 0) {
+		*err = -errno;
+		return NULL;
+	}
+	h = rte_intr_instance_alloc(flags);
+	if (h == NULL) {
+		*err = -ENOMEM;
+	} else if (rte_intr_type_set(h, RTE_INTR_HANDLE_EXT) != 0 || rte_intr_fd_set(h, *efd) != 0) {
+		rte_intr_instance_free(h);
+		h = NULL;
+		*err = -EINVAL;
+	}
+	if (h == NULL)
+		close(*efd);
+	return h;
+}
+
+/* Register cb on a new eventfd handle; 0 (the eventfd in *efd) or -errno. The handle stays for the process. */
+static int register_eventfd(uint32_t flags, rte_intr_callback_fn cb, int *efd)
+{
+	int rc = 0;
+	struct rte_intr_handle *h = eventfd_handle(flags, efd, &rc);
+
+	if (h == NULL)
+		return rc;
+	rc = rte_intr_callback_register(h, cb, NULL);
+	if (rc < 0) {
+		rte_intr_instance_free(h);
+		close(*efd);
+	}
+	return rc < 0 ? rc : 0;
+}
+
+int rdp_park_interrupt_thread(unsigned int timeout_ms)
+{
+	uint64_t one = 1;
+	unsigned long waited;
+	int efd, rc;
+
+	if (atomic_load(&park_state))
+		return 0;
+	/* Private: the handle (and the copy EAL keeps of it) in ordinary memory, not in the memory cleanup unmaps. */
+	rc = register_eventfd(RTE_INTR_INSTANCE_F_PRIVATE, park_callback, &efd);
+	if (rc < 0)
+		return rc;
+	/* Registered: the handle and the eventfd stay for the rest of the process (the thread may still take them). */
+	if (write(efd, &one, sizeof(one)) != (ssize_t)sizeof(one))
+		return -errno;
+	for (waited = 0; !atomic_load(&park_state); waited++) {
+		if (waited >= (unsigned long)timeout_ms * 10)
+			return -ETIMEDOUT;
+		usleep(100);
+	}
+	return 0;
+}
+
+int rdp_interrupt_thread_parked(void)
+{
+	return atomic_load(&park_state);
+}
+
+int rdp_test_register_shared_source_(void)
+{
+	int efd;
+
+	/* The callback is never called (nothing writes the eventfd); park_callback is only a function to name. */
+	return register_eventfd(RTE_INTR_INSTANCE_F_SHARED, park_callback, &efd);
 }

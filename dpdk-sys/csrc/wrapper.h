@@ -3,6 +3,7 @@
 #include <rte_config.h>
 #include <rte_version.h>
 #include <rte_eal.h>
+#include <rte_alarm.h>
 #include <rte_errno.h>
 #include <rte_log.h>
 #include <rte_lcore.h>

@@ -469,6 +469,15 @@ impl Port {
         self.wait_link(false, timeout)
     }
 
+    /// Wait for the peer to be gone, so that this port can be stopped and closed safely (memif): the link down
+    /// within `timeout` (`ETIMEDOUT` otherwise), then EAL's interrupt thread done handling the disconnect
+    /// ([`Eal::interrupt_barrier`], at most one more second).
+    pub fn wait_peer_gone(&self, timeout: Duration) -> Result<Link> {
+        let link = self.wait_link(false, timeout)?;
+        self.eal.interrupt_barrier(Duration::from_secs(1));
+        Ok(link)
+    }
+
     fn wait_link(&self, up: bool, timeout: Duration) -> Result<Link> {
         let start = Instant::now();
         loop {

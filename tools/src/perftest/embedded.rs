@@ -102,11 +102,6 @@ fn setup_port(test: TestKind, ours: &Ours, prefix: &str, client: bool, timeout: 
     Ok(Port_ { port, pool, _eal: eal, profile: prof, mac, memif })
 }
 
-/// How long a memif side waits after the peer's link-down before stopping its port: DPDK 22.11's memif segfaults
-/// (eal-intr-thread, or this thread) when a process tears its port down while the peer's disconnect is still being
-/// handled (README, "DPDK 22.11 behaviour").
-const MEMIF_SETTLE: Duration = Duration::from_millis(500);
-
 /// The whole run of one tool on the port of `ours.port_conf`.
 pub(super) fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str, timeout: Duration) -> Result<(), Fail> {
     // The server's port exists (memif: its socket) before it accepts; the client connects first, then starts.
@@ -127,9 +122,7 @@ pub(super) fn run(test: TestKind, p: &Params, ours: &Ours, prefix: &str, timeout
         // memif: the peer's disconnect must be handled before this side stops its port. The server waits for it;
         // the client only if it comes soon (the peer went first), else the server is waiting for the client.
         let wait = if p.is_client() { Duration::from_millis(300) } else { Duration::from_secs(3) };
-        if s.port.wait_link_down(wait).is_ok() {
-            std::thread::sleep(MEMIF_SETTLE);
-        }
+        let _ = s.port.wait_peer_gone(wait);
     }
     r
 }
@@ -145,10 +138,10 @@ fn run_session(test: TestKind, p: &Params, s: &mut Port_, stream: TcpStream, tim
         if client {
             std::thread::sleep(Duration::from_millis(200));
         } else {
-            let _ = s.port.wait_link_down(Duration::from_secs(5));
-            // Let EAL's interrupt thread finish handling the peer's disconnect before the port is stopped (it
-            // segfaults in librte_net_memif otherwise, now and then: dmesg "eal-intr-thread ... segfault").
-            std::thread::sleep(MEMIF_SETTLE);
+            // Link down, then EAL's interrupt thread done handling the peer's disconnect: DPDK 22.11's memif
+            // segfaults (eal-intr-thread, or this thread) when the port is stopped meanwhile (README, "DPDK 22.11
+            // behaviour").
+            let _ = s.port.wait_peer_gone(Duration::from_secs(5));
         }
     }
     let _ = s.port.stop();

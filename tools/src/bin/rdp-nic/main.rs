@@ -1369,7 +1369,7 @@ pub(crate) fn finish_port(s: &mut Setup, client: bool, o: &Opts) -> Result<(), S
         if client {
             std::thread::sleep(Duration::from_millis(200));
         } else {
-            let _ = s.port.wait_link_down(Duration::from_secs(o.timeout.min(10)));
+            let _ = s.port.wait_peer_gone(Duration::from_secs(o.timeout.min(10)));
         }
     }
     s.port.stop()?;

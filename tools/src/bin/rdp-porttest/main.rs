@@ -368,6 +368,9 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
         for port in &ports {
             dpdk_step(|| wait_link(port, false, link_timeout))
                 .ctx(|| "memif server: the client did not disconnect".into())?;
+            // Link down is set at the start of the PMD's disconnect handler; let EAL's interrupt thread finish it
+            // before the port is closed (CI, session 20: segfault in eal-intr-thread, rte_intr_fd_get, otherwise).
+            port.eal().interrupt_barrier(Duration::from_secs(1));
         }
     }
     let mut ok = finished;
