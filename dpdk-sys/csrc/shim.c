@@ -344,6 +344,7 @@ uint64_t rdp_burst_guard_faults(void)
 
 #include <rte_interrupts.h>
 #include <sys/eventfd.h>
+#include <time.h>
 
 static atomic_int park_state;
 
@@ -379,7 +380,9 @@ static struct rte_intr_handle *eventfd_handle(uint32_t flags, int *efd, int *err
 	return h;
 }
 
-/* Register cb on a new eventfd handle; 0 (the eventfd in *efd) or -errno. The handle stays for the process. */
+/* Register cb on a new eventfd handle; 0 (the eventfd in *efd) or -errno. EAL keeps its own copy of the handle, so
+ * ours is freed; the eventfd stays open while the source is registered (for the rest of the process). -EPIPE means
+ * registered but the interrupt thread was not told to rebuild its wait list: the eventfd stays too. */
 static int register_eventfd(uint32_t flags, rte_intr_callback_fn cb, int *efd)
 {
 	int rc = 0;
@@ -388,30 +391,36 @@ static int register_eventfd(uint32_t flags, rte_intr_callback_fn cb, int *efd)
 	if (h == NULL)
 		return rc;
 	rc = rte_intr_callback_register(h, cb, NULL);
-	if (rc < 0) {
-		rte_intr_instance_free(h);
+	rte_intr_instance_free(h);
+	if (rc < 0 && rc != -EPIPE)
 		close(*efd);
-	}
 	return rc < 0 ? rc : 0;
+}
+
+static uint64_t monotonic_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
 }
 
 int rdp_park_interrupt_thread(unsigned int timeout_ms)
 {
-	uint64_t one = 1;
-	unsigned long waited;
+	uint64_t one = 1, until;
 	int efd, rc;
 
 	if (atomic_load(&park_state))
 		return 0;
-	/* Private: the handle (and the copy EAL keeps of it) in ordinary memory, not in the memory cleanup unmaps. */
+	/* Private: EAL's copy of the handle in ordinary memory, not in the memory cleanup unmaps. */
 	rc = register_eventfd(RTE_INTR_INSTANCE_F_PRIVATE, park_callback, &efd);
 	if (rc < 0)
 		return rc;
-	/* Registered: the handle and the eventfd stay for the rest of the process (the thread may still take them). */
 	if (write(efd, &one, sizeof(one)) != (ssize_t)sizeof(one))
 		return -errno;
-	for (waited = 0; !atomic_load(&park_state); waited++) {
-		if (waited >= (unsigned long)timeout_ms * 10)
+	until = monotonic_ms() + timeout_ms;
+	while (!atomic_load(&park_state)) {
+		if (monotonic_ms() >= until)
 			return -ETIMEDOUT;
 		usleep(100);
 	}

@@ -147,15 +147,16 @@ uint16_t rdp_burst_guard_test_burst_(uint16_t port_id, uint16_t queue_id, struct
 
 /*
  * Parking EAL's interrupt thread. rte_eal_cleanup (22.11) unmaps DPDK's memory while the interrupt thread still runs,
- * and the cleanup itself wakes that thread (unregistering the alarm source writes its pipe), which then reads every
- * registered source's handle to rebuild its wait list. A PMD that leaves a source registered with its handle in
+ * and, once an alarm has been set in the process, the cleanup itself wakes that thread (unregistering the alarm
+ * source writes its pipe), which then reads every registered source's handle to rebuild its wait list. A PMD that leaves a source registered with its handle in
  * DPDK memory (memif's listening socket, after its port is closed) makes that read fault: SIGSEGV in eal-intr-thread,
  * rte_intr_fd_get. Called just before rte_eal_cleanup, this registers an eventfd source whose callback never
  * returns and fires it: the thread then sits in that callback until the process exits, and reads nothing.
  */
 
 /** Park the interrupt thread; 0 once it is parked (at once if it already was), -ETIMEDOUT if it did not take the
- * event within timeout_ms, or -errno. Only before rte_eal_cleanup, once nothing needs interrupts any more. */
+ * event within timeout_ms (the source stays armed: the thread parks when it gets to it, maybe during cleanup), or
+ * -errno. Only before rte_eal_cleanup, once nothing needs interrupts any more. */
 int rdp_park_interrupt_thread(unsigned int timeout_ms);
 
 /** 1 once rdp_park_interrupt_thread parked the thread. */

@@ -470,11 +470,14 @@ impl Port {
     }
 
     /// Wait for the peer to be gone, so that this port can be stopped and closed safely (memif): the link down
-    /// within `timeout` (`ETIMEDOUT` otherwise), then EAL's interrupt thread done handling the disconnect
-    /// ([`Eal::interrupt_barrier`], at most one more second).
+    /// within `timeout`, then EAL's interrupt thread done handling the disconnect ([`Eal::interrupt_barrier`], at
+    /// most one more second). `ETIMEDOUT` if either did not happen in time (op "wait for link down" or "wait for
+    /// the interrupt thread").
     pub fn wait_peer_gone(&self, timeout: Duration) -> Result<Link> {
         let link = self.wait_link(false, timeout)?;
-        self.eal.interrupt_barrier(Duration::from_secs(1));
+        if !self.eal.interrupt_barrier(Duration::from_secs(1)) {
+            return Err(DpdkError::new("wait for the interrupt thread", libc::ETIMEDOUT));
+        }
         Ok(link)
     }
 
