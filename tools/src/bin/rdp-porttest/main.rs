@@ -368,10 +368,11 @@ fn run(cli: &Cli, prefix: &str, lcore: u32) -> Result<bool, SetupError> {
         for port in &ports {
             dpdk_step(|| wait_link(port, false, link_timeout))
                 .ctx(|| "memif server: the client did not disconnect".into())?;
-            // The PMD's disconnect handler, on EAL's interrupt thread, marks the link down before it is done: let
-            // it finish before the port is closed (README, "DPDK 22.11 behaviour").
-            if !port.eal().interrupt_barrier(Duration::from_secs(1)) {
-                eprintln!("rdp-porttest: EAL's interrupt thread did not answer within 1 s; stopping the port anyway");
+            // The link is down now (the wait above answers signals, Port's own does not): wait_peer_gone adds only
+            // the wait for EAL's interrupt thread to finish the PMD's disconnect handler, which marks the link down
+            // before it is done (README, "DPDK 22.11 behaviour").
+            if let Err(e) = port.wait_peer_gone(Duration::ZERO) {
+                eprintln!("rdp-porttest: {e}; stopping the port anyway");
             }
         }
     }
