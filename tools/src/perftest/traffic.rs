@@ -15,6 +15,36 @@ use super::run::{drive, err, first_bad, polling, Fail, Local, Nic};
 /// How often a loop looks at the clock-driven checks (signals, the peer, the daemon, the timeout).
 const CHECK_EVERY: Duration = Duration::from_millis(20);
 
+/// perftest's CQ moderation (`-Q N`) for one QP: which of its WRs, counted from its first, is signaled: the N-th,
+/// the 2N-th, ... (`k % N == N - 1` for the k-th from 0), by a countdown instead of a division per WR (a 64-bit
+/// `%` was ~24 instructions a WR of the BW loop, session 18).
+#[derive(Clone, Copy, Debug)]
+struct CqModeration {
+    /// `-Q`, at least 1.
+    every: u32,
+    /// WRs to post before the next signaled one.
+    left: u32,
+}
+
+impl CqModeration {
+    fn new(cq_mod: u32) -> CqModeration {
+        let every = cq_mod.max(1);
+        CqModeration { every, left: every - 1 }
+    }
+
+    /// Whether the next WR is signaled.
+    #[inline(always)]
+    fn next(&mut self) -> bool {
+        if self.left == 0 {
+            self.left = self.every - 1;
+            true
+        } else {
+            self.left -= 1;
+            false
+        }
+    }
+}
+
 fn opcode(test: TestKind, atomic: AtomicType) -> WrOpcode {
     match test.verb() {
         Verb::Write => WrOpcode::RdmaWrite,
@@ -247,9 +277,9 @@ impl<'a> BwSide<'a> {
         let cas = p.atomic_type == AtomicType::CmpAndSwap;
         let opcode = opcode(self.test, p.atomic_type);
         let depth = u64::from(p.tx_depth.max(1));
-        let cq_mod = u64::from(p.cq_mod.max(1));
         let n = qps.len();
         let (mut posted, mut done, mut got) = (vec![0u64; n], vec![0u64; n], vec![0u64; n]);
+        let mut moderation = vec![CqModeration::new(p.cq_mod); n];
         let mut peak = (self.send && !p.no_peak).then(PeakMeter::new);
         let start = Instant::now();
         let ns = |t: Instant| u64::try_from(t.duration_since(start).as_nanos()).unwrap_or(u64::MAX);
@@ -307,7 +337,7 @@ impl<'a> BwSide<'a> {
                     let k = posted[i];
                     let mut wr = SendWr::new(k, opcode).remote(self.remote[i].vaddr, self.remote[i].rkey);
                     // perftest's CQ moderation: every cq_mod-th WR of a QP is signaled, and the last one.
-                    wr.signaled = k % cq_mod == cq_mod - 1 || limit == Some(k + 1);
+                    wr.signaled = moderation[i].next() || limit == Some(k + 1);
                     wr.compare_add = u64::from(!cas); // FETCH_AND_ADD adds 1; CMP_AND_SWAP swaps 0 for 0
                     nic.stage_send(i, &wr, 0, size as u32)?;
                     first_post.get_or_insert(now);
@@ -580,4 +610,22 @@ pub(super) fn pingpong<N: Nic>(
         }
         Ok((true, n > 0))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CqModeration;
+
+    /// The countdown signals exactly the WRs that perftest's `k % cq_mod == cq_mod - 1` does, for every `-Q` from
+    /// 0 (taken as 1) to 130 and for the largest, over several rounds.
+    #[test]
+    fn cq_moderation_signals_every_nth_wr_as_perftest() {
+        for q in (0..=130).chain([u32::MAX]) {
+            let every = u64::from(q.max(1));
+            let mut m = CqModeration::new(q);
+            for k in 0..1000u64 {
+                assert_eq!(m.next(), k % every == every - 1, "-Q {q}, WR {k}");
+            }
+        }
+    }
 }
