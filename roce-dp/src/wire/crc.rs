@@ -2,8 +2,10 @@
 //! AVX-512 and VPCLMULQDQ, and a fused copy-and-hash for a transmitted payload.
 //!
 //! [`update`] and [`update_copy`] give the same values as `crc32fast::Hasher::new_with_initial(crc)` fed the same
-//! bytes (the tests compare them over every length, alignment and initial value); below [`KERNEL_MIN`] bytes, or on
-//! a CPU without the features, they are crc32fast.
+//! bytes (the tests compare them over every length, alignment and initial value). On a CPU without the features
+//! they are crc32fast; with them, [`update`] takes a kernel per block count from [`SHORT_MIN`] to [`SHORT_MAX`]
+//! bytes ([`update_short`]: short frames' ICRCs) and the general kernel from [`KERNEL_MIN`], crc32fast between and
+//! below; [`update_copy`] copies then hashes below [`KERNEL_MIN`].
 //!
 //! Why a kernel of our own (measured in `cargo run --release -p roce-dp-bench --bin icrc`, figures in
 //! bench/RESULTS.md, session 19): on the AMD EPYC (Zen 4) machines of this project a 512-bit VPCLMULQDQ multiplies
@@ -37,6 +39,9 @@ pub const KERNEL_MIN: usize = 384;
 /// The CRC of `data` continuing from `crc` (a finished CRC value, as `crc32fast::Hasher::new_with_initial`).
 #[inline]
 pub fn update(crc: u32, data: &[u8]) -> u32 {
+    if let Some(v) = update_short(crc, data) {
+        return v;
+    }
     match update_long(crc, data) {
         Some(v) => v,
         None => fallback(crc, data),
@@ -57,25 +62,27 @@ pub fn update_long(crc: u32, data: &[u8]) -> Option<u32> {
 }
 
 /// The shortest and longest inputs of [`update_short`].
-pub const SHORT_MIN: usize = 64;
-pub const SHORT_MAX: usize = 256;
+pub const SHORT_MIN: usize = 48;
+pub const SHORT_MAX: usize = 271;
 
-/// [`update`] of a short input of whole 16-byte blocks ([`SHORT_MIN`]..=[`SHORT_MAX`] bytes, a multiple of 16) on a
-/// CPU with this module's kernel features; None otherwise (the caller runs crc32fast). One kernel per block count,
-/// with its constants fixed at compile time: no loop, no table index, the initial register XORed into the first
-/// block. The short frames' ICRC passes are such inputs (the masked LRH in front makes a 64-byte WRITE's 120 bytes
-/// 128, a 64-byte SEND's 112): in the engine pair (`engine --one write|send 64`) they ran 7.5% and 8.4% faster
-/// with it than with crc32fast's 128-bit kernel, whose folds are one dependent chain (bench/RESULTS.md, session 21).
-/// This module's general kernel did not pay at these lengths in the same place (+1.2% for the receive side's pass
-/// alone, against +3.7% for this one: its branches, loops and table lookups).
+/// [`update`] of a short input ([`SHORT_MIN`]..=[`SHORT_MAX`] bytes) on a CPU with this module's kernel features;
+/// None otherwise (the caller runs crc32fast). One kernel per count of whole 16-byte blocks (3 to 16), with its
+/// constants fixed at compile time: no loop, no table index; the initial register XORed into the first block, and
+/// a partial block in front (the input's first `len % 16` bytes) multiplied to the end like the others. The short
+/// frames' ICRC passes are such inputs: in the engine pair (`engine --one write|send 64`, whose spans are whole
+/// blocks: the masked LRH in front makes a 64-byte WRITE's 120 bytes 128, a 64-byte SEND's 112) they ran 7.5% and
+/// 8.4% faster with it than with crc32fast's 128-bit kernel, whose folds are one dependent chain (bench/RESULTS.md,
+/// session 21). This module's general kernel did not pay at these lengths in the same place (+1.2% for the
+/// receive side's pass alone, against +3.7% for this one: its branches, loops and table lookups).
 #[inline(always)]
 pub fn update_short(crc: u32, data: &[u8]) -> Option<u32> {
     #[cfg(target_arch = "x86_64")]
-    if data.len().is_multiple_of(16) && (SHORT_MIN..=SHORT_MAX).contains(&data.len()) && x86::available() {
+    if (SHORT_MIN..=SHORT_MAX).contains(&data.len()) && x86::available() {
         // SAFETY: `available` saw every target feature of `short` on this CPU; each arm's kernel is for the
-        // input's block count (4..=16, as checked).
+        // input's count of whole blocks (3..=16, as checked).
         return Some(unsafe {
             match data.len() / 16 {
+                3 => x86::short::<3>(crc, data),
                 4 => x86::short::<4>(crc, data),
                 5 => x86::short::<5>(crc, data),
                 6 => x86::short::<6>(crc, data),
@@ -448,31 +455,46 @@ mod x86 {
         (z, _mm_xor_si128(x, last))
     }
 
-    /// The CRC from `crc` of `data`, exactly `N` (4..=16) whole blocks ([`super::update_short`]): the leading
-    /// `N % 4` blocks one by one, the rest as 512-bit vectors, each block times its own distance to the end (the
-    /// last block, at distance zero, added as it is), the initial register XORed into the first block; one
-    /// reduction. `N` is a constant: the loops unroll and the constants are fixed loads.
+    /// The CRC from `crc` of `data`: `r` (0..16) bytes, then `N` (3..=16) whole blocks ([`super::update_short`]).
+    /// The leading `N % 4` whole blocks one by one, the rest as 512-bit vectors, each block times its own distance
+    /// to the end (the last block, at distance zero, added as it is); the first `r` bytes as a block zero-padded in
+    /// front, `N` blocks from the end. The initial register is XORed into the input's first four bytes: into that
+    /// partial block, the part of it past `r` bytes into the first whole block. One reduction. `N` is a constant:
+    /// the loops unroll and the constants are fixed loads.
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
     pub(super) fn short<const N: usize>(crc: u32, data: &[u8]) -> u32 {
-        assert!((4..=16).contains(&N) && data.len() == 16 * N, "crc short kernel: {} bytes for {N} blocks", data.len());
-        let init = _mm_cvtsi32_si128(!crc as i32);
+        assert!((3..=16).contains(&N) && data.len() / 16 == N, "crc short kernel: {} bytes for {N} blocks", data.len());
+        let r = data.len() % 16;
+        let init = u128::from(!crc);
+        // What the first whole block takes besides its bytes, and the partial block's product.
+        let (into_first, mut x) = if r == 0 {
+            (init, _mm_setzero_si128())
+        } else {
+            // The first r bytes at the top of a block (the bytes after them in these 16 are shifted out); what
+            // the shift drops of the register belongs to the first whole block.
+            let first: u128 = bytemuck::pod_read_unaligned(&data[..16]);
+            let head = (first ^ init) << (8 * (16 - r));
+            let spill = if r < 4 { init >> (8 * r) } else { 0 };
+            (spill, mul128(bytemuck::cast(head), keys128(N)))
+        };
+        let body = &data[r..];
+        let into_first: __m128i = bytemuck::cast(into_first);
         let lead = N % 4;
-        let mut x = _mm_setzero_si128();
         for i in 0..lead {
-            let v = load128(data, 16 * i);
-            let v = if i == 0 { _mm_xor_si128(v, init) } else { v };
+            let v = load128(body, 16 * i);
+            let v = if i == 0 { _mm_xor_si128(v, into_first) } else { v };
             x = _mm_xor_si128(x, mul128(v, keys128(N - 1 - i)));
         }
         let mut z = _mm512_setzero_si512();
         let mut o = 16 * lead;
         while o < 16 * N {
-            let v: __m512i = bytemuck::pod_read_unaligned(&data[o..o + 64]);
-            let v = if o == 0 { _mm512_xor_si512(v, _mm512_zextsi128_si512(init)) } else { v };
+            let v: __m512i = bytemuck::pod_read_unaligned(&body[o..o + 64]);
+            let v = if o == 0 { _mm512_xor_si512(v, _mm512_zextsi128_si512(into_first)) } else { v };
             z = _mm512_xor_si512(z, mul512(v, keys512(N - 1 - o / 16)));
             o += 64;
         }
-        reduce(_mm_xor_si128(_mm_xor_si128(lanes_xor(z), x), load128(data, 16 * N - 16)))
+        reduce(_mm_xor_si128(_mm_xor_si128(lanes_xor(z), x), load128(body, 16 * N - 16)))
     }
 
     /// The kernel: the CRC of `src` (at least [`super::KERNEL_MIN`] bytes) from `crc`; `src` copied into `dst`
@@ -631,7 +653,7 @@ mod tests {
             for off in [0usize, 1, 9, 63] {
                 for crc in [0u32, !0, 0x2144_df1c, 0x9e37_79b9] {
                     let s = &src[off..off + n];
-                    let taken = (SHORT_MIN..=SHORT_MAX).contains(&n) && n.is_multiple_of(16) && kernel_available();
+                    let taken = (SHORT_MIN..=SHORT_MAX).contains(&n) && kernel_available();
                     match update_short(crc, s) {
                         Some(v) => {
                             assert!(taken, "{n} bytes taken");
@@ -650,12 +672,12 @@ mod tests {
     fn update_short_sees_every_bit() {
         // Without the kernel's features every call is refused (checked too).
         let has = kernel_available();
-        for blocks in 4..=16 {
-            let mut d = vec![0u8; 16 * blocks];
+        for n in (SHORT_MIN..=SHORT_MAX).step_by(7).chain([SHORT_MAX]) {
+            let mut d = vec![0u8; n];
             for bit in 0..d.len() * 8 {
                 d[bit / 8] = 1 << (bit % 8);
                 let want = has.then(|| reference(0, &d));
-                assert_eq!(update_short(0, &d), want, "{blocks} blocks, bit {bit}");
+                assert_eq!(update_short(0, &d), want, "{n} bytes, bit {bit}");
                 d[bit / 8] = 0;
             }
         }
