@@ -4,8 +4,8 @@
 //! [`update`] and [`update_copy`] give the same values as `crc32fast::Hasher::new_with_initial(crc)` fed the same
 //! bytes (the tests compare them over every length, alignment and initial value). On a CPU without the features
 //! they are crc32fast; with them, [`update`] takes a kernel per block count from [`SHORT_MIN`] to [`SHORT_MAX`]
-//! bytes ([`update_short`]: short frames' ICRCs) and the general kernel from [`KERNEL_MIN`], crc32fast between and
-//! below; [`update_copy`] copies then hashes below [`KERNEL_MIN`].
+//! bytes ([`update_short`]: short frames' ICRCs), the general kernel above, crc32fast below; [`update_copy`] copies
+//! then hashes below [`KERNEL_MIN`].
 //!
 //! Why a kernel of our own (measured in `cargo run --release -p roce-dp-bench --bin icrc`, figures in
 //! bench/RESULTS.md, session 19): on the AMD EPYC (Zen 4) machines of this project a 512-bit VPCLMULQDQ multiplies
@@ -63,10 +63,10 @@ pub fn update_long(crc: u32, data: &[u8]) -> Option<u32> {
 
 /// The shortest and longest inputs of [`update_short`].
 pub const SHORT_MIN: usize = 48;
-pub const SHORT_MAX: usize = 271;
+pub const SHORT_MAX: usize = 511;
 
 /// [`update`] of a short input ([`SHORT_MIN`]..=[`SHORT_MAX`] bytes) on a CPU with this module's kernel features;
-/// None otherwise (the caller runs crc32fast). One kernel per count of whole 16-byte blocks (3 to 16), with its
+/// None otherwise (the caller runs crc32fast). One kernel per count of whole 16-byte blocks (3 to 31), with its
 /// constants fixed at compile time: no loop, no table index; the initial register XORed into the first block, and
 /// a partial block in front (the input's first `len % 16` bytes) multiplied to the end like the others. The short
 /// frames' ICRC passes are such inputs: in the engine pair (`engine --one write|send 64`, whose spans are whole
@@ -79,7 +79,7 @@ pub fn update_short(crc: u32, data: &[u8]) -> Option<u32> {
     #[cfg(target_arch = "x86_64")]
     if (SHORT_MIN..=SHORT_MAX).contains(&data.len()) && x86::available() {
         // SAFETY: `available` saw every target feature of `short` on this CPU; each arm's kernel is for the
-        // input's count of whole blocks (3..=16, as checked).
+        // input's count of whole blocks (3..=31, as checked).
         return Some(unsafe {
             match data.len() / 16 {
                 3 => x86::short::<3>(crc, data),
@@ -95,7 +95,22 @@ pub fn update_short(crc: u32, data: &[u8]) -> Option<u32> {
                 13 => x86::short::<13>(crc, data),
                 14 => x86::short::<14>(crc, data),
                 15 => x86::short::<15>(crc, data),
-                _ => x86::short::<16>(crc, data),
+                16 => x86::short::<16>(crc, data),
+                17 => x86::short::<17>(crc, data),
+                18 => x86::short::<18>(crc, data),
+                19 => x86::short::<19>(crc, data),
+                20 => x86::short::<20>(crc, data),
+                21 => x86::short::<21>(crc, data),
+                22 => x86::short::<22>(crc, data),
+                23 => x86::short::<23>(crc, data),
+                24 => x86::short::<24>(crc, data),
+                25 => x86::short::<25>(crc, data),
+                26 => x86::short::<26>(crc, data),
+                27 => x86::short::<27>(crc, data),
+                28 => x86::short::<28>(crc, data),
+                29 => x86::short::<29>(crc, data),
+                30 => x86::short::<30>(crc, data),
+                _ => x86::short::<31>(crc, data),
             }
         });
     }
@@ -455,7 +470,7 @@ mod x86 {
         (z, _mm_xor_si128(x, last))
     }
 
-    /// The CRC from `crc` of `data`: `r` (0..16) bytes, then `N` (3..=16) whole blocks ([`super::update_short`]).
+    /// The CRC from `crc` of `data`: `r` (0..16) bytes, then `N` (3..=31) whole blocks ([`super::update_short`]).
     /// The leading `N % 4` whole blocks one by one, the rest as 512-bit vectors, each block times its own distance
     /// to the end (the last block, at distance zero, added as it is); the first `r` bytes as a block zero-padded in
     /// front, `N` blocks from the end. The initial register is XORed into the input's first four bytes: into that
@@ -464,7 +479,7 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
     pub(super) fn short<const N: usize>(crc: u32, data: &[u8]) -> u32 {
-        assert!((3..=16).contains(&N) && data.len() / 16 == N, "crc short kernel: {} bytes for {N} blocks", data.len());
+        assert!((3..=31).contains(&N) && data.len() / 16 == N, "crc short kernel: {} bytes for {N} blocks", data.len());
         let r = data.len() % 16;
         let init = u128::from(!crc);
         // What the first whole block takes besides its bytes, and the partial block's product.
@@ -648,7 +663,7 @@ mod tests {
     /// lengths it does not take are refused (the caller then runs crc32fast).
     #[test]
     fn update_short_equals_crc32fast() {
-        let src: Vec<u8> = (0..400u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let src: Vec<u8> = (0..700u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         for n in 0..=SHORT_MAX + 20 {
             for off in [0usize, 1, 9, 63] {
                 for crc in [0u32, !0, 0x2144_df1c, 0x9e37_79b9] {
