@@ -603,7 +603,9 @@ fn fuzz_two_engines_with_mutated_and_random_frames() {
     let mut failures = Vec::new();
     let mut cov = Cover::default();
     for k in 0..iters {
-        let seed = base.wrapping_add(k.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        // Not SplitMix64's increment as the stride: SimRng's stream from seed + increment is the stream from seed one
+        // draw later, and the iterations fell into step (tests/seeded/mod.rs, STRIDE).
+        let seed = base.wrapping_add(k.wrapping_mul(0xd1b5_4a32_d192_ed03));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fuzz_iteration(seed, &mut cov)));
         match r {
             Ok(Ok(())) => {}
