@@ -32,9 +32,16 @@
 
 #![allow(unsafe_code)]
 
-/// Below this many bytes the CRC is crc32fast's (its 128-bit kernel is as fast on short inputs: its latency chain
-/// is no longer than ours there, and it needs no table).
+/// The shortest input of the general kernel ([`update_long`], [`update_copy`], [`update_copy_shared`]); [`update`]
+/// takes it only above [`SHORT_MAX`] (below, the per-block-count kernels of [`update_short`] beat it in the engine:
+/// bench/RESULTS.md, session 21). Below it [`update_copy`] copies then hashes.
 pub const KERNEL_MIN: usize = 384;
+
+// The dispatch in `update_short` covers every block count from SHORT_MIN / 16 to SHORT_MAX / 16, each within the
+// constants table (a block at distance up to 31; `x86::MAX_D`).
+const _: () = assert!(SHORT_MIN / 16 == 3 && SHORT_MAX / 16 == 31 && KERNEL_MIN <= SHORT_MAX + 1);
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(SHORT_MAX / 16 < x86::MAX_D);
 
 /// The CRC of `data` continuing from `crc` (a finished CRC value, as `crc32fast::Hasher::new_with_initial`).
 #[inline]
@@ -48,9 +55,9 @@ pub fn update(crc: u32, data: &[u8]) -> u32 {
     }
 }
 
-/// [`update`] when this module's kernel takes `data` (at least [`KERNEL_MIN`] bytes, on a CPU with its
-/// features); None otherwise, for a caller with a cheaper way to run crc32fast than `new_with_initial` (which
-/// looks up the CPU's features on every call: a clone of a hasher made once does not).
+/// The general kernel's CRC of `data` (at least [`KERNEL_MIN`] bytes, on a CPU with its features); None otherwise,
+/// for a caller with a cheaper way to run crc32fast than `new_with_initial` (which looks up the CPU's features on
+/// every call: a clone of a hasher made once does not). [`update`] tries [`update_short`] first.
 #[inline(always)]
 pub fn update_long(crc: u32, data: &[u8]) -> Option<u32> {
     #[cfg(target_arch = "x86_64")]
@@ -67,8 +74,9 @@ pub const SHORT_MAX: usize = 511;
 
 /// [`update`] of a short input ([`SHORT_MIN`]..=[`SHORT_MAX`] bytes) on a CPU with this module's kernel features;
 /// None otherwise (the caller runs crc32fast). One kernel per count of whole 16-byte blocks (3 to 31), with its
-/// constants fixed at compile time: no loop, no table index; the initial register XORed into the first block, and
-/// a partial block in front (the input's first `len % 16` bytes) multiplied to the end like the others. The short
+/// constants fixed at compile time: no loop, no table index; a partial block in front (the input's first `len % 16`
+/// bytes, zero-padded in front) multiplied to the end like the others, and the initial register XORed into the
+/// input's first four bytes (into that partial block, or the first whole block). The short
 /// frames' ICRC passes are such inputs: in the engine pair (`engine --one write|send 64`, whose spans are whole
 /// blocks: the masked LRH in front makes a 64-byte WRITE's 120 bytes 128, a 64-byte SEND's 112) they ran 7.5% and
 /// 8.4% faster with it than with crc32fast's 128-bit kernel, whose folds are one dependent chain (bench/RESULTS.md,
@@ -110,7 +118,8 @@ pub fn update_short(crc: u32, data: &[u8]) -> Option<u32> {
                 28 => x86::short::<28>(crc, data),
                 29 => x86::short::<29>(crc, data),
                 30 => x86::short::<30>(crc, data),
-                _ => x86::short::<31>(crc, data),
+                31 => x86::short::<31>(crc, data),
+                _ => unreachable!("update_short: {} bytes passed the length check", data.len()),
             }
         });
     }
@@ -129,7 +138,7 @@ pub fn update_copy(crc: u32, src: &[u8], dst: &mut [u8]) -> u32 {
         return unsafe { x86::update_avx512::<_, true>(crc, src, dst) };
     }
     crate::copy::copy_bytes(dst, src);
-    fallback(crc, src)
+    update(crc, src)
 }
 
 /// [`update_copy`] from memory another process may write meanwhile (a client's shared memory, which must not be
@@ -153,7 +162,9 @@ pub unsafe fn update_copy_shared(crc: u32, src: *const u8, dst: &mut [u8]) -> Op
     None
 }
 
-/// Whether [`update`] runs this module's kernel on this CPU for inputs from [`KERNEL_MIN`] bytes (else crc32fast).
+/// Whether this CPU has the features of this module's kernels: [`update`] then takes [`update_short`]'s from
+/// [`SHORT_MIN`] to [`SHORT_MAX`] bytes and the general one above (else crc32fast at every length).
+#[inline]
 pub fn kernel_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     return x86::available();
@@ -228,8 +239,9 @@ mod x86 {
     use core::arch::x86_64::*;
     use std::sync::atomic::{AtomicU8, Ordering};
 
-    /// Distances (in 16-byte blocks) the table covers: the 16 accumulator lanes plus up to 16 remaining blocks.
-    const MAX_D: usize = 32;
+    /// Distances (in 16-byte blocks) the table covers: the 16 accumulator lanes plus up to 16 remaining blocks, and
+    /// `short`'s blocks (up to 31 blocks from the end).
+    pub(super) const MAX_D: usize = 32;
 
     /// `BY_DESCENDING_D[j] = fold_pair(MAX_D - 1 - j)`: four consecutive entries are the constants of a 512-bit
     /// vector whose four blocks lie `d, d - 1, d - 2, d - 3` blocks from the end.
@@ -663,6 +675,9 @@ mod tests {
     /// lengths it does not take are refused (the caller then runs crc32fast).
     #[test]
     fn update_short_equals_crc32fast() {
+        if !kernel_available() {
+            eprintln!("this CPU lacks the CRC kernels' features: update_short is checked to refuse every input");
+        }
         let src: Vec<u8> = (0..700u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         for n in 0..=SHORT_MAX + 20 {
             for off in [0usize, 1, 9, 63] {

@@ -169,11 +169,13 @@ pub const LRH_LEN: usize = 8;
 /// afterwards. crc32fast folds 16 bytes at a time, ends a partial block with a byte shuffle (~30 instructions
 /// against ~10 for a whole block), and below 128 bytes runs its serial fold-by-1 kernel (~147 instructions for 120
 /// bytes against ~80 for 128 in its fold-by-4 one): the LRH makes a packet 8 bytes short of whole blocks (a 64-byte
-/// WRITE's 120) whole. A span of 4 to 16 whole blocks takes [`crc::update_short`](super::crc::update_short)
-/// instead where the CPU has its features (every block times its own distance, one reduction).
+/// WRITE's 120) whole. Where the CPU has AVX-512 and VPCLMULQDQ (since session 21), a span takes this project's
+/// kernels instead ([`crc::update_short`](super::crc::update_short) up to 511 bytes, the general one above), and the
+/// reasoning about crc32fast above holds only without those features.
 #[inline]
 pub fn compute_prepared(span: &[u8], with_lrh: bool) -> u32 {
-    if let Some(v) = super::crc::update_short(if with_lrh { 0 } else { LRH_SEED }, span) {
+    let from = if with_lrh { 0 } else { LRH_SEED };
+    if let Some(v) = super::crc::update_short(from, span).or_else(|| super::crc::update_long(from, span)) {
         return v;
     }
     let mut c = seeded();
