@@ -286,20 +286,19 @@ impl RxPrepared {
     }
 }
 
-/// Prepares a received frame in its own buffer for an ICRC pass as cheap as the transmit side's
-/// ([`compute_prepared`]: a clone of the prototype hasher, no `Hasher::new_with_initial`, and 8 more bytes that make
-/// a packet 8 bytes short of whole 16-byte blocks, such as a 64-byte WRITE's 120, whole, above crc32fast's
-/// 128-byte threshold for its fast kernel; with AVX-512 and VPCLMULQDQ the pass is `crc::update_short`'s, for
-/// which whole blocks save the partial block's multiplication): the pass hashes from [`RX_START`], the 8 bytes
-/// before the IP header where the masked LRH would be, and the four bytes written here (over the source MAC
-/// address's first four) make its result the ICRC. The CRC register is linear over GF(2): the differences of the span's bytes from the masked
-/// span (the source MAC address's last two bytes and the EtherType against 0xff, each masked field against its
-/// all-ones value) each act as a register term (one table load each), and the first four bytes, XORed straight
-/// into the register, cancel their sum. Nothing the parse reads is written (it reads no source MAC address byte),
-/// so the parse runs between this store and the CRC's loads (the store is done by then: no store-to-load
-/// forwarding stall, which made the same pass with the CRC right after the store no faster than [`verify`]), and
-/// the frame's header bytes stay as received meanwhile. Check with [`rx_check`]; put the bytes back with
-/// [`rx_restore`].
+/// Prepares a received frame in its own buffer for an ICRC pass as cheap as the transmit side's ([`compute_prepared`]:
+/// a clone of the prototype hasher, no `Hasher::new_with_initial`, and 8 more bytes that make a packet 8 bytes short of
+/// whole 16-byte blocks, such as a 64-byte WRITE's 120, whole, above crc32fast's 128-byte threshold for its fast
+/// kernel; with AVX-512 and VPCLMULQDQ the pass is `crc::update_short`'s, for which whole blocks save the partial
+/// block's multiplication): the pass hashes from [`RX_START`], the 8 bytes before the IP header where the masked LRH
+/// would be, and the four bytes written here (over the source MAC address's first four) make its result the ICRC. The
+/// CRC register is linear over GF(2): the differences of the span's bytes from the masked span (the source MAC
+/// address's last two bytes and the EtherType against 0xff, each masked field against its all-ones value) each act as a
+/// register term (one table load each), and the first four bytes, XORed straight into the register, cancel their sum.
+/// Nothing the parse reads is written (it reads no source MAC address byte), so the parse runs between this store and
+/// the CRC's loads (the store is done by then: no store-to-load forwarding stall, which made the same pass with the CRC
+/// right after the store no faster than [`verify`]), and the frame's header bytes stay as received meanwhile. Check
+/// with [`rx_check`]; put the bytes back with [`rx_restore`].
 ///
 /// None (nothing written) unless the frame is Ethernet II without a tag carrying IPv4 without options or IPv6,
 /// with room for UDP, a BTH and an ICRC and the IP packet within the frame; other frames take [`verify`].
