@@ -39,7 +39,7 @@ pub const KERNEL_MIN: usize = 384;
 
 // The dispatch in `update_short` covers every block count from SHORT_MIN / 16 to SHORT_MAX / 16, each within the
 // constants table (a block at distance up to 31; `x86::MAX_D`).
-const _: () = assert!(SHORT_MIN / 16 == 3 && SHORT_MAX / 16 == 31 && KERNEL_MIN <= SHORT_MAX + 1);
+const _: () = assert!(SHORT_MIN / 16 == 2 && SHORT_MAX / 16 == 31 && KERNEL_MIN <= SHORT_MAX + 1);
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(SHORT_MAX / 16 < x86::MAX_D);
 
@@ -69,11 +69,11 @@ pub fn update_long(crc: u32, data: &[u8]) -> Option<u32> {
 }
 
 /// The shortest and longest inputs of [`update_short`].
-pub const SHORT_MIN: usize = 48;
+pub const SHORT_MIN: usize = 32;
 pub const SHORT_MAX: usize = 511;
 
 /// [`update`] of a short input ([`SHORT_MIN`]..=[`SHORT_MAX`] bytes) on a CPU with this module's kernel features;
-/// None otherwise (the caller runs crc32fast). One kernel per count of whole 16-byte blocks (3 to 31), with its
+/// None otherwise (the caller runs crc32fast). One kernel per count of whole 16-byte blocks (2 to 31), with its
 /// constants fixed at compile time: no loop, no table index; a partial block in front (the input's first `len % 16`
 /// bytes, zero-padded in front) multiplied to the end like the others, and the initial register XORed into the
 /// input's first four bytes (into that partial block, or the first whole block). The short
@@ -87,9 +87,10 @@ pub fn update_short(crc: u32, data: &[u8]) -> Option<u32> {
     #[cfg(target_arch = "x86_64")]
     if (SHORT_MIN..=SHORT_MAX).contains(&data.len()) && x86::available() {
         // SAFETY: `available` saw every target feature of `short` on this CPU; each arm's kernel is for the
-        // input's count of whole blocks (3..=31, as checked).
+        // input's count of whole blocks (2..=31, as checked).
         return Some(unsafe {
             match data.len() / 16 {
+                2 => x86::short::<2>(crc, data),
                 3 => x86::short::<3>(crc, data),
                 4 => x86::short::<4>(crc, data),
                 5 => x86::short::<5>(crc, data),
@@ -482,7 +483,7 @@ mod x86 {
         (z, _mm_xor_si128(x, last))
     }
 
-    /// The CRC from `crc` of `data`: `r` (0..16) bytes, then `N` (3..=31) whole blocks ([`super::update_short`]).
+    /// The CRC from `crc` of `data`: `r` (0..16) bytes, then `N` (2..=31) whole blocks ([`super::update_short`]).
     /// The leading `N % 4` whole blocks one by one, the rest as 512-bit vectors, each block times its own distance
     /// to the end (the last block, at distance zero, added as it is); the first `r` bytes as a block zero-padded in
     /// front, `N` blocks from the end. The initial register is XORed into the input's first four bytes: into that
@@ -491,7 +492,7 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.1,avx2")]
     pub(super) fn short<const N: usize>(crc: u32, data: &[u8]) -> u32 {
-        assert!((3..=31).contains(&N) && data.len() / 16 == N, "crc short kernel: {} bytes for {N} blocks", data.len());
+        assert!((2..=31).contains(&N) && data.len() / 16 == N, "crc short kernel: {} bytes for {N} blocks", data.len());
         let r = data.len() % 16;
         let init = u128::from(!crc);
         // What the first whole block takes besides its bytes, and the partial block's product.
