@@ -335,8 +335,8 @@ pub const MAX_HEADER_BYTES: usize = 18 + 40 + 8 + 12 + 28 + 4 + 4;
 /// blocks for a 64 B WRITE) takes its folding one. Longer frames are checked where they lie (`icrc::verify`): in
 /// place, the pass starts with a load across the four bytes just written, and that stall costs more than it saves
 /// (engine bench, alternated with the read-only check: WRITE 384 B -7%, 64 KiB -5%; session 15). On CPUs with
-/// AVX-512 and VPCLMULQDQ both checks now run `crc::update_short` (session 21); whether the in-place pass still pays
-/// there was not settled (one set of runs in a slow host phase: 64 B WRITE 7.16 in place against 7.02 read-only).
+/// AVX-512 and VPCLMULQDQ both checks now run `crc::update_short` (session 21); the in-place pass still pays there
+/// (64 B WRITE, 11 alternated pairs: the read-only check 0.96 of its rate; READ 64 B level in a noisy set).
 const RX_IN_PLACE_MAX: usize = 14 + 127 + 4;
 
 impl Engine {
