@@ -483,6 +483,16 @@ mod x86 {
         (z, _mm_xor_si128(x, last))
     }
 
+    /// An input's first `r` (1..16) bytes, read as the 16 bytes `first` (little-endian), with the initial register
+    /// `init` (the complemented CRC value) XORed over them, at the top of a block zero-padded in front; and what the
+    /// shift drops of the register (`r < 4`), which belongs to the first whole block.
+    #[inline(always)]
+    fn partial_head(first: u128, init: u128, r: usize) -> (u128, u128) {
+        let head = (first ^ init) << (8 * (16 - r));
+        let spill = if r < 4 { init >> (8 * r) } else { 0 };
+        (head, spill)
+    }
+
     /// The CRC from `crc` of `data`: `r` (0..16) bytes, then `N` (2..=31) whole blocks ([`super::update_short`]).
     /// The leading `N % 4` whole blocks one by one, the rest as 512-bit vectors, each block times its own distance
     /// to the end (the last block, at distance zero, added as it is); the first `r` bytes as a block zero-padded in
@@ -499,11 +509,7 @@ mod x86 {
         let (into_first, mut x) = if r == 0 {
             (init, _mm_setzero_si128())
         } else {
-            // The first r bytes at the top of a block (the bytes after them in these 16 are shifted out); what
-            // the shift drops of the register belongs to the first whole block.
-            let first: u128 = bytemuck::pod_read_unaligned(&data[..16]);
-            let head = (first ^ init) << (8 * (16 - r));
-            let spill = if r < 4 { init >> (8 * r) } else { 0 };
+            let (head, spill) = partial_head(bytemuck::pod_read_unaligned(&data[..16]), init, r);
             (spill, mul128(bytemuck::cast(head), keys128(N)))
         };
         let body = &data[r..];
@@ -550,10 +556,7 @@ mod x86 {
             } else {
                 bytemuck::cast(src.block(0))
             };
-            // The first r bytes (and the register over them) at the top of a block; what the shift drops of the
-            // register belongs to the body's first block.
-            let head = (first ^ init) << (8 * (16 - r));
-            let spill = if r < 4 { init >> (8 * r) } else { 0 };
+            let (head, spill) = partial_head(first, init, r);
             _mm_xor_si128(mul128(bytemuck::cast(head), keys128(1)), bytemuck::cast(spill))
         };
         let dbody: &mut [u8] = if COPY { &mut dst[r..] } else { &mut [] };
