@@ -9,6 +9,7 @@
 //! iterations; a failure prints the iteration's seed.
 
 mod harness;
+mod seeded;
 
 use harness::*;
 use roce_dp::sim::SimRng;
@@ -603,10 +604,8 @@ fn fuzz_two_engines_with_mutated_and_random_frames() {
     let mut failures = Vec::new();
     let mut cov = Cover::default();
     for k in 0..iters {
-        // Not SplitMix64's increment as the stride: SimRng's stream from seed + increment is the stream from seed one
-        // draw later, and the iterations fell into step. The same constant as tests/seeded/mod.rs's STRIDE (whose
-        // comment says why it keeps the streams apart); this test does not include that module.
-        let seed = base.wrapping_add(k.wrapping_mul(0xd1b5_4a32_d192_ed03));
+        // The hostile suites' stride (seeded::STRIDE says why it is not SplitMix64's increment).
+        let seed = base.wrapping_add(k.wrapping_mul(seeded::STRIDE));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fuzz_iteration(seed, &mut cov)));
         match r {
             Ok(Ok(())) => {}
