@@ -327,6 +327,13 @@ impl TxBth {
         self.hi & Self::ECN_BITS != 0
     }
 
+    /// The 12 wire bytes as little-endian words: bytes 0..8 and 8..12 (what [`bytes`](Self::bytes) gives, as
+    /// values).
+    #[inline(always)]
+    pub fn le_words(self) -> (u64, u32) {
+        (self.hi.swap_bytes(), self.lo.swap_bytes())
+    }
+
     /// The 12 wire bytes.
     #[inline(always)]
     pub fn bytes(self) -> [u8; HEADER_LEN] {
