@@ -730,6 +730,38 @@ mod tests {
         }
     }
 
+    /// Every destination alignment within a cache line, with source offsets and lengths around the kernel's chunk and tail boundaries: the
+    /// bytes copied exactly, nothing written outside, the CRC crc32fast's; the shared-memory copy the same.
+    #[test]
+    fn update_copy_at_every_destination_alignment() {
+        let src: Vec<u8> = (0..5300u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 9) as u8).collect();
+        let mut arena = vec![0u8; 5300 + 256];
+        let base = (64 - arena.as_ptr() as usize % 64) % 64;
+        for n in [384usize, 400, 511, 512, 527, 639, 640, 1000, 1024, 2047, 4096, 4100, 5000] {
+            for align in 0..64 {
+                for off in [0usize, 1, 32, 63] {
+                    let s = &src[off..off + n];
+                    arena.fill(0xa5);
+                    let at = base + 64 + align;
+                    let got = update_copy(0x1234_5678, s, &mut arena[at..at + n]);
+                    assert_eq!(got, reference(0x1234_5678, s), "{n} bytes to alignment {align} from {off}");
+                    assert!(arena[at..at + n] == *s, "{n} bytes to alignment {align} from {off}: copy");
+                    assert!(
+                        arena[..at].iter().chain(&arena[at + n..]).all(|&b| b == 0xa5),
+                        "{n} bytes to alignment {align} from {off}: outside"
+                    );
+                    arena.fill(0xa5);
+                    // SAFETY: `s` is a live slice of `n` readable bytes that the arena does not overlap.
+                    if let Some(v) = unsafe { update_copy_shared(0x1234_5678, s.as_ptr(), &mut arena[at..at + n]) } {
+                        assert_eq!(v, got, "shared: {n} bytes to alignment {align} from {off}");
+                        assert!(arena[at..at + n] == *s, "shared: {n} bytes to alignment {align}: copy");
+                        assert!(arena[..at].iter().chain(&arena[at + n..]).all(|&b| b == 0xa5), "shared: outside");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn update_copy_shared_equals_update_copy() {
         let src: Vec<u8> = (0..5100u32).map(|i| (i.wrapping_mul(97) ^ (i >> 5)) as u8).collect();
