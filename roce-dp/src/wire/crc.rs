@@ -27,8 +27,8 @@
 //! 512-bit accumulators (2048 bits ahead), whose 16 lanes then take the table's constants like the remaining blocks.
 //!
 //! Loads and stores are safe (`bytemuck` reads and writes the vector types from byte slices, bounds-checked);
-//! the one `unsafe` is the call into the `#[target_feature]` kernel, made only once the CPU was seen to have every
-//! feature it is compiled for.
+//! the `unsafe` blocks are the calls into the `#[target_feature]` kernels, each made only once the CPU was seen to
+//! have every feature it is compiled for (and `update_copy_shared`'s reads of memory that is not a slice).
 
 #![allow(unsafe_code)]
 

@@ -252,7 +252,8 @@ impl HeaderTemplate {
 
     /// [`emit`](Self::emit) with the BTH as its words (the pad count is set here) and the extension headers written
     /// by `ext(info, bth_and_ext)` (the opcode's table entry and the bytes from the BTH to the payload, the BTH
-    /// already written) instead of from an [`ExtRepr`].
+    /// already written) instead of from an [`ExtRepr`]. `ext` writes only after the BTH's 12 bytes: the ICRC may be
+    /// computed from the BTH words given here, not from the bytes (`emit_with_fused`).
     #[inline]
     pub fn emit_with(
         &self,
@@ -270,9 +271,10 @@ impl HeaderTemplate {
 
     /// [`emit_with`](Self::emit_with) for a payload that `fill(payload, copy)` copies in through `copy`: where the
     /// frame is prepared for the ICRC pass and the CPU runs [`crc`]'s kernel, the pieces it copies with
-    /// [`PayloadCopy::copy`] are hashed as they are copied, after a pass over the headers (one pass over the
-    /// payload's bytes instead of a copy then a CRC); else as `emit_with`. For long payloads ([`FUSED_FROM`]): out
-    /// of line.
+    /// [`PayloadCopy::copy`] are hashed as they are copied, after the headers' CRC (one pass over the payload's
+    /// bytes instead of a copy then a CRC; the headers of an IPv4 frame with a BTH alone or a RETH hashed from the
+    /// template's words and the packet's fields, see `head_crc`, so `ext` must not write over the BTH, as for
+    /// `emit_with`); else as `emit_with`. For long payloads ([`FUSED_FROM`]): out of line.
     #[inline(never)]
     pub fn emit_with_fused(
         &self,
@@ -404,8 +406,10 @@ impl HeaderTemplate {
     /// The ICRC register after the covered headers of a prepared IPv4 frame with the masked LRH in front (its BTH
     /// alone or with a RETH: 48 or 64 bytes from 8 bytes before the IP header), as [`icrc::compute_prepared`] of
     /// those bytes gives it, but without reading the bytes [`headers`](Self::headers) has just stored: the words
-    /// are built from the template and the packet's fields, and the RETH's read back at the sizes its writer stored
-    /// them (8, 4 and 4 bytes; each load is served by its one store). A load of bytes that several earlier stores
+    /// are built from the template and the packet's fields (the BTH from `h.bth`, so an `ext` closure must not write
+    /// over the BTH), and the RETH's read back as one 8-byte and two 4-byte loads, each within one store of its
+    /// writer (the engine's `TxExt` stores the RETH as one 16-byte copy, `ExtRepr::emit` as 8, 4 and 4 bytes), so
+    /// each is served by that store. A load of bytes that several earlier stores
     /// wrote cannot take them from those stores: it waits until they, and every store before them (the previous
     /// frame's payload copy included), have reached the cache. On the Emerald Rapids machine of session 22 this gave
     /// a 4 KiB WRITE +2-4% (64 KiB and 64 B unchanged: bench/RESULTS.md). None for other frames (IPv6, other
@@ -418,6 +422,8 @@ impl HeaderTemplate {
         if !(self.v4 && h.prepared && self.ip_len == 20 && (hdr == hdr_len::BTH || reth)) {
             return None;
         }
+        let bth_at = h.hdr_end - hdr;
+        debug_assert!(buf[bth_at..bth_at + hdr_len::BTH] == h.bth.bytes(), "ext wrote over the BTH");
         let t = |o: usize| u64::from_le_bytes(self.bytes[eth + o..eth + o + 8].try_into().expect("8 bytes"));
         let (bth0, bth8) = h.bth.le_words();
         let w = [
