@@ -295,13 +295,16 @@ impl HeaderTemplate {
         // less; crc32fast, on CPUs without this path's features, hashes whole blocks faster too).
         let eth_len = usize::from(self.eth_len);
         let lrh = (h.hdr_end - eth_len) % 16 == 16 - icrc::LRH_LEN;
-        let start = if lrh { eth_len - icrc::LRH_LEN } else { eth_len };
-        if lrh {
-            buf[start..eth_len].copy_from_slice(&[0xff; icrc::LRH_LEN]);
-        }
+        // `head_crc` has the masked LRH as a value; only the pass over the stored bytes needs it in the frame.
         let head = match self.head_crc(buf, &h) {
             Some(v) => v,
-            None => icrc::compute_prepared(&buf[start..h.hdr_end], lrh),
+            None => {
+                let start = if lrh { eth_len - icrc::LRH_LEN } else { eth_len };
+                if lrh {
+                    buf[start..eth_len].copy_from_slice(&[0xff; icrc::LRH_LEN]);
+                }
+                icrc::compute_prepared(&buf[start..h.hdr_end], lrh)
+            }
         };
         let (payload, tail) = buf[h.hdr_end..].split_at_mut(payload_len);
         let mut copy = PayloadCopy::hashing(head, payload.as_ptr() as usize);
