@@ -61,6 +61,10 @@ while [[ $# -gt 0 ]]; do
         *) echo "bench-daemon.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+if [[ -n $moderation ]] && ! ((events)); then
+    echo "bench-daemon.sh: --event-moderation N:US is for the -e mode (--events), not --poll-sleep" >&2
+    exit 2
+fi
 if [[ $(id -u) -ne 0 ]]; then
     echo "bench-daemon.sh: run as root (DPDK needs /var/run/dpdk)" >&2
     exit 2
@@ -83,7 +87,6 @@ fi
 WAIT_FLAGS=(--poll-sleep "$nap") WAIT_DESC="--poll-sleep $nap" WAIT_ARG="--poll-sleep $nap"
 ((events)) && WAIT_FLAGS=(-e) WAIT_DESC="-e (sleeping on completion events)" WAIT_ARG="--events"
 if [[ -n $moderation ]]; then
-    ((events)) || { echo "bench-daemon.sh: --event-moderation N:US is for the -e mode (--events), not --poll-sleep" >&2; exit 2; }
     WAIT_FLAGS+=(--event-moderation "$moderation") WAIT_DESC+=" --event-moderation $moderation"
     WAIT_ARG+=" --event-moderation $moderation"
 fi
